@@ -1,0 +1,1 @@
+"""hat-jax: Harness-Aware Training in JAX/Flax."""

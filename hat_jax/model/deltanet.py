@@ -1,0 +1,191 @@
+"""Gated DeltaNet token mixer of qwen3_5_moe (transformers `Qwen3_5MoeGatedDeltaNet`).
+
+Source: Yang, Kautz, Hatamizadeh, "Gated Delta Networks" (arXiv 2412.06464), as implemented by
+transformers 5.23 (`torch_chunk_gated_delta_rule`, `torch_recurrent_gated_delta_rule`).
+
+Per value head, with state S in R^{Dk x Dv}, q/k L2-normalised and q scaled by Dk**-0.5:
+    S_t = exp(g_t) S_{t-1} + k_t (beta_t (v_t - S_{t-1}^T k_t exp(g_t)))^T      (decay, then delta rule)
+    o_t = S_t^T q_t
+Two equal forms (tested against each other):
+- `recurrent_gated_delta_rule`: one step per token (`lax.scan`), used for one-token decoding.
+- `chunk_gated_delta_rule`: chunks of 64 tokens; inside a chunk the delta-rule updates are condensed by
+  the UT transform (a unit lower-triangular solve), across chunks a `lax.scan` carries S. Used for
+  training and prefill.
+Everything inside the kernels is float32 (the checkpoint's `mamba_ssm_dtype`).
+
+Layer: in_proj_qkv -> causal depthwise conv1d (kernel 4, no bias) + SiLU -> split q [Hk], k [Hk], v [Hv]
+heads; beta = sigmoid(in_proj_b x); g = -exp(A_log) * softplus(in_proj_a x + dt_bias) (log-decay <= 0);
+value head j reads key head j // (Hv / Hk) (repeat-interleave, not tile); gated RMSNorm with
+z = in_proj_z x; out_proj. Padding positions are zeroed at the input, as transformers does.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from hat_jax.model.config import Qwen3_5MoeTextConfig
+from hat_jax.model.linear import Linear
+from hat_jax.model.norms import GatedRMSNorm
+from hat_jax.model.sharding import param_with_axes
+
+CHUNK_SIZE = 64
+
+
+def l2_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:
+    """`x * rsqrt(sum(x^2) + eps)` over the last axis (the FLA / transformers `l2norm`)."""
+    return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def recurrent_gated_delta_rule(q, k, v, g, beta, initial_state):
+    """Token-by-token gated delta rule.
+
+    Args:
+        q, k: [B, T, H, Dk] float32, already L2-normalised, q already scaled.
+        v: [B, T, H, Dv] float32. g, beta: [B, T, H] float32 (log-decay <= 0, write strength in (0, 1)).
+        initial_state: [B, H, Dk, Dv] float32.
+    Returns:
+        (o [B, T, H, Dv] float32, final state [B, H, Dk, Dv] float32).
+    """
+
+    def step(state, xs):
+        q_t, k_t, v_t, g_t, b_t = xs  # [B,H,Dk], [B,H,Dk], [B,H,Dv], [B,H], [B,H]
+        state = state * jnp.exp(g_t)[..., None, None]
+        kv_mem = jnp.einsum("bhkv,bhk->bhv", state, k_t)
+        delta = (v_t - kv_mem) * b_t[..., None]
+        state = state + k_t[..., :, None] * delta[..., None, :]
+        return state, jnp.einsum("bhkv,bhk->bhv", state, q_t)
+
+    xs = tuple(jnp.moveaxis(a, 1, 0) for a in (q, k, v, g, beta))
+    state, out = jax.lax.scan(step, initial_state, xs)
+    return jnp.moveaxis(out, 0, 1), state
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, initial_state, chunk_size: int = CHUNK_SIZE):
+    """Chunked gated delta rule; same arguments and results as `recurrent_gated_delta_rule`.
+
+    T is zero-padded to a multiple of `chunk_size` (g = 0, beta = 0 on padding, so the state is unchanged).
+    """
+    b, t, h, dk = k.shape
+    pad = (-t) % chunk_size
+    q, k, v, g, beta = (jnp.pad(a, [(0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 2)) for a in (q, k, v, g, beta))
+    n = (t + pad) // chunk_size
+    # -> [B, H, N, C, ...]
+    to_chunks = lambda a: jnp.moveaxis(a, 2, 1).reshape(b, h, n, chunk_size, *a.shape[3:])
+    q, k, v, g, beta = map(to_chunks, (q, k, v, g, beta))
+    k_beta, v_beta = k * beta[..., None], v * beta[..., None]
+    cum = jnp.cumsum(g, axis=-1)                                         # [B,H,N,C]
+    causal = jnp.tril(jnp.ones((chunk_size, chunk_size), bool))
+    pair = jnp.exp(jnp.where(causal, cum[..., :, None] - cum[..., None, :], -jnp.inf))
+    ut = jnp.einsum("bhnik,bhnjk->bhnij", k_beta, k) * pair
+    intra = jnp.einsum("bhnik,bhnjk->bhnij", q, k) * pair
+    solve = lambda rhs: jax.lax.linalg.triangular_solve(ut, rhs, left_side=True, lower=True, unit_diagonal=True)
+    new_values = solve(v_beta)                                           # [B,H,N,C,Dv]
+    k_cumdecay = solve(k_beta * jnp.exp(cum)[..., None])                 # [B,H,N,C,Dk]
+    q = q * jnp.exp(cum)[..., None]
+    k = k * jnp.exp(cum[..., -1:] - cum)[..., None]
+    chunk_decay = jnp.exp(cum[..., -1])[..., None, None]                 # [B,H,N,1,1]
+
+    def step(state, xs):
+        q_i, k_i, nv_i, kc_i, intra_i, decay_i = xs
+        v_new = nv_i - jnp.einsum("bhck,bhkv->bhcv", kc_i, state)
+        out = jnp.einsum("bhck,bhkv->bhcv", q_i, state) + jnp.einsum("bhcj,bhjv->bhcv", intra_i, v_new)
+        state = state * decay_i + jnp.einsum("bhck,bhcv->bhkv", k_i, v_new)
+        return state, out
+
+    xs = tuple(jnp.moveaxis(a, 2, 0) for a in (q, k, new_values, k_cumdecay, intra, chunk_decay))
+    state, out = jax.lax.scan(step, initial_state, xs)                   # out [N,B,H,C,Dv]
+    out = jnp.moveaxis(out, 0, 2).reshape(b, h, n * chunk_size, -1)[:, :, :t]
+    return jnp.moveaxis(out, 1, 2), state
+
+
+def causal_depthwise_conv(x: jax.Array, kernel: jax.Array, state: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Causal depthwise conv1d over time, continuing from `state`.
+
+    Args:
+        x: [B, T, C]; kernel: [K, C] (kernel[j, c] = HF conv1d.weight[c, 0, j]); state: [B, K-1, C], the
+            previous K-1 inputs (zeros at the start of a sequence).
+    Returns:
+        (y [B, T, C] with y[t] = sum_j kernel[j] * x[t - K + 1 + j], new state [B, K-1, C]).
+    """
+    kk = kernel.shape[0]
+    xs = jnp.concatenate([state.astype(x.dtype), x], axis=1)
+    t = x.shape[1]
+    y = sum(xs[:, j:j + t] * kernel[j] for j in range(kk))
+    return y, xs[:, xs.shape[1] - (kk - 1):]
+
+
+def _a_log_init(key, shape, dtype):
+    """A ~ U(0.01, 16), stored as log A (transformers `_init_weights`)."""
+    return jnp.log(jax.random.uniform(key, shape, jnp.float32, 0.01, 16.0)).astype(dtype)
+
+
+class CausalConv1d(nn.Module):
+    """Holds the depthwise conv kernel [K, conv_dim]; init U(-1/sqrt(K), 1/sqrt(K)) as torch's Conv1d."""
+
+    kernel_size: int
+    channels: int
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self):
+        bound = self.kernel_size**-0.5
+        init = lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, -bound, bound)
+        return param_with_axes(self, "kernel", init, (self.kernel_size, self.channels), self.param_dtype,
+                               ("conv_kernel", "linear_qkv"))
+
+
+class GatedDeltaNet(nn.Module):
+    """Params: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, conv1d.kernel [K, C], A_log [Hv], dt_bias [Hv],
+    norm.weight [Dv], out_proj."""
+
+    config: Qwen3_5MoeTextConfig
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, token_mask=None, cache=None):
+        """
+        Args:
+            x: [B, T, hidden]. token_mask: [B, T] bool or None (False = padding, zeroed at the input).
+            cache: None or {'conv': [B, K-1, conv_dim], 'state': [B, Hv, Dk, Dv] float32}.
+        Returns:
+            (y [B, T, hidden], new cache or None). With a cache and T == 1 the recurrent form runs,
+            otherwise the chunked form (from the cached state when there is one).
+        """
+        c = self.config
+        b, t, _ = x.shape
+        hk, hv, dk, dv = c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
+        kk = c.linear_conv_kernel_dim
+        if token_mask is not None:
+            x = x * token_mask[..., None].astype(x.dtype)
+        dense = lambda n, feats, axes: Linear(feats, axes, self.dtype, self.param_dtype, c.initializer_range, name=n)
+        qkv = dense("in_proj_qkv", c.linear_conv_dim, ("embed", "linear_qkv"))(x)
+        z = dense("in_proj_z", c.linear_value_dim, ("embed", "linear_v"))(x).reshape(b, t, hv, dv)
+        beta_logits = dense("in_proj_b", hv, ("embed", "linear_heads"))(x)
+        a = dense("in_proj_a", hv, ("embed", "linear_heads"))(x)
+
+        conv_kernel = CausalConv1d(kk, c.linear_conv_dim, self.param_dtype, name="conv1d")()
+        a_log = param_with_axes(self, "A_log", _a_log_init, (hv,), self.param_dtype, ("linear_heads",))
+        dt_bias = param_with_axes(self, "dt_bias", nn.initializers.ones, (hv,), self.param_dtype, ("linear_heads",))
+
+        conv_state = cache["conv"] if cache is not None else jnp.zeros((b, kk - 1, c.linear_conv_dim), self.dtype)
+        qkv, new_conv_state = causal_depthwise_conv(qkv, conv_kernel.astype(self.dtype), conv_state)
+        qkv = jax.nn.silu(qkv)
+        q, k, v = jnp.split(qkv, [c.linear_key_dim, 2 * c.linear_key_dim], axis=-1)
+        ratio = hv // hk
+        q = jnp.repeat(q.reshape(b, t, hk, dk), ratio, axis=2).astype(jnp.float32)
+        k = jnp.repeat(k.reshape(b, t, hk, dk), ratio, axis=2).astype(jnp.float32)
+        v = v.reshape(b, t, hv, dv).astype(jnp.float32)
+        beta = jax.nn.sigmoid(beta_logits).astype(jnp.float32)
+        g = -jnp.exp(a_log.astype(jnp.float32)) * jax.nn.softplus(a.astype(jnp.float32) + dt_bias.astype(jnp.float32))
+        q = l2_normalize(q) * dk**-0.5
+        k = l2_normalize(k)
+        state0 = cache["state"] if cache is not None else jnp.zeros((b, hv, dk, dv), jnp.float32)
+        if cache is not None and t == 1:
+            o, state = recurrent_gated_delta_rule(q, k, v, g, beta, state0)
+        else:
+            o, state = chunk_gated_delta_rule(q, k, v, g, beta, state0)
+        o = GatedRMSNorm(c.rms_norm_eps, self.param_dtype, name="norm")(o.astype(self.dtype), z)
+        y = dense("out_proj", c.hidden_size, ("linear_v", "embed"))(o.reshape(b, t, hv * dv))
+        new_cache = None if cache is None else {"conv": new_conv_state.astype(cache["conv"].dtype), "state": state}
+        return y, new_cache

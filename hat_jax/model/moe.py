@@ -1,0 +1,219 @@
+"""Sparse MoE block of qwen3_5_moe (transformers `Qwen3_5MoeSparseMoeBlock`), dropless, and its losses.
+
+Router (`Qwen3_5MoeTopKRouter`): logits = x W_g (compute dtype); p = softmax(logits) in float32; top-k;
+weights always renormalised to sum to 1 over the k chosen experts, then cast to the compute dtype.
+Experts: SwiGLU `down(silu(gate x) * up x)`, with gate/up fused as `gate_up_proj` [E, H, 2I] (gate
+first). Shared expert: a SwiGLU MLP scaled by `sigmoid(shared_expert_gate x)`, added to every token.
+
+Dispatch is dropless and its compute is proportional to the *active* experts:
+- `blocked` (default): assignments are sorted by expert and each expert's group is padded to a multiple
+  of a block size `bk`; each block is one expert, so the grouped matmul is one gather of the block's
+  expert weights plus a batched matmul (MegaBlocks-style block-sparse, Gale et al. 2022, written as
+  gather + einsum). `bk` is chosen at trace time from tokens/expert, so padding is at most
+  E*(bk-1) rows and decoding (few tokens) gathers only the experts it uses.
+- `ragged_dot`: the same sorted layout through `jax.lax.ragged_dot` (native grouped GEMM on TPU/GPU;
+  on CPU it lowers to a loop over all experts and is slow, see experiments/benchmarks/model_bench.py).
+
+Routing replay (R3, for RL): `forced_expert_ids` replaces the top-k choice while the weights still come
+from the live router probabilities at those ids (renormalised).
+
+Losses (pure functions): `load_balancing_loss` is transformers' `load_balancing_loss_func` (Switch
+Transformer eqs. 4-6 with top-k counts, Fedus et al. 2021), `router_z_loss` is ST-MoE's z-loss
+(Zoph et al. 2022, eq. 5).
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from hat_jax.model.config import Qwen3_5MoeTextConfig
+from hat_jax.model.linear import Linear
+from hat_jax.model.sharding import param_with_axes
+
+
+def route(logits: jax.Array, top_k: int, forced_expert_ids: jax.Array | None = None):
+    """Top-k softmax routing with renormalised weights.
+
+    Args:
+        logits: [N, E] router logits (any float dtype).
+        top_k: experts per token.
+        forced_expert_ids: optional [N, k] int32 expert ids to use instead of the top-k (routing replay).
+    Returns:
+        (weights [N, k] float32 summing to 1 per row, expert_ids [N, k] int32).
+    """
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    if forced_expert_ids is None:
+        top, ids = jax.lax.top_k(probs, top_k)
+    else:
+        ids = forced_expert_ids.astype(jnp.int32)
+        top = jnp.take_along_axis(probs, ids, axis=-1)
+    return top / jnp.sum(top, axis=-1, keepdims=True), ids.astype(jnp.int32)
+
+
+def _block_size(num_assignments: int, num_experts: int, max_block: int = 128) -> int:
+    per_expert = max(1, num_assignments // num_experts)
+    bk = 1
+    while bk * 2 <= min(per_expert, max_block):
+        bk *= 2
+    return bk
+
+
+def blocked_expert_ffn(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down: jax.Array) -> jax.Array:
+    """SwiGLU experts on sorted, block-padded assignments.
+
+    Args:
+        x: [N, H] tokens (compute dtype). expert_ids: [N, k] int32.
+        gate_up: [E, H, 2I] (gate columns first). down: [E, I, H].
+    Returns:
+        [N, k, H]: expert output for each (token, slot), unweighted.
+    """
+    n, k = expert_ids.shape
+    e = gate_up.shape[0]
+    m = n * k
+    bk = _block_size(m, e)
+    num_blocks = -(-(m + e * (bk - 1)) // bk)
+    flat = expert_ids.reshape(m)
+    order = jnp.argsort(flat, stable=True)
+    sorted_e = flat[order]
+    sizes = jnp.bincount(flat, length=e)
+    starts = jnp.cumsum(sizes) - sizes
+    padded = (sizes + bk - 1) // bk * bk
+    padded_starts = jnp.cumsum(padded) - padded
+    dest = padded_starts[sorted_e] + (jnp.arange(m) - starts[sorted_e])      # [M] row in padded layout
+    rows = jnp.zeros((num_blocks * bk, x.shape[-1]), x.dtype).at[dest].set(x[order // k])
+    block_expert = jnp.searchsorted(jnp.cumsum(padded), jnp.arange(num_blocks) * bk, side="right")
+    block_expert = jnp.minimum(block_expert, e - 1)
+    rows = rows.reshape(num_blocks, bk, -1)
+    h = jnp.einsum("bth,bhf->btf", rows, gate_up[block_expert].astype(x.dtype))
+    g, u = jnp.split(h, 2, axis=-1)
+    y = jnp.einsum("btf,bfh->bth", jax.nn.silu(g) * u, down[block_expert].astype(x.dtype))
+    y_sorted = y.reshape(num_blocks * bk, -1)[dest]                          # [M, H] in sorted order
+    out = jnp.zeros_like(y_sorted).at[order].set(y_sorted)
+    return out.reshape(n, k, -1)
+
+
+def ragged_expert_ffn(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down: jax.Array) -> jax.Array:
+    """Same contract as `blocked_expert_ffn`, via `jax.lax.ragged_dot` on expert-sorted rows."""
+    n, k = expert_ids.shape
+    e = gate_up.shape[0]
+    flat = expert_ids.reshape(n * k)
+    order = jnp.argsort(flat, stable=True)
+    sizes = jnp.bincount(flat, length=e).astype(jnp.int32)
+    rows = x[order // k]
+    h = jax.lax.ragged_dot(rows, gate_up.astype(x.dtype), sizes)
+    g, u = jnp.split(h, 2, axis=-1)
+    y = jax.lax.ragged_dot(jax.nn.silu(g) * u, down.astype(x.dtype), sizes)
+    return jnp.zeros_like(y).at[order].set(y).reshape(n, k, -1)
+
+
+EXPERT_IMPLS = {"blocked": blocked_expert_ffn, "ragged_dot": ragged_expert_ffn}
+
+
+class SparseMoeBlock(nn.Module):
+    """Params: gate.kernel [H, E], experts.{gate_up_proj [E, H, 2I], down_proj [E, I, H]},
+    shared_expert.{gate_proj, up_proj, down_proj}, shared_expert_gate.kernel [H, 1]."""
+
+    config: Qwen3_5MoeTextConfig
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+    impl: str = "blocked"
+
+    @nn.compact
+    def __call__(self, x, forced_expert_ids=None):
+        """
+        Args:
+            x: [B, T, H]. forced_expert_ids: optional [B*T, k] int32 (routing replay).
+        Returns:
+            (y [B, T, H], router_logits [B*T, E] float32, expert_ids [B*T, k] int32).
+        """
+        c = self.config
+        if self.impl not in EXPERT_IMPLS:
+            raise ValueError(f"moe impl {self.impl!r}: expected one of {sorted(EXPERT_IMPLS)}")
+        b, t, hdim = x.shape
+        xf = x.reshape(b * t, hdim)
+        dense = lambda n, feats, axes: Linear(feats, axes, self.dtype, self.param_dtype, c.initializer_range, name=n)
+        logits = dense("gate", c.num_experts, ("embed", "router"))(xf)
+        weights, ids = route(logits, c.num_experts_per_tok, forced_expert_ids)
+        gate_up, down = Experts(c, self.param_dtype, name="experts")()
+        expert_out = EXPERT_IMPLS[self.impl](xf, ids, gate_up, down)               # [N, k, H]
+        routed = jnp.einsum("nkh,nk->nh", expert_out, weights.astype(self.dtype))
+        s = c.shared_expert_intermediate_size
+        shared = SwiGLU(s, self.dtype, self.param_dtype, c.initializer_range, name="shared_expert")(xf)
+        shared_gate = jax.nn.sigmoid(dense("shared_expert_gate", 1, ("embed", None))(xf))
+        y = routed + shared_gate * shared
+        return y.reshape(b, t, hdim), logits.astype(jnp.float32), ids
+
+
+class Experts(nn.Module):
+    """The routed experts' stacked weights."""
+
+    config: Qwen3_5MoeTextConfig
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self):
+        c = self.config
+        init = nn.initializers.normal(c.initializer_range)
+        e, h, i = c.num_experts, c.hidden_size, c.moe_intermediate_size
+        gate_up = param_with_axes(self, "gate_up_proj", init, (e, h, 2 * i), self.param_dtype, ("expert", "embed", "mlp"))
+        down = param_with_axes(self, "down_proj", init, (e, i, h), self.param_dtype, ("expert", "mlp", "embed"))
+        return gate_up, down
+
+
+class SwiGLU(nn.Module):
+    """`down_proj(silu(gate_proj x) * up_proj x)` (the shared expert, transformers `Qwen3_5MoeMLP`)."""
+
+    intermediate_size: int
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+    init_std: float = 0.02
+
+    @nn.compact
+    def __call__(self, x):
+        dense = lambda n, feats, axes: Linear(feats, axes, self.dtype, self.param_dtype, self.init_std, name=n)
+        g = dense("gate_proj", self.intermediate_size, ("embed", "mlp"))(x)
+        u = dense("up_proj", self.intermediate_size, ("embed", "mlp"))(x)
+        return dense("down_proj", x.shape[-1], ("mlp", "embed"))(jax.nn.silu(g) * u)
+
+
+def load_balancing_loss(router_logits: jax.Array, top_k: int, token_mask: jax.Array | None = None) -> jax.Array:
+    """transformers' `load_balancing_loss_func`, padding excluded.
+
+    loss = E * sum_e f_e * P_e, where over all layers and non-padding tokens
+    f_e = (number of top-k assignments to expert e) / (number of token rows)   (so sum_e f_e = k)
+    P_e = mean router probability of expert e.
+    Layers are pooled (counts and probabilities summed over layers, then divided once), as transformers
+    does; the coefficient `router_aux_loss_coef` is applied by the caller.
+
+    Args:
+        router_logits: [L, N, E] raw router logits (N = B*T token rows per layer).
+        top_k: experts per token.
+        token_mask: [N] (bool or 0/1) or None; False/0 rows are padding.
+    Returns:
+        scalar float32. A uniform router with balanced counts gives exactly k.
+    """
+    num_layers, n, e = router_logits.shape
+    probs = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)
+    _, ids = jax.lax.top_k(probs, top_k)
+    mask = jnp.ones((n,), jnp.float32) if token_mask is None else token_mask.astype(jnp.float32).reshape(n)
+    counts = jnp.sum(jax.nn.one_hot(ids, e, dtype=jnp.float32) * mask[None, :, None, None], axis=(0, 1, 2))
+    prob_sum = jnp.sum(probs * mask[None, :, None], axis=(0, 1))
+    rows = num_layers * jnp.maximum(jnp.sum(mask), 1.0)
+    return e * jnp.sum((counts / rows) * (prob_sum / rows))
+
+
+def router_z_loss(router_logits: jax.Array, token_mask: jax.Array | None = None) -> jax.Array:
+    """ST-MoE router z-loss: mean over layers and non-padding tokens of logsumexp(logits)^2.
+
+    Args:
+        router_logits: [L, N, E]. token_mask: [N] or None.
+    Returns:
+        scalar float32.
+    """
+    z = jax.nn.logsumexp(router_logits.astype(jnp.float32), axis=-1) ** 2          # [L, N]
+    if token_mask is None:
+        return jnp.mean(z)
+    mask = token_mask.astype(jnp.float32).reshape(1, -1)
+    return jnp.sum(z * mask) / (z.shape[0] * jnp.maximum(jnp.sum(mask), 1.0))

@@ -1,0 +1,50 @@
+"""Pure parameter creation and inspection: `init_params`, `params_logical_axes`, `param_counts`."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hat_jax.model.config import Qwen3_5MoeTextConfig
+from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
+
+
+def _boxed_init(config: Qwen3_5MoeTextConfig, rng: jax.Array, param_dtype):
+    model = Qwen3_5MoeForCausalLM(config, param_dtype=param_dtype)
+    ids = jnp.zeros((1, 2), jnp.int32)
+    return model.init(rng, ids)["params"]
+
+
+def init_params(config: Qwen3_5MoeTextConfig, rng: jax.Array, param_dtype=jnp.float32) -> dict:
+    """Freshly initialised parameters: a plain nested dict of arrays (no boxing).
+
+    Init follows transformers' `_init_weights`: linear/embedding/experts ~ N(0, initializer_range),
+    zero-centred norms 0, DeltaNet gated norm 1, dt_bias 1, A_log = log U(0.01, 16), conv ~ torch default.
+    """
+    return nn.unbox(jax.jit(_boxed_init, static_argnums=(0, 2))(config, rng, param_dtype))
+
+
+def params_logical_axes(config: Qwen3_5MoeTextConfig) -> dict:
+    """Pytree (same structure as `init_params`) of PartitionSpecs of logical axis names. No FLOPs."""
+    boxed = jax.eval_shape(lambda r: _boxed_init(config, r, jnp.float32), jax.random.key(0))
+    return nn.get_partition_spec(boxed)
+
+
+def params_shapes(config: Qwen3_5MoeTextConfig, param_dtype=jnp.float32) -> dict:
+    """Pytree of ShapeDtypeStructs of the parameters (no allocation)."""
+    return nn.unbox(jax.eval_shape(lambda r: _boxed_init(config, r, param_dtype), jax.random.key(0)))
+
+
+def param_counts(config: Qwen3_5MoeTextConfig) -> dict[str, int]:
+    """Parameter counts: 'total' (main model, as transformers' `Qwen3_5MoeForCausalLM`), 'mtp', 'experts'
+    (routed experts of the main model) and 'active' (per token: everything but the unused routed experts,
+    i.e. total - experts * (1 - k/E); embeddings and lm_head included, as in shared/ARCH.md 1.2)."""
+    shapes = params_shapes(config)
+    size = lambda tree: int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(tree)))
+    mtp = size(shapes.get("mtp", {}))
+    total = size(shapes) - mtp
+    experts = size([layer["mlp"]["experts"] for name, layer in shapes["model"].items() if name.startswith("layers_")])
+    active = total - experts + experts * config.num_experts_per_tok // config.num_experts
+    return {"total": total, "mtp": mtp, "experts": experts, "active": active}

@@ -1,0 +1,206 @@
+"""The qwen3_5_moe causal LM (transformers `Qwen3_5MoeForCausalLM`) plus its MTP block (vLLM
+`Qwen3_5MoeMTP`), as Flax Linen modules with pure `init`/`apply`.
+
+Parameter tree (names mirror the Hugging Face state dict, so `hat_jax.model.hf_io` maps them 1:1):
+    model/embed_tokens/embedding [V, H]
+    model/layers_{i}/input_layernorm/weight, post_attention_layernorm/weight
+    model/layers_{i}/linear_attn/...   (Gated DeltaNet layers)   or   model/layers_{i}/self_attn/...
+    model/layers_{i}/mlp/{gate, experts, shared_expert, shared_expert_gate}
+    model/norm/weight
+    lm_head/kernel [H, V]
+    mtp/{pre_fc_norm_embedding, pre_fc_norm_hidden, fc, layers_0, norm}   (when mtp_num_hidden_layers=1)
+
+Decoder layer (pre-norm): h = x + Mixer(norm_in(x)); out = h + MoE(norm_post(h)).
+MTP (vLLM `Qwen3_5MultiTokenPredictor.forward`): x = fc(cat[norm_e(embed(tok_{t+1})), norm_h(h_t)]), one
+full-attention decoder layer with MoE, a final norm, the shared lm_head; h_t is the main model's
+post-final-norm hidden state and positions stay those of h_t. Its logits at t predict token t+2.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from hat_jax.model.attention import GatedAttention
+from hat_jax.model.config import FULL_ATTENTION, LINEAR_ATTENTION, Qwen3_5MoeTextConfig
+from hat_jax.model.deltanet import GatedDeltaNet
+from hat_jax.model.linear import Linear
+from hat_jax.model.moe import SparseMoeBlock
+from hat_jax.model.norms import RMSNorm
+from hat_jax.model.rope import rope_cos_sin
+
+
+@flax.struct.dataclass
+class ModelOutput:
+    """logits: [B, T, V] compute dtype (None when not requested); hidden: [B, T, H] post-final-norm;
+    router_logits: [L, B*T, E] float32; expert_ids: [L, B*T, k] int32; cache: updated cache or None."""
+
+    logits: jax.Array | None
+    hidden: jax.Array
+    router_logits: jax.Array
+    expert_ids: jax.Array
+    cache: Any = None
+
+
+class DecoderLayer(nn.Module):
+    config: Qwen3_5MoeTextConfig
+    layer_type: str
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+    moe_impl: str = "blocked"
+
+    @nn.compact
+    def __call__(self, x, cos, sin, attn_mask, token_mask, cache=None, index=None, forced_expert_ids=None):
+        c = self.config
+        h = RMSNorm(c.rms_norm_eps, self.param_dtype, name="input_layernorm")(x)
+        if self.layer_type == LINEAR_ATTENTION:
+            h, new_cache = GatedDeltaNet(c, self.dtype, self.param_dtype, name="linear_attn")(h, token_mask, cache)
+        else:
+            h, new_cache = GatedAttention(c, self.dtype, self.param_dtype, name="self_attn")(
+                h, cos, sin, attn_mask, cache, index)
+        x = x + h
+        h = RMSNorm(c.rms_norm_eps, self.param_dtype, name="post_attention_layernorm")(x)
+        h, router_logits, expert_ids = SparseMoeBlock(c, self.dtype, self.param_dtype, self.moe_impl, name="mlp")(
+            h, forced_expert_ids)
+        return x + h, new_cache, router_logits, expert_ids
+
+
+class TextModel(nn.Module):
+    config: Qwen3_5MoeTextConfig
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+    moe_impl: str = "blocked"
+    remat: bool = False
+
+    def setup(self):
+        c = self.config
+        self.embed_tokens = nn.Embed(
+            c.vocab_size, c.hidden_size, dtype=self.dtype, param_dtype=self.param_dtype,
+            embedding_init=nn.with_logical_partitioning(nn.initializers.normal(c.initializer_range), ("vocab", "embed")))
+        layer_cls = nn.remat(DecoderLayer, static_argnums=()) if self.remat else DecoderLayer
+        self.layers = [layer_cls(c, t, self.dtype, self.param_dtype, self.moe_impl, name=f"layers_{i}")
+                       for i, t in enumerate(c.layer_types)]
+        self.norm = RMSNorm(c.rms_norm_eps, self.param_dtype)
+
+    def __call__(self, input_ids, cos, sin, attn_mask, token_mask, cache=None, index=None, forced_expert_ids=None):
+        x = self.embed_tokens(input_ids)
+        new_layers, all_logits, all_ids = [], [], []
+        for i, layer in enumerate(self.layers):
+            forced = None if forced_expert_ids is None else forced_expert_ids[i]
+            layer_cache = None if cache is None else cache[i]
+            x, new_cache, logits, ids = layer(x, cos, sin, attn_mask, token_mask, layer_cache, index, forced)
+            new_layers.append(new_cache)
+            all_logits.append(logits)
+            all_ids.append(ids)
+        return self.norm(x), new_layers, jnp.stack(all_logits), jnp.stack(all_ids)
+
+
+class MultiTokenPredictor(nn.Module):
+    """The `mtp.*` block. Shares `embed_tokens` and `lm_head` with the main model (passed in)."""
+
+    config: Qwen3_5MoeTextConfig
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+    moe_impl: str = "blocked"
+
+    @nn.compact
+    def __call__(self, next_embeds, hidden, cos, sin, attn_mask, token_mask):
+        c = self.config
+        e = RMSNorm(c.rms_norm_eps, self.param_dtype, name="pre_fc_norm_embedding")(next_embeds)
+        h = RMSNorm(c.rms_norm_eps, self.param_dtype, name="pre_fc_norm_hidden")(hidden)
+        x = Linear(c.hidden_size, ("mtp_fc_in", "embed"), self.dtype, self.param_dtype, c.initializer_range,
+                   name="fc")(jnp.concatenate([e, h], axis=-1))
+        x, _, router_logits, _ = DecoderLayer(c, FULL_ATTENTION, self.dtype, self.param_dtype, self.moe_impl,
+                                              name="layers_0")(x, cos, sin, attn_mask, token_mask)
+        return RMSNorm(c.rms_norm_eps, self.param_dtype, name="norm")(x), router_logits
+
+
+class Qwen3_5MoeForCausalLM(nn.Module):
+    """The model. `dtype` is the compute dtype, `param_dtype` the dtype of freshly initialised params
+    (imported params keep their own dtypes). `moe_impl`: 'blocked' or 'ragged_dot'. `remat`: rematerialise
+    each decoder layer in the backward pass."""
+
+    config: Qwen3_5MoeTextConfig
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+    moe_impl: str = "blocked"
+    remat: bool = False
+
+    def setup(self):
+        c = self.config
+        self.model = TextModel(c, self.dtype, self.param_dtype, self.moe_impl, self.remat)
+        self.lm_head = Linear(c.vocab_size, ("embed", "vocab"), self.dtype, self.param_dtype, c.initializer_range)
+        if c.mtp_num_hidden_layers:
+            self.mtp = MultiTokenPredictor(c, self.dtype, self.param_dtype, self.moe_impl)
+
+    def __call__(self, input_ids, attention_mask=None, positions=None, cache=None, forced_expert_ids=None,
+                 return_logits: bool = True, init_mtp: bool = True) -> ModelOutput:
+        """Forward pass.
+
+        Args:
+            input_ids: [B, T] int32.
+            attention_mask: [B, T] bool/int (1 = real token) or None (all real). Padding may be on either
+                side; left padding is what batched decoding uses.
+            positions: [B, T] int32 or None: then the count of real tokens before each token (equals
+                arange(T) without padding), taking the cache's earlier tokens into account.
+            cache: None (full causal forward) or a cache from `hat_jax.model.cache.init_cache`.
+            forced_expert_ids: optional [L, B*T, k] int32 (routing replay).
+            return_logits: False skips the lm_head (losses that chunk the vocabulary use `hidden`).
+        Returns:
+            ModelOutput.
+        """
+        c = self.config
+        b, t = input_ids.shape
+        token_mask = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
+        if cache is None:
+            index = None
+            if positions is None:
+                positions = jnp.maximum(jnp.cumsum(token_mask, axis=1) - 1, 0)
+            causal = jnp.tril(jnp.ones((t, t), bool))
+            attn_mask = causal[None] & token_mask[:, None, :]
+            layer_caches = None
+        else:
+            index = cache["index"]
+            valid = jax.lax.dynamic_update_slice(cache["valid"], token_mask, (0, index))
+            slots = index + jnp.arange(t)
+            attn_mask = valid[:, None, :] & (jnp.arange(valid.shape[1])[None, None, :] <= slots[None, :, None])
+            if positions is None:
+                positions = jnp.maximum(jnp.take(jnp.cumsum(valid, axis=1) - 1, slots, axis=1), 0)
+            layer_caches = cache["layers"]
+        cos, sin = rope_cos_sin(positions, c.rotary_dim, c.rope_parameters.rope_theta)
+        hidden, new_layers, router_logits, expert_ids = self.model(
+            input_ids, cos, sin, attn_mask, token_mask, layer_caches, index, forced_expert_ids)
+        if self.is_initializing() and c.mtp_num_hidden_layers and init_mtp:
+            self.mtp_logits(hidden, input_ids, positions, attention_mask)
+        logits = self.lm_head(hidden) if return_logits else None
+        new_cache = None
+        if cache is not None:
+            new_cache = {"index": index + t, "valid": valid, "layers": new_layers}
+        return ModelOutput(logits, hidden, router_logits, expert_ids, new_cache)
+
+    def mtp_logits(self, hidden, next_ids, positions=None, attention_mask=None):
+        """MTP logits (uncached, full causal attention inside the MTP layer).
+
+        Args:
+            hidden: [B, T, H] the main model's post-norm hidden states h_t.
+            next_ids: [B, T] int32, token t+1 for each position t (the input ids shifted left by one).
+            positions: [B, T] positions of h_t, or None for the default as in `__call__`.
+            attention_mask: [B, T] or None.
+        Returns:
+            (logits [B, T, V] predicting token t+2, router_logits [1, B*T, E]).
+        """
+        c = self.config
+        if not c.mtp_num_hidden_layers:
+            raise ValueError("config.mtp_num_hidden_layers is 0: this model has no MTP block")
+        b, t = next_ids.shape
+        token_mask = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
+        if positions is None:
+            positions = jnp.maximum(jnp.cumsum(token_mask, axis=1) - 1, 0)
+        cos, sin = rope_cos_sin(positions, c.rotary_dim, c.rope_parameters.rope_theta)
+        attn_mask = jnp.tril(jnp.ones((t, t), bool))[None] & token_mask[:, None, :]
+        x, router_logits = self.mtp(self.model.embed_tokens(next_ids), hidden, cos, sin, attn_mask, token_mask)
+        return self.lm_head(x), router_logits[None]
