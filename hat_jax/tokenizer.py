@@ -6,7 +6,7 @@ Variant implemented and why:
 - The tiny presets train a byte-level BPE with the `tokenizers` library (`train_bpe_tokenizer`),
   built like Qwen's: the Qwen2/Qwen3 pre-tokenizer split (single digits, letter runs, punctuation
   runs), byte-level alphabet and decoder, no normaliser (Qwen applies NFC; we do not, so that
-  decode(encode(s)) == s for every UTF-8 string, which the harness-rename augmentation relies on).
+  decode(encode(s)) == s for every UTF-8 string, tool and skill names included).
   The chat control tokens sit at fixed ids 0..8 (`CHAT_TOKENS`), never split. As in Qwen,
   <|endoftext|>, <|im_start|>, <|im_end|> are special (dropped by skip_special_tokens=True) and the
   <think>/<tool_call>/<tool_response> tags are added tokens with special=False, so they survive
@@ -83,7 +83,7 @@ def load_tokenizer(path: str | Path) -> transformers.PreTrainedTokenizerBase:
         )
     try:
         return transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    except (OSError, ValueError) as err:
+    except Exception as err:  # transformers/tokenizers raise OSError, ValueError, KeyError, ... on bad files
         raise OSError(f"could not load a tokenizer from {str(folder)!r}: {err}") from err
 
 
@@ -92,8 +92,9 @@ def train_bpe_tokenizer(
 ) -> transformers.PreTrainedTokenizerFast:
     """Trains a byte-level BPE on `texts` and saves it, with the chat template, to `out_dir`.
 
-    The vocabulary is: ids 0..8 the `CHAT_TOKENS`, then the 256 byte symbols, then merges in the
-    order learned. Training is deterministic: the same texts give a byte-identical tokenizer.json.
+    The vocabulary is: ids 0..8 the `CHAT_TOKENS`, ids 9..264 the 256 byte symbols, then the merges
+    in the order learned (fewer than vocab_size if the corpus runs out of pairs seen min_frequency
+    times). Training is deterministic: the same texts give a byte-identical tokenizer.json.
 
     Args:
       texts: the training corpus, one document per item (iterated once).
@@ -131,8 +132,8 @@ def train_bpe_tokenizer(
     for added in spec["added_tokens"]:
         added.update(special=added["content"] in SPECIAL_TOKENS, normalized=False)
     tok = Tokenizer.from_str(json.dumps(spec, ensure_ascii=False))
-    for token, idx in CHAT_TOKEN_IDS.items():
-        assert tok.token_to_id(token) == idx, (token, tok.token_to_id(token))
+    if [tok.token_to_id(t) for t in CHAT_TOKENS] != list(CHAT_TOKEN_IDS.values()):
+        raise RuntimeError("the BPE trainer did not place the chat tokens at ids 0..8")
     fast = transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token=PAD_TOKEN,

@@ -5,6 +5,7 @@ import random
 
 import pytest
 import transformers
+from tokenizers import pre_tokenizers
 
 from hat_jax import tokenizer as tk
 
@@ -30,7 +31,8 @@ def _corpus(seed: int = 0, n: int = 600) -> list[str]:
             sentence += f" ${rng.randint(5, 500)}.{rng.randint(0, 99):02d}"
         if rng.random() < 0.3:
             sentence = rng.choice(EMOJI) + " " + sentence
-        texts.append(sentence + rng.choice([".", "!", "?", "。", "！", "\n", " 😊"]) + ("\n" if i % 7 == 0 else ""))
+        end = rng.choice([".", "!", "?", "。", "！", "\n", " 😊"])
+        texts.append(sentence + end + ("\n" if i % 7 == 0 else ""))
     return texts
 
 
@@ -68,6 +70,7 @@ def test_chat_tokens_have_documented_ids_and_are_single_tokens(trained):
         assert tok.encode(token, add_special_tokens=False) == [idx]
         assert tok.encode(f"a{token}b", add_special_tokens=False).count(idx) == 1
     assert list(tk.CHAT_TOKEN_IDS.values()) == list(range(9))
+    assert set(tok.convert_ids_to_tokens(list(range(9, 265)))) == set(pre_tokenizers.ByteLevel.alphabet())
     assert (tok.pad_token, tok.pad_token_id) == ("<|endoftext|>", 0)
     assert (tok.eos_token, tok.eos_token_id) == ("<|im_end|>", 2)
     assert tok.bos_token is None
@@ -183,7 +186,7 @@ def test_chat_template_full_conversation_exact(trained):
     assert tok.apply_chat_template(messages, tools=TOOLS, tokenize=False) == expected
     ids = tok.apply_chat_template(messages, tools=TOOLS, tokenize=True, return_dict=False)
     assert ids == tok.encode(expected, add_special_tokens=False)
-    assert ids.count(tk.CHAT_TOKEN_IDS["<tool_call>"]) == 2  # the example in the instructions + the call
+    assert ids.count(tk.CHAT_TOKEN_IDS["<tool_call>"]) == 3  # the instructions name it twice, then the call
     assert tok.decode(ids) == expected
 
 
@@ -287,11 +290,15 @@ def test_parse_tool_calls_value_may_contain_a_literal_closing_tag():
         ("<tool_call>\n<function=>\n</function>\n</tool_call>", "empty name"),
         ("<tool_call>\n<function=f\n</function>\n</tool_call>", "unterminated <function="),
         ("<tool_call>\n<function=f>\n<parameter=a>\n1\n", "parameter 'a' has no closing </parameter>"),
-        ("<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</tool_call>", r"tool call 1 \(f\): missing </function>"),
+        (
+            "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</tool_call>",
+            r"tool call 1 \(f\): missing </function>",
+        ),
         ("<tool_call>\n<function=f>\n</function>\n", "missing </tool_call>"),
         ("<tool_call>\n<function=f>\nhello\n</function>\n</tool_call>", "expected <parameter=ARG> or </function>"),
         (
-            "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n<parameter=a>\n2\n</parameter>\n</function>\n</tool_call>",
+            "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n<parameter=a>\n2\n</parameter>\n"
+            "</function>\n</tool_call>",
             "duplicate parameter 'a'",
         ),
         ("<function=f>\n</function>", "outside a <tool_call>"),
@@ -304,7 +311,8 @@ def test_parse_tool_calls_malformed_raises(text, problem):
 
 
 def test_parse_tool_calls_value_invalid_for_schema_type_raises():
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {"properties": {"n": {"type": "integer"}}}}}]
+    schema = {"properties": {"n": {"type": "integer"}}}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
     text = "<tool_call>\n<function=f>\n<parameter=n>\nthree\n</parameter>\n</function>\n</tool_call>"
     with pytest.raises(ValueError, match=r"tool call 1 \(f\), parameter 'n': value 'three' is not valid JSON"):
         tk.parse_tool_calls(text, tools=tools)
@@ -325,3 +333,7 @@ def test_load_tokenizer_missing_or_empty_folder(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="empty.*has no tokenizer files"):
         tk.load_tokenizer(tmp_path / "empty")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "tokenizer.json").write_text('{"not": "a tokenizer"}')
+    with pytest.raises(OSError, match="could not load a tokenizer from .*broken"):
+        tk.load_tokenizer(tmp_path / "broken")
