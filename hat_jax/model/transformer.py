@@ -37,13 +37,17 @@ from hat_jax.model.rope import rope_cos_sin
 @flax.struct.dataclass
 class ModelOutput:
     """logits: [B, T, V] compute dtype (None when not requested); hidden: [B, T, H] post-final-norm;
-    router_logits: [L, B*T, E] float32; expert_ids: [L, B*T, k] int32; cache: updated cache or None."""
+    router_logits: [L, B*T, E] float32; expert_ids: [L, B*T, k] int32; cache: updated cache or None;
+    mtp_logits: [B, T, V] (position t predicts token t+2) when requested with `with_mtp=True`;
+    mtp_router_logits: [1, B*T, E] float32 with them."""
 
     logits: jax.Array | None
     hidden: jax.Array
     router_logits: jax.Array
     expert_ids: jax.Array
     cache: Any = None
+    mtp_logits: jax.Array | None = None
+    mtp_router_logits: jax.Array | None = None
 
 
 class DecoderLayer(nn.Module):
@@ -138,7 +142,7 @@ class Qwen3_5MoeForCausalLM(nn.Module):
             self.mtp = MultiTokenPredictor(c, self.dtype, self.param_dtype, self.moe_impl)
 
     def __call__(self, input_ids, attention_mask=None, positions=None, cache=None, forced_expert_ids=None,
-                 return_logits: bool = True, init_mtp: bool = True) -> ModelOutput:
+                 return_logits: bool = True, with_mtp: bool = False) -> ModelOutput:
         """Forward pass.
 
         Args:
@@ -150,6 +154,8 @@ class Qwen3_5MoeForCausalLM(nn.Module):
             cache: None (full causal forward) or a cache from `hat_jax.model.cache.init_cache`.
             forced_expert_ids: optional [L, B*T, k] int32 (routing replay).
             return_logits: False skips the lm_head (losses that chunk the vocabulary use `hidden`).
+            with_mtp: also run the MTP block on (hidden_t, input_ids_{t+1}) for the MTP training loss; the
+                last position gets a padding next-token id and must be masked by the loss (`mtp_loss`).
         Returns:
             ModelOutput.
         """
@@ -174,13 +180,15 @@ class Qwen3_5MoeForCausalLM(nn.Module):
         cos, sin = rope_cos_sin(positions, c.rotary_dim, c.rope_parameters.rope_theta)
         hidden, new_layers, router_logits, expert_ids = self.model(
             input_ids, cos, sin, attn_mask, token_mask, layer_caches, index, forced_expert_ids)
-        if self.is_initializing() and c.mtp_num_hidden_layers and init_mtp:
-            self.mtp_logits(hidden, input_ids, positions, attention_mask)
+        mtp_logits = mtp_router_logits = None
+        if with_mtp or (self.is_initializing() and c.mtp_num_hidden_layers):
+            next_ids = jnp.concatenate([input_ids[:, 1:], jnp.zeros_like(input_ids[:, :1])], axis=1)
+            mtp_logits, mtp_router_logits = self.mtp_logits(hidden, next_ids, positions, attention_mask)
         logits = self.lm_head(hidden) if return_logits else None
         new_cache = None
         if cache is not None:
             new_cache = {"index": index + t, "valid": valid, "layers": new_layers}
-        return ModelOutput(logits, hidden, router_logits, expert_ids, new_cache)
+        return ModelOutput(logits, hidden, router_logits, expert_ids, new_cache, mtp_logits, mtp_router_logits)
 
     def mtp_logits(self, hidden, next_ids, positions=None, attention_mask=None):
         """MTP logits (uncached, full causal attention inside the MTP layer).
@@ -204,3 +212,25 @@ class Qwen3_5MoeForCausalLM(nn.Module):
         attn_mask = jnp.tril(jnp.ones((t, t), bool))[None] & token_mask[:, None, :]
         x, router_logits = self.mtp(self.model.embed_tokens(next_ids), hidden, cos, sin, attn_mask, token_mask)
         return self.lm_head(x), router_logits[None]
+
+
+def mtp_loss(mtp_logits: jax.Array, input_ids: jax.Array, loss_mask: jax.Array | None = None) -> jax.Array:
+    """MTP training loss: token-mean cross-entropy of the MTP head predicting token t+2 at position t.
+
+    As in DeepSeek-V3's MTP objective (arXiv 2412.19437, eq. 24-25) with depth 1; the caller weights it.
+
+    Args:
+        mtp_logits: [B, T, V] from `ModelOutput.mtp_logits`.
+        input_ids: [B, T] int32.
+        loss_mask: [B, T] (1 where the token is a training target) or None (all tokens). The target of
+            position t is token t+2, so the mask is read at t+2; the last two positions never count.
+    Returns:
+        scalar float32 (0 when no position counts).
+    """
+    b, t = input_ids.shape
+    logits = mtp_logits[:, : t - 2].astype(jnp.float32)
+    targets = input_ids[:, 2:]
+    mask = jnp.ones((b, t - 2), jnp.float32) if loss_mask is None else loss_mask[:, 2:].astype(jnp.float32)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    return jnp.sum(nll * mask) / jnp.maximum(jnp.sum(mask), 1.0)
