@@ -1,0 +1,89 @@
+"""Whole-model behaviour of the micro preset: padding, remat, bf16, MTP, routing replay."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hat_jax.model import Qwen3_5MoeForCausalLM, get_config, init_params
+from hat_jax.model.moe import load_balancing_loss
+
+
+@pytest.fixture(scope="module")
+def micro():
+    config = get_config("micro")
+    return config, init_params(config, jax.random.key(0))
+
+
+def _ids(seed, shape, vocab):
+    return jnp.asarray(np.random.RandomState(seed).randint(3, vocab, shape), jnp.int32)
+
+
+def test_padding_does_not_change_real_tokens(micro):
+    config, params = micro
+    model = Qwen3_5MoeForCausalLM(config)
+    ids = _ids(0, (1, 70), config.vocab_size)
+    ref = model.apply({"params": params}, ids).logits[0]
+    pad = jnp.zeros((1, 5), jnp.int32)
+    mask_left = jnp.concatenate([jnp.zeros((1, 5), bool), jnp.ones((1, 70), bool)], axis=1)
+    left = model.apply({"params": params}, jnp.concatenate([pad, ids], 1), attention_mask=mask_left).logits[0, 5:]
+    right = model.apply({"params": params}, jnp.concatenate([ids, pad], 1), attention_mask=mask_left[:, ::-1]).logits[0, :70]
+    np.testing.assert_allclose(left, ref, atol=2e-5)
+    np.testing.assert_allclose(right, ref, atol=2e-5)
+
+
+def test_remat_gives_the_same_gradients(micro):
+    config, params = micro
+    ids = _ids(1, (2, 20), config.vocab_size)
+
+    def loss(p, remat):
+        out = Qwen3_5MoeForCausalLM(config, remat=remat).apply({"params": p}, ids)
+        return jnp.mean(jax.nn.logsumexp(out.logits, -1)) + load_balancing_loss(out.router_logits, 2)
+
+    g0 = jax.jit(jax.grad(lambda p: loss(p, False)))(params)
+    g1 = jax.jit(jax.grad(lambda p: loss(p, True)))(params)
+    for a, b in zip(jax.tree_util.tree_leaves(g0), jax.tree_util.tree_leaves(g1)):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_bfloat16_compute_tracks_float32(micro):
+    config, params = micro
+    ids = _ids(2, (2, 40), config.vocab_size)
+    lp32 = jax.nn.log_softmax(Qwen3_5MoeForCausalLM(config).apply({"params": params}, ids).logits)
+    out16 = Qwen3_5MoeForCausalLM(config, dtype=jnp.bfloat16).apply({"params": params}, ids)
+    assert out16.logits.dtype == jnp.bfloat16
+    lp16 = jax.nn.log_softmax(out16.logits.astype(jnp.float32))
+    diff = np.abs(np.asarray(lp16 - lp32))
+    assert np.median(diff) < 0.02 and np.percentile(diff, 99) < 0.1
+
+
+def test_with_mtp_equals_the_mtp_method(micro):
+    config, params = micro
+    model = Qwen3_5MoeForCausalLM(config)
+    ids = _ids(3, (2, 12), config.vocab_size)
+    out = model.apply({"params": params}, ids, with_mtp=True)
+    next_ids = jnp.concatenate([ids[:, 1:], jnp.zeros((2, 1), jnp.int32)], 1)
+    logits, router = model.apply({"params": params}, out.hidden, next_ids, method="mtp_logits")
+    np.testing.assert_allclose(out.mtp_logits, logits, atol=1e-6)
+    assert out.mtp_logits.shape == (2, 12, config.vocab_size) and router.shape == (1, 24, config.num_experts)
+
+
+def test_routing_replay_with_recorded_ids_reproduces_the_forward(micro):
+    config, params = micro
+    model = Qwen3_5MoeForCausalLM(config)
+    ids = _ids(4, (2, 16), config.vocab_size)
+    out = model.apply({"params": params}, ids)
+    assert out.expert_ids.shape == (config.num_hidden_layers, 32, config.num_experts_per_tok)
+    replay = model.apply({"params": params}, ids, forced_expert_ids=out.expert_ids)
+    np.testing.assert_array_equal(replay.logits, out.logits)
+    other = model.apply({"params": params}, ids, forced_expert_ids=(out.expert_ids + 1) % config.num_experts)
+    assert not np.allclose(other.logits, out.logits)
+
+
+def test_mtp_free_config_has_no_mtp_params():
+    config = get_config("micro", mtp_num_hidden_layers=0)
+    params = init_params(config, jax.random.key(0))
+    assert "mtp" not in params
+    with pytest.raises(ValueError, match="no MTP block"):
+        Qwen3_5MoeForCausalLM(config).apply({"params": params}, jnp.zeros((1, 2, 64)), jnp.zeros((1, 2), jnp.int32),
+                                            method="mtp_logits")
