@@ -1,10 +1,14 @@
-"""Test-wide setup: a persistent JAX compilation cache (shared by subprocess tests) and CPU threading."""
+"""Test-wide setup: a persistent JAX compilation cache and CPU-only, offline settings.
+
+Each pytest-xdist worker gets its own cache folder: concurrent writers to one JAX cache folder were seen
+to leave an entry that made a later compile hang. Subprocesses started by a test inherit the folder.
+"""
 
 import os
 from pathlib import Path
 
-_CACHE = Path(os.environ.get("HAT_JAX_TEST_CACHE", Path(__file__).resolve().parents[1] / ".cache" / "jax"))
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(_CACHE))
+_ROOT = Path(os.environ.get("HAT_JAX_TEST_CACHE", Path(__file__).resolve().parents[1] / ".cache" / "jax-tests"))
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(_ROOT / os.environ.get("PYTEST_XDIST_WORKER", "main")))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

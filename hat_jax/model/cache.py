@@ -7,9 +7,11 @@ Layout (a plain pytree, so it can be jitted, donated and sharded):
          full attention: {'k': [B, S, KV, D], 'v': [B, S, KV, D]}       compute dtype
          Gated DeltaNet: {'conv': [B, K-1, conv_dim]  compute dtype,  the last K-1 conv inputs
                           'state': [B, Hv, Dk, Dv] float32,          the delta-rule state}]}
-Rows of different prompt lengths are left-padded; the model derives each row's positions from `valid`,
-and padding never reaches the DeltaNet state (inputs are zeroed there), so a padded row decodes exactly
-as it would alone.
+Rows of different prompt lengths are left-padded; the model derives each row's positions from `valid`.
+Left padding never reaches the DeltaNet state: its inputs are zeroed, so conv inputs are zero and the
+state stays exactly 0 until the first real token, and a padded row decodes exactly as it would alone.
+(Padding *after* real tokens is different: the state still decays there and the conv shifts in zeros,
+as in transformers; the sampler therefore only masks rows once they have finished.)
 """
 
 import jax.numpy as jnp

@@ -78,7 +78,7 @@ class Qwen3_5MoeTextConfig:
     initializer_range: float = 0.02
     pad_token_id: int | None = None
     bos_token_id: int | None = None
-    eos_token_id: int | None = 248044
+    eos_token_id: int | tuple[int, ...] | None = 248044   # a list in config.json becomes a tuple
     # Multi-token prediction (vLLM `Qwen3_5MoeMTP`; transformers ignores `mtp.*`).
     mtp_num_hidden_layers: int = 1
     mtp_use_dedicated_embeddings: bool = False
@@ -93,6 +93,8 @@ class Qwen3_5MoeTextConfig:
             )
             object.__setattr__(self, "layer_types", types)
         object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        if isinstance(self.eos_token_id, list):
+            object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
         if isinstance(self.rope_parameters, Mapping):
             object.__setattr__(self, "rope_parameters", _rope_from_dict(self.rope_parameters))
         self.validate()
@@ -120,6 +122,7 @@ class Qwen3_5MoeTextConfig:
             ("mtp_num_hidden_layers", self.mtp_num_hidden_layers in (0, 1), "0 or 1"),
             ("mtp_use_dedicated_embeddings", not self.mtp_use_dedicated_embeddings, "false"),
             ("attention_bias", not self.attention_bias, "false"),
+            ("tie_word_embeddings", not self.tie_word_embeddings, "false (this architecture has an untied lm_head)"),
             ("attn_output_gate", self.attn_output_gate, "true"),
         ]
         for name, ok, expected in checks:
@@ -127,6 +130,13 @@ class Qwen3_5MoeTextConfig:
                 raise ValueError(f"config field {name}: expected {expected}, got {getattr(self, name, None)!r}")
 
     # Derived sizes -----------------------------------------------------------------------------------
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """`eos_token_id` as a tuple (empty when unset)."""
+        if self.eos_token_id is None:
+            return ()
+        return self.eos_token_id if isinstance(self.eos_token_id, tuple) else (self.eos_token_id,)
+
     @property
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.rope_parameters.partial_rotary_factor)
@@ -156,6 +166,8 @@ class Qwen3_5MoeTextConfig:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
         d["layer_types"] = list(self.layer_types)
         d["rope_parameters"] = self.rope_parameters.to_dict()
+        if isinstance(self.eos_token_id, tuple):
+            d["eos_token_id"] = list(self.eos_token_id)
         d["model_type"] = "qwen3_5_moe_text"
         for key, value in self.extra:
             d.setdefault(key, json.loads(value))
@@ -182,8 +194,6 @@ class Qwen3_5MoeTextConfig:
             kwargs["rope_parameters"] = _rope_from_dict(kwargs["rope_parameters"])
         if "layer_types" in kwargs:
             kwargs["layer_types"] = tuple(kwargs["layer_types"] or ())
-        if isinstance(kwargs.get("eos_token_id"), list):
-            extra["eos_token_id"] = kwargs.pop("eos_token_id")
         kwargs["extra"] = tuple(sorted((k, json.dumps(v)) for k, v in extra.items()))
         return cls(**kwargs)
 

@@ -185,6 +185,11 @@ def hf_to_params(tensors: dict[str, np.ndarray], config: Qwen3_5MoeTextConfig,
             stacked expert tensor; the message names the tensor (and both shapes).
     """
     layout = layout or detect_layout(set(tensors))
+    if config.mtp_num_hidden_layers and not any(n.startswith("mtp.") for n in tensors):
+        raise CheckpointError(
+            f"the config has mtp_num_hidden_layers={config.mtp_num_hidden_layers} but the checkpoint has no mtp.* "
+            f"tensors (transformers' save_pretrained drops them); import it with "
+            f"config.replace(mtp_num_hidden_layers=0) to load the main model only")
     params: dict = {}
     used: set[str] = set()
     for path, kind, names in hf_tensor_specs(config, layout):
@@ -281,6 +286,8 @@ def read_safetensors(directory: str | os.PathLike) -> dict[str, np.ndarray]:
         CheckpointError: corrupt or truncated file (names it), duplicate tensor names, pickle files.
     """
     directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: not a directory")
     _refuse_pickles(directory)
     tensors: dict[str, np.ndarray] = {}
     for f in safetensors_files(directory):
@@ -309,9 +316,35 @@ def load_hf_checkpoint(directory: str | os.PathLike) -> tuple[Qwen3_5MoeTextConf
     cfg_file = directory / "config.json"
     if not cfg_file.exists():
         raise CheckpointError(f"{directory}: no config.json")
-    config = Qwen3_5MoeTextConfig.from_hf_dict(json.loads(cfg_file.read_text()))
+    config = read_hf_config(cfg_file)
     params, layout, _ = hf_to_params(read_safetensors(directory), config)
     return config, params, layout
+
+
+def read_hf_config(path: str | os.PathLike) -> Qwen3_5MoeTextConfig:
+    """Our config from a `config.json` (text or VL wrapper).
+
+    Raises:
+        CheckpointError: unreadable JSON, wrong model_type or an invalid field (the message names the file).
+    """
+    try:
+        return Qwen3_5MoeTextConfig.from_hf_dict(json.loads(Path(path).read_text()))
+    except (OSError, json.JSONDecodeError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: not a valid qwen3_5_moe config.json: {e}") from e
+
+
+# Fields that do not change the tensors or the math of the main model; everything else must agree between
+# the model being exported and a drop-in source's config.json. (Whether `mtp.*` is written follows the
+# params; the source's config.json is kept as it is, e.g. a transformers-saved folder that says
+# mtp_num_hidden_layers=1 but has no mtp.* tensors round-trips exactly.)
+_NON_ARCHITECTURE_FIELDS = ("extra", "pad_token_id", "bos_token_id", "eos_token_id", "max_position_embeddings",
+                            "initializer_range", "router_aux_loss_coef", "output_router_logits",
+                            "attention_dropout", "full_attention_interval", "mtp_num_hidden_layers")
+
+
+def _architecture_differences(a: Qwen3_5MoeTextConfig, b: Qwen3_5MoeTextConfig) -> list[str]:
+    return [f"{f.name}: {getattr(a, f.name)!r} vs {getattr(b, f.name)!r}" for f in dataclasses.fields(a)
+            if f.name not in _NON_ARCHITECTURE_FIELDS and getattr(a, f.name) != getattr(b, f.name)]
 
 
 def _shards(tensors: dict[str, np.ndarray], max_shard_bytes: int) -> list[dict[str, np.ndarray]]:
@@ -381,13 +414,15 @@ def save_hf_checkpoint(params: dict, config: Qwen3_5MoeTextConfig, out_dir: str 
         source: HF folder for 'dropin' (required) and the default tokenizer source for both layouts.
         dtype: None keeps each parameter's dtype; e.g. 'bfloat16' casts all text-model tensors.
         tokenizer_dir: folder whose tokenizer files are copied byte for byte (default: `source`).
-        generation_config: written as generation_config.json when given (and not copied from source).
+        generation_config: written as generation_config.json when given; otherwise the tokenizer folder's
+            (or the source's) generation_config.json is copied when there is one.
         force: allow writing into a non-empty `out_dir` (its old weight files are removed).
     Returns:
         The file names written.
     Raises:
         FileExistsError: `out_dir` is not empty and `force` is False.
-        CheckpointError: bad `layout`, missing `source` for 'dropin', a bad source checkpoint.
+        CheckpointError: bad `layout`, missing `source` for 'dropin', a bad source checkpoint, or a source
+            whose config.json describes a different architecture than `config`. Nothing is written then.
     """
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()) and not force:
@@ -400,13 +435,18 @@ def save_hf_checkpoint(params: dict, config: Qwen3_5MoeTextConfig, out_dir: str 
     if layout == "dropin":
         if source is None:
             raise CheckpointError("layout 'dropin' needs source=HF_BASE_DIR (its config.json and vision weights)")
+        diffs = _architecture_differences(config, read_hf_config(source / "config.json"))
+        if diffs:
+            raise CheckpointError(f"{source}/config.json describes a different model than the params "
+                                  f"(ours vs source): {'; '.join(diffs)}")
         source_tensors = read_safetensors(source)
         hf_layout = detect_layout(set(source_tensors))
         tensors = params_to_hf(params, config, hf_layout, dtype)
         tensors.update({n: t for n, t in source_tensors.items() if n.startswith(VISUAL_PREFIX)})
     else:
         tensors = params_to_hf(params, config, HFLayout("model.", expert_layout, "per_expert"), dtype)
-    tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=out_dir.parent if out_dir.parent.exists() else None))
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=out_dir.parent))
     try:
         written = write_safetensors(tensors, tmp, max_shard_bytes)
         if layout == "dropin":
@@ -415,15 +455,15 @@ def save_hf_checkpoint(params: dict, config: Qwen3_5MoeTextConfig, out_dir: str 
             cfg = text_config_json(config, _dtype_name(params, dtype))
             (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         written.append("config.json")
+        if generation_config is not None:
+            (tmp / "generation_config.json").write_text(json.dumps(generation_config, indent=2) + "\n")
+            written.append("generation_config.json")
         tok_src = Path(tokenizer_dir) if tokenizer_dir is not None else source
         if tok_src is not None:
             for name in TOKENIZER_FILES + ("generation_config.json",):
                 if (tok_src / name).exists() and not (tmp / name).exists():
                     shutil.copyfile(tok_src / name, tmp / name)
                     written.append(name)
-        if generation_config is not None and not (tmp / "generation_config.json").exists():
-            (tmp / "generation_config.json").write_text(json.dumps(generation_config, indent=2) + "\n")
-            written.append("generation_config.json")
         out_dir.mkdir(parents=True, exist_ok=True)
         for old in list(out_dir.glob("*.safetensors")) + [out_dir / INDEX_FILE]:
             if old.exists():

@@ -77,3 +77,15 @@ def test_hf_dict_accepts_the_vl_wrapper_and_transformers_config():
 
 def test_preset_names():
     assert list(PRESETS) == ["micro", "tiny", "qwen3_6_35b_a3b"]
+
+
+def test_list_eos_token_id_round_trips():
+    c = Qwen3_5MoeTextConfig.from_hf_dict({**get_config("micro").to_hf_dict(), "eos_token_id": [7, 9]})
+    assert c.eos_token_ids == (7, 9)
+    assert c.to_hf_dict()["eos_token_id"] == [7, 9]
+    assert Qwen3_5MoeTextConfig.from_hf_dict(c.to_hf_dict()) == c
+
+
+def test_tied_embeddings_are_refused():
+    with pytest.raises(ValueError, match="tie_word_embeddings"):
+        get_config("micro", tie_word_embeddings=True)

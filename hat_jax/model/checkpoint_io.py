@@ -1,0 +1,129 @@
+"""Model checkpoints on disk (Orbax) for inference: parameters plus the model config, nothing else.
+
+Layouts that `load_model_checkpoint` reads:
+
+1. A model checkpoint, as written by `save_model_checkpoint`:
+       <dir>/model_config.json      config.to_hf_dict() (a `qwen3_5_moe_text` config.json)
+       <dir>/params/                the params pytree, an `ocp.StandardCheckpointer` directory
+       <dir>/tokenizer/             optional, a Hugging Face tokenizer folder (used by `hat_jax.generate`)
+2. An Orbax `CheckpointManager` root, as the trainer writes it:
+       <root>/<step>/params/        an item named 'params' saved with `ocp.args.StandardSave(params)`
+       <root>/<step>/...            other items (optimizer state, ...), ignored here
+       <root>/model_config.json     or <root>/<step>/model_config.json (the step's copy wins)
+       <root>/tokenizer/            optional
+   The latest integer-named step directory that holds a `params` item is used; Orbax's temporary
+   directories (names that are not integers) are skipped.
+
+Parameters are restored with the dtypes and shapes stored in the checkpoint, onto the default device
+(the stored sharding is ignored, so a checkpoint written on an accelerator loads on CPU), and checked
+against the config's parameter shapes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import orbax.checkpoint as ocp
+
+from hat_jax.model.config import Qwen3_5MoeTextConfig
+from hat_jax.model.params import params_shapes
+
+CONFIG_FILE = "model_config.json"
+PARAMS_ITEM = "params"
+
+
+def save_model_checkpoint(directory: str | Path, params: dict, config: Qwen3_5MoeTextConfig) -> Path:
+    """Writes `<directory>/params` (Orbax) and `<directory>/model_config.json`; returns the directory.
+
+    Args:
+        directory: created if missing. params: the model params pytree (any dtypes). config: the model config.
+    Raises:
+        FileExistsError: `<directory>/params` already exists.
+    """
+    root = Path(directory).resolve()
+    if (root / PARAMS_ITEM).exists():
+        raise FileExistsError(f"{root / PARAMS_ITEM} already exists; choose a new checkpoint directory")
+    root.mkdir(parents=True, exist_ok=True)
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(root / PARAMS_ITEM, params)
+    checkpointer.wait_until_finished()
+    checkpointer.close()
+    (root / CONFIG_FILE).write_text(json.dumps(config.to_hf_dict(), indent=2, sort_keys=True) + "\n")
+    return root
+
+
+def _is_params_item(path: Path) -> bool:
+    return path.is_dir() and (path / "_METADATA").is_file()
+
+
+def resolve_checkpoint(directory: str | Path) -> tuple[Path, Path]:
+    """Finds the params item and the config file of a model checkpoint or CheckpointManager root.
+
+    Returns:
+        (params item directory, model_config.json path).
+    Raises:
+        FileNotFoundError: the directory, a params item, or model_config.json is missing (the message names
+            the path and the layouts expected, see the module docstring).
+    """
+    root = Path(directory).resolve()
+    if not root.is_dir():
+        raise FileNotFoundError(f"checkpoint directory {str(root)!r} does not exist")
+    if _is_params_item(root / PARAMS_ITEM):
+        item = root / PARAMS_ITEM
+    else:
+        steps = sorted((int(p.name), p) for p in root.iterdir() if p.name.isdigit() and p.is_dir())
+        with_params = [p for _, p in steps if _is_params_item(p / PARAMS_ITEM)]
+        if not with_params:
+            raise FileNotFoundError(
+                f"checkpoint directory {str(root)!r} has no Orbax params item: expected {root / PARAMS_ITEM} "
+                f"(save_model_checkpoint) or <step>/{PARAMS_ITEM} under a CheckpointManager root "
+                f"(found steps: {[s for s, _ in steps] or 'none'})")
+        item = with_params[-1] / PARAMS_ITEM
+    for config_path in (item.parent / CONFIG_FILE, root / CONFIG_FILE):
+        if config_path.is_file():
+            return item, config_path
+    raise FileNotFoundError(f"checkpoint {str(root)!r}: no {CONFIG_FILE} in {item.parent} or {root}")
+
+
+def load_model_checkpoint(directory: str | Path) -> tuple[Qwen3_5MoeTextConfig, dict]:
+    """Loads (config, params) from a model checkpoint or a CheckpointManager root (module docstring).
+
+    Returns:
+        (config, params) with params a nested dict of jax.Arrays in their stored dtypes.
+    Raises:
+        FileNotFoundError: missing directory, params item or config (see `resolve_checkpoint`).
+        ValueError: unreadable/corrupt config or params, or params that do not match the config's shapes
+            (the message names the path and the first mismatching parameter).
+    """
+    item, config_path = resolve_checkpoint(directory)
+    try:
+        config = Qwen3_5MoeTextConfig.from_hf_dict(json.loads(config_path.read_text()))
+    except (json.JSONDecodeError, TypeError, ValueError) as err:
+        raise ValueError(f"checkpoint config {str(config_path)!r} is not a valid qwen3_5_moe config: {err}") from err
+    checkpointer = ocp.Checkpointer(ocp.StandardCheckpointHandler())  # synchronous: nothing to overlap
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    try:
+        stored = checkpointer.metadata(item).item_metadata
+        if stored is None:
+            raise ValueError("no readable Orbax metadata")
+        stored = stored.tree
+        target = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), stored)
+        params = checkpointer.restore(item, target)
+    except Exception as err:  # Orbax/TensorStore raise many types for unreadable files
+        raise ValueError(f"could not read the Orbax params item {str(item)!r} (corrupt or not a params "
+                         f"checkpoint): {type(err).__name__}: {err}") from err
+    finally:
+        checkpointer.close()
+    _check_shapes(params, params_shapes(config), item)
+    return config, params
+
+
+def _check_shapes(params: dict, expected: dict, item: Path) -> None:
+    got = {jax.tree_util.keystr(k): v.shape for k, v in jax.tree_util.tree_leaves_with_path(params)}
+    want = {jax.tree_util.keystr(k): v.shape for k, v in jax.tree_util.tree_leaves_with_path(expected)}
+    for name in sorted(set(got) | set(want)):
+        if got.get(name) != want.get(name):
+            raise ValueError(f"params in {str(item)!r} do not match model_config.json: {name} has shape "
+                             f"{got.get(name, 'missing')}, the config expects {want.get(name, 'no such parameter')}")

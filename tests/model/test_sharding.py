@@ -1,0 +1,223 @@
+"""Sharding: the `micro` model on 8 simulated CPU devices gives the single-device logits.
+
+`XLA_FLAGS=--xla_force_host_platform_device_count=8` only takes effect before jax initialises its
+backend, so the multi-device part runs in a subprocess: this file, executed as a script
+(`python test_sharding.py OUT.npz`). For each mesh in `MESHES` the worker builds `make_mesh(...)`, maps
+the params with `logical_to_mesh(params_logical_axes(config), params, mesh)`, `device_put`s params and
+inputs (batch sharded with `batch_sharding`), runs the jitted forward, checks that the params really are
+split (every leaf's addressable shards have the shape its PartitionSpec implies, and some leaves are
+split over several devices), and writes the logits, hidden states and routing to OUT.npz. The pytest
+process (one device) computes the same forward unsharded and compares at 1e-5 (fp32).
+
+The error-message tests of `spec_for` / `logical_to_mesh` / `make_mesh` run in-process on an
+`AbstractMesh` (no devices needed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
+
+from hat_jax.model import Qwen3_5MoeForCausalLM, get_config, init_params, params_logical_axes, params_shapes
+from hat_jax.model.sharding import DEFAULT_RULES, MESH_AXES, batch_sharding, logical_to_mesh, make_mesh, spec_for
+
+NUM_DEVICES = 8
+# (data, fsdp, expert, tensor); every micro dimension mapped to a mesh axis divides by these sizes.
+MESHES = {
+    "data2_expert2_tensor2": dict(data=2, fsdp=1, expert=2, tensor=2),
+    "fsdp2_expert2_tensor2": dict(data=1, fsdp=2, expert=2, tensor=2),
+}
+# KNOWN BUG (hat_jax/model/sharding.py): DEFAULT_RULES maps both 'mtp_fc_in' and 'embed' to 'fsdp', so
+# mtp/fc/kernel (logical ('mtp_fc_in', 'embed')) gets PartitionSpec('fsdp', 'fsdp'), which NamedSharding
+# rejects (DuplicateSpecError) on every mesh, whatever the axis sizes. Until that is fixed the forward tests
+# use the default table with 'mtp_fc_in' replicated; `test_default_rules_have_no_duplicate_mesh_axes` pins
+# the bug (strict xfail: it starts failing, i.e. passing, once the table is fixed; then drop this).
+RULES = tuple((k, None if k == "mtp_fc_in" else v) for k, v in DEFAULT_RULES)
+BATCH, SEQ = 4, 70  # SEQ > 64 crosses a Gated DeltaNet chunk boundary
+SEED = 0
+
+
+def _inputs():
+    rng = np.random.default_rng(SEED)
+    config = get_config("micro")
+    ids = rng.integers(3, config.vocab_size, size=(BATCH, SEQ)).astype(np.int32)
+    mask = np.ones((BATCH, SEQ), np.int32)
+    mask[1, :9] = 0  # one left-padded row
+    ids[1, :9] = config.pad_token_id
+    return ids, mask
+
+
+def _forward(config):
+    model = Qwen3_5MoeForCausalLM(config)
+
+    def fwd(params, ids, mask):
+        out = model.apply({"params": params}, ids, attention_mask=mask)
+        return out.logits, out.hidden, out.expert_ids
+
+    return jax.jit(fwd)
+
+
+# --------------------------------------------------------------------------------------------------
+# Worker (subprocess with 8 host devices)
+# --------------------------------------------------------------------------------------------------
+def _worker(out_path: str) -> None:
+    assert jax.device_count() == NUM_DEVICES, f"expected {NUM_DEVICES} devices, got {jax.devices()}"
+    config = get_config("micro")
+    params = init_params(config, jax.random.key(SEED))
+    axes = params_logical_axes(config)
+    ids, mask = _inputs()
+    fwd = _forward(config)
+    results, report = {}, {}
+    for name, sizes in MESHES.items():
+        mesh = make_mesh(**sizes)
+        shardings = logical_to_mesh(axes, params, mesh, RULES)
+        sharded = jax.device_put(params, shardings)
+        split = []
+        for (path, x), sharding in zip(jax.tree_util.tree_flatten_with_path(sharded)[0],
+                                       jax.tree_util.tree_leaves(shardings)):
+            assert x.sharding == sharding, (jax.tree_util.keystr(path), x.sharding, sharding)
+            expected = sharding.shard_shape(x.shape)
+            shard_shapes = {tuple(s.data.shape) for s in x.addressable_shards}
+            assert shard_shapes == {expected}, (jax.tree_util.keystr(path), shard_shapes, expected)
+            assert len(x.addressable_shards) == NUM_DEVICES
+            if expected != x.shape:
+                split.append((jax.tree_util.keystr(path), list(x.shape), list(expected),
+                              len({str(s.index) for s in x.addressable_shards})))
+        assert split, f"mesh {name}: no parameter is split across devices"
+        bs = batch_sharding(mesh, 2, RULES)
+        ids_d, mask_d = jax.device_put(ids, bs), jax.device_put(mask, bs)
+        assert {tuple(s.data.shape) for s in ids_d.addressable_shards} == {
+            (BATCH // (sizes["data"] * sizes["fsdp"]), SEQ)}
+        logits, hidden, expert_ids = fwd(sharded, ids_d, mask_d)
+        assert len(logits.sharding.device_set) == NUM_DEVICES
+        results[f"{name}/logits"] = np.asarray(logits)
+        results[f"{name}/hidden"] = np.asarray(hidden)
+        results[f"{name}/expert_ids"] = np.asarray(expert_ids)
+        report[name] = {"split": split, "logits_sharding": str(logits.sharding.spec)}
+    np.savez(out_path, **results)
+    with open(out_path + ".json", "w") as f:
+        json.dump(report, f)
+
+
+# --------------------------------------------------------------------------------------------------
+# Tests
+# --------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def worker_results(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("sharding") / "out.npz")
+    env = dict(os.environ)
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
+    env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={NUM_DEVICES}"])
+    env["JAX_PLATFORMS"] = "cpu"
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), out], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, f"sharding worker failed:\n{proc.stdout}\n{proc.stderr[-6000:]}"
+    with open(out + ".json") as f:
+        report = json.load(f)
+    return dict(np.load(out)), report
+
+
+@pytest.fixture(scope="module")
+def reference():
+    config = get_config("micro")
+    params = init_params(config, jax.random.key(SEED))
+    ids, mask = _inputs()
+    logits, hidden, expert_ids = _forward(config)(params, jnp.asarray(ids), jnp.asarray(mask))
+    return np.asarray(logits), np.asarray(hidden), np.asarray(expert_ids)
+
+
+@pytest.mark.parametrize("mesh_name", list(MESHES))
+def test_sharded_forward_matches_single_device(worker_results, reference, mesh_name):
+    results, report = worker_results
+    ref_logits, ref_hidden, ref_ids = reference
+    assert ref_logits.dtype == np.float32
+    # Same routing first: a flipped near-tie would make the logit comparison meaningless.
+    np.testing.assert_array_equal(results[f"{mesh_name}/expert_ids"], ref_ids)
+    np.testing.assert_allclose(results[f"{mesh_name}/logits"], ref_logits, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(results[f"{mesh_name}/hidden"], ref_hidden, atol=1e-5, rtol=0)
+    assert np.abs(ref_logits).max() > 1e-3  # not a trivially zero output
+
+
+@pytest.mark.parametrize("mesh_name", list(MESHES))
+def test_params_really_split(worker_results, mesh_name):
+    _, report = worker_results
+    split = {path: (shape, shard, n) for path, shape, shard, n in report[mesh_name]["split"]}
+    sizes = MESHES[mesh_name]
+    # experts: [E, H, 2I] on ('expert', 'embed'->fsdp, 'mlp'->tensor)
+    path = "['model']['layers_0']['mlp']['experts']['gate_up_proj']"
+    assert path in split, sorted(split)
+    shape, shard, _ = split[path]
+    assert shard == [shape[0] // sizes["expert"], shape[1] // sizes["fsdp"], shape[2] // sizes["tensor"]]
+    # lm_head [H, V] on ('embed'->fsdp, 'vocab'->tensor)
+    shape, shard, _ = split["['lm_head']['kernel']"]
+    assert shard == [shape[0] // sizes["fsdp"], shape[1] // sizes["tensor"]]
+
+
+# ---- rule-table errors (no devices needed) --------------------------------------------------------
+def test_spec_for_maps_logical_names():
+    assert spec_for(("expert", "embed", "mlp")) == PartitionSpec("expert", "fsdp", "tensor")
+    assert spec_for(("batch", None)) == PartitionSpec(("data", "fsdp"), None)
+
+
+def test_spec_for_unknown_axis_raises():
+    with pytest.raises(ValueError, match=r"logical axis 'no_such_axis' has no rule"):
+        spec_for(("embed", "no_such_axis"))
+
+
+def test_logical_to_mesh_unknown_axis_raises():
+    mesh = AbstractMesh((1, 1, 1, 1), MESH_AXES)
+    axes = {"w": PartitionSpec("embed", "bogus")}
+    shapes = {"w": jax.ShapeDtypeStruct((4, 4), jnp.float32)}
+    with pytest.raises(ValueError, match="'bogus'"):
+        logical_to_mesh(axes, shapes, mesh)
+
+
+def test_logical_to_mesh_non_divisible_names_parameter():
+    config = get_config("micro")  # num_experts = 8
+    mesh = AbstractMesh((1, 1, 3, 1), MESH_AXES)
+    with pytest.raises(ValueError) as info:
+        logical_to_mesh(params_logical_axes(config), params_shapes(config), mesh)
+    msg = str(info.value)
+    assert "['mlp']['experts']" in msg and "dimension 8" in msg and "'expert'" in msg, msg
+    assert "param ['model']['layers_" in msg or "param ['mtp']" in msg, msg
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="sharding.py bug: mtp/fc/kernel ('mtp_fc_in', 'embed') -> P('fsdp', 'fsdp')")
+def test_default_rules_have_no_duplicate_mesh_axes():
+    config = get_config("micro")
+    flat = jax.tree_util.tree_flatten_with_path(params_logical_axes(config),
+                                                is_leaf=lambda x: isinstance(x, PartitionSpec))[0]
+    bad = []
+    for path, logical in flat:
+        used = [a for entry in spec_for(tuple(logical)) if entry
+                for a in (entry if isinstance(entry, tuple) else (entry,))]
+        if len(used) != len(set(used)):
+            bad.append((jax.tree_util.keystr(path), tuple(logical)))
+    assert not bad, f"params mapping one mesh axis to two dimensions: {bad}"
+
+
+def test_logical_to_mesh_abstract_mesh_shard_shapes():
+    config = get_config("micro")
+    mesh = AbstractMesh((1, 2, 2, 2), MESH_AXES)
+    shardings = logical_to_mesh(params_logical_axes(config), params_shapes(config), mesh, RULES)
+    s = shardings["model"]["layers_0"]["mlp"]["experts"]["gate_up_proj"]
+    assert isinstance(s, NamedSharding)
+    assert s.shard_shape((8, 64, 64)) == (4, 32, 32)
+
+
+def test_make_mesh_wrong_device_count_raises():
+    with pytest.raises(ValueError, match="needs 8 devices"):
+        make_mesh(data=2, fsdp=2, expert=2, tensor=1, devices=jax.devices()[:1])
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1])
