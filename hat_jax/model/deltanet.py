@@ -9,8 +9,8 @@ Per value head, with state S in R^{Dk x Dv}, q/k L2-normalised and q scaled by D
 Two equal forms (tested against each other):
 - `recurrent_gated_delta_rule`: one step per token (`lax.scan`), used for one-token decoding.
 - `chunk_gated_delta_rule`: chunks of 64 tokens; inside a chunk the delta-rule updates are condensed by
-  the UT transform (a unit lower-triangular solve), across chunks a `lax.scan` carries S. Used for
-  training and prefill.
+  the UT transform (the inverse of a unit lower-triangular matrix, by recursive block inversion), across
+  chunks a `lax.scan` carries S. Used for training and prefill.
 Everything inside the kernels is float32 (the checkpoint's `mamba_ssm_dtype`).
 
 Layer: in_proj_qkv -> causal depthwise conv1d (kernel 4, no bias) + SiLU -> split q [Hk], k [Hk], v [Hv]
@@ -60,6 +60,41 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, initial_state):
     return jnp.moveaxis(out, 0, 1), state
 
 
+def unit_lower_triangular_inverse(strict_lower: jax.Array) -> jax.Array:
+    """Inverse of I + L for strictly lower-triangular L, by recursive 2x2 block inversion.
+
+    [[A, 0], [C, D]]^-1 = [[A^-1, 0], [-D^-1 C A^-1, D^-1]], applied bottom-up from 1x1 blocks: only batched
+    matmuls (no LAPACK call), the same numerics as blocked forward substitution (LAPACK `trtri`'s recursive
+    variant). It replaces `triangular_solve` on CPU, where two concurrent batched LAPACK solves in one XLA
+    program were seen to deadlock the intra-op thread pool (jaxlib 0.10.2).
+
+    Args:
+        strict_lower: [..., C, C], C a power of two; entries on and above the diagonal are ignored.
+    Returns:
+        [..., C, C] the unit lower-triangular inverse of (I + strict_lower).
+    """
+    c = strict_lower.shape[-1]
+    if c & (c - 1):
+        raise ValueError(f"unit_lower_triangular_inverse: size {c} is not a power of two")
+    batch = strict_lower.shape[:-2]
+    lower = jnp.tril(strict_lower, -1)
+    inv = jnp.ones(batch + (c, 1, 1), strict_lower.dtype)       # inverses of the 1x1 diagonal blocks
+    s = 1
+    while s < c:
+        n = c // (2 * s)
+        # lower-left s x s block of each 2s x 2s diagonal block of L: rows [2s i + s, 2s i + 2s), cols [2s i, 2s i + s)
+        blocks = lower.reshape(batch + (n, 2 * s, n, 2 * s))
+        blocks = jnp.diagonal(blocks, axis1=-4, axis2=-2)           # [..., 2s, 2s, n]
+        cm = jnp.moveaxis(blocks, -1, -3)[..., s:, :s]              # [..., n, s, s]
+        a_inv, d_inv = inv[..., 0::2, :, :], inv[..., 1::2, :, :]
+        off = -jnp.einsum("...ij,...jk,...kl->...il", d_inv, cm, a_inv)
+        top = jnp.concatenate([a_inv, jnp.zeros_like(a_inv)], axis=-1)
+        bottom = jnp.concatenate([off, d_inv], axis=-1)
+        inv = jnp.concatenate([top, bottom], axis=-2)              # [..., n, 2s, 2s]
+        s *= 2
+    return inv[..., 0, :, :]
+
+
 def chunk_gated_delta_rule(q, k, v, g, beta, initial_state, chunk_size: int = CHUNK_SIZE):
     """Chunked gated delta rule; same arguments and results as `recurrent_gated_delta_rule`.
 
@@ -78,9 +113,9 @@ def chunk_gated_delta_rule(q, k, v, g, beta, initial_state, chunk_size: int = CH
     pair = jnp.exp(jnp.where(causal, cum[..., :, None] - cum[..., None, :], -jnp.inf))
     ut = jnp.einsum("bhnik,bhnjk->bhnij", k_beta, k) * pair
     intra = jnp.einsum("bhnik,bhnjk->bhnij", q, k) * pair
-    solve = lambda rhs: jax.lax.linalg.triangular_solve(ut, rhs, left_side=True, lower=True, unit_diagonal=True)
-    new_values = solve(v_beta)                                           # [B,H,N,C,Dv]
-    k_cumdecay = solve(k_beta * jnp.exp(cum)[..., None])                 # [B,H,N,C,Dk]
+    ut_inv = unit_lower_triangular_inverse(ut)                           # (I + strict_lower(ut))^-1
+    new_values = jnp.einsum("bhnij,bhnjd->bhnid", ut_inv, v_beta)        # [B,H,N,C,Dv]
+    k_cumdecay = jnp.einsum("bhnij,bhnjd->bhnid", ut_inv, k_beta * jnp.exp(cum)[..., None])  # [B,H,N,C,Dk]
     q = q * jnp.exp(cum)[..., None]
     k = k * jnp.exp(cum[..., -1:] - cum)[..., None]
     chunk_decay = jnp.exp(cum[..., -1])[..., None, None]                 # [B,H,N,1,1]

@@ -37,7 +37,7 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("router", None),             # router output (num_experts logits)
     ("norm", None),
     ("conv_kernel", None),
-    ("mtp_fc_in", "fsdp"),
+    ("mtp_fc_in", "tensor"),     # MTP fc input: cat[embedding, hidden] (2H); its output is "embed"
 )
 
 

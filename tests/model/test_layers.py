@@ -202,3 +202,18 @@ def test_mtp_loss_targets_token_t_plus_2():
     per_pos = [-jax.nn.log_softmax(logits[0, p])[ids[0, p + 2]] for p in (0, 1)]
     np.testing.assert_allclose(mtp_loss(logits, ids), (per_pos[0] + per_pos[1]) / 2, rtol=1e-6)
     np.testing.assert_allclose(mtp_loss(logits, ids, jnp.array([[1, 1, 1, 0]])), per_pos[0], rtol=1e-6)
+
+
+def test_unit_lower_triangular_inverse():
+    from hat_jax.model.deltanet import unit_lower_triangular_inverse
+
+    r = np.random.RandomState(0)
+    for c in (1, 2, 8, 64):
+        m = r.randn(3, c, c) * 0.2
+        inv = np.asarray(unit_lower_triangular_inverse(jnp.asarray(m, jnp.float32)), np.float64)
+        full = np.eye(c) + np.tril(m, -1)
+        np.testing.assert_allclose(inv, np.linalg.inv(full), atol=1e-5)
+        np.testing.assert_allclose(full @ inv, np.broadcast_to(np.eye(c), full.shape), atol=1e-5)
+        assert np.all(np.triu(inv, 1) == 0)
+    with pytest.raises(ValueError, match="power of two"):
+        unit_lower_triangular_inverse(jnp.zeros((3, 3)))
