@@ -30,7 +30,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import jax
 import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
@@ -170,12 +170,12 @@ def detect_layout(names: set[str]) -> HFLayout:
     return HFLayout(prefix, "fused" if main_fused else "per_expert", "fused" if mtp_fused else "per_expert")
 
 
-def hf_to_params(tensors: dict[str, np.ndarray], config: Qwen3_5MoeTextConfig,
+def hf_to_params(tensors: Mapping[str, np.ndarray], config: Qwen3_5MoeTextConfig,
                  layout: HFLayout | None = None) -> tuple[dict, HFLayout, dict[str, np.ndarray]]:
     """Maps HF tensors onto our parameter tree.
 
     Args:
-        tensors: HF name -> numpy array (any dtype; kept as is).
+        tensors: HF name -> numpy array (any dtype; kept as is); a dict or a lazy `read_safetensors` mapping.
         config: the model config (decides which tensors must exist).
         layout: None to detect from the names.
     Returns:
@@ -206,7 +206,7 @@ def hf_to_params(tensors: dict[str, np.ndarray], config: Qwen3_5MoeTextConfig,
         if len({a.dtype for a in arrays}) > 1:
             raise CheckpointError(f"tensors of {'/'.join(path)} mix dtypes {sorted({str(a.dtype) for a in arrays})}")
         _set(params, path, _to_ours(kind, arrays))
-    extra = {n: t for n, t in tensors.items() if n.startswith(VISUAL_PREFIX)}
+    extra = {n: tensors[n] for n in tensors if n.startswith(VISUAL_PREFIX)}
     unexpected = sorted(set(tensors) - used - set(extra))
     if unexpected:
         more = f" (and {len(unexpected) - 5} more)" if len(unexpected) > 5 else ""
@@ -279,9 +279,42 @@ def safetensors_files(directory: str | os.PathLike) -> list[Path]:
     return found
 
 
-def read_safetensors(directory: str | os.PathLike) -> dict[str, np.ndarray]:
-    """All tensors of a safetensors folder as numpy arrays (bfloat16 via ml_dtypes).
+class LazyTensors(Mapping):
+    """Read-only mapping name -> numpy array over the files of a safetensors folder; a tensor is read from
+    disk when it is looked up, so importing holds one copy of the weights, not two."""
 
+    def __init__(self, files: list[Path]):
+        self._handles, self._file_of = {}, {}
+        for f in files:
+            try:
+                handle = safe_open(str(f), framework="np")
+            except (SafetensorError, OSError, ValueError) as e:
+                raise CheckpointError(f"{f}: cannot read safetensors file (corrupt or truncated?): {e}") from e
+            self._handles[f] = handle
+            for name in handle.keys():
+                if name in self._file_of:
+                    raise CheckpointError(f"tensor {name!r} appears in more than one file ({f.name})")
+                self._file_of[name] = f
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        f = self._file_of[name]
+        try:
+            return self._handles[f].get_tensor(name)
+        except (SafetensorError, OSError, ValueError) as e:
+            raise CheckpointError(f"{f}: cannot read tensor {name!r} (corrupt or truncated file?): {e}") from e
+
+    def __iter__(self):
+        return iter(self._file_of)
+
+    def __len__(self) -> int:
+        return len(self._file_of)
+
+
+def read_safetensors(directory: str | os.PathLike, lazy: bool = False) -> Mapping[str, np.ndarray]:
+    """The tensors of a safetensors folder as numpy arrays (bfloat16 via ml_dtypes).
+
+    Args:
+        lazy: return a `LazyTensors` mapping (tensors read on lookup) instead of a dict of all tensors.
     Raises:
         CheckpointError: corrupt or truncated file (names it), duplicate tensor names, pickle files.
     """
@@ -289,19 +322,8 @@ def read_safetensors(directory: str | os.PathLike) -> dict[str, np.ndarray]:
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: not a directory")
     _refuse_pickles(directory)
-    tensors: dict[str, np.ndarray] = {}
-    for f in safetensors_files(directory):
-        try:
-            with safe_open(str(f), framework="np") as handle:
-                for name in handle.keys():
-                    if name in tensors:
-                        raise CheckpointError(f"tensor {name!r} appears in more than one file ({f.name})")
-                    tensors[name] = handle.get_tensor(name)
-        except (SafetensorError, OSError, ValueError) as e:
-            if isinstance(e, CheckpointError):
-                raise
-            raise CheckpointError(f"{f}: cannot read safetensors file (corrupt or truncated?): {e}") from e
-    return tensors
+    tensors = LazyTensors(safetensors_files(directory))
+    return tensors if lazy else {name: tensors[name] for name in tensors}
 
 
 def load_hf_checkpoint(directory: str | os.PathLike) -> tuple[Qwen3_5MoeTextConfig, dict, HFLayout]:
@@ -317,7 +339,7 @@ def load_hf_checkpoint(directory: str | os.PathLike) -> tuple[Qwen3_5MoeTextConf
     if not cfg_file.exists():
         raise CheckpointError(f"{directory}: no config.json")
     config = read_hf_config(cfg_file)
-    params, layout, _ = hf_to_params(read_safetensors(directory), config)
+    params, layout, _ = hf_to_params(read_safetensors(directory, lazy=True), config)
     return config, params, layout
 
 
