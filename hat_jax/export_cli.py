@@ -14,6 +14,7 @@ Both check everything they can before writing, so a failure leaves no output beh
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -48,19 +49,27 @@ def import_hf(hf_dir: str | Path, out_dir: str | Path, dtype: str | None = None)
     Raises:
         FileExistsError: `out_dir` is not empty. CheckpointError: a bad HF folder (nothing is written).
     """
-    hf_dir, out_dir = Path(hf_dir), Path(out_dir)
+    hf_dir, out_dir = Path(hf_dir).resolve(), Path(out_dir).resolve()
     _require_empty(out_dir, "; choose a new checkpoint directory")
     config, params, _ = load_hf_checkpoint(hf_dir)
     cast = (lambda x: jnp.asarray(x)) if dtype is None else (lambda x: jnp.asarray(x, jnp.dtype(dtype)))
     params = _tree_map(cast, params)
-    save_model_checkpoint(out_dir, params, config)
-    written = [name for name in ("params", "model_config.json") if (out_dir / name).exists()]
+    # Written into a sibling partial folder, renamed into place when complete (a killed import leaves no
+    # half checkpoint at `out_dir`; the next import into the same place removes the partial folder).
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    partial = out_dir.parent / f".{out_dir.name}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    save_model_checkpoint(partial, params, config)
+    written = ["params", "model_config.json"]
     tokenizer = [n for n in TOKENIZER_FILES if (hf_dir / n).is_file()]
     if tokenizer:
-        (out_dir / TOKENIZER_SUBDIR).mkdir()
+        (partial / TOKENIZER_SUBDIR).mkdir()
         for name in tokenizer:
-            shutil.copyfile(hf_dir / name, out_dir / TOKENIZER_SUBDIR / name)
+            shutil.copyfile(hf_dir / name, partial / TOKENIZER_SUBDIR / name)
         written += [f"{TOKENIZER_SUBDIR}/{n}" for n in tokenizer]
+    if out_dir.exists():
+        out_dir.rmdir()  # empty (checked above)
+    os.replace(partial, out_dir)
     return _file_lines(out_dir, written)
 
 

@@ -98,8 +98,11 @@ def test_to_hf_from_hf_to_hf_round_trip(ckpt, tmp_path):
     with torch.no_grad():
         assert torch.isfinite(model(torch.arange(12)[None]).logits).all()
 
+    stale = ckpt2.parent / f".{ckpt2.name}.partial"       # as left by a killed import
+    stale.mkdir(parents=True)
     proc = run("from_hf.py", "--hf", hf1, "--out", ckpt2)
     assert proc.returncode == 0, proc.stderr
+    assert not stale.exists()                              # written there, then renamed into place
     assert set(_printed_files(proc.stdout)) == {"params", "model_config.json", *TOKENIZER}
     for name, data in TOKENIZER.items():
         assert (ckpt2 / "tokenizer" / name).read_bytes() == data

@@ -129,7 +129,11 @@ def test_checkpoint_errors_name_the_path(model, tmp_path):
     with pytest.raises(ValueError, match="broken/params"):
         load_model_checkpoint(broken)
     wrong = tmp_path / "wrong"
-    save_model_checkpoint(wrong, params, config.replace(hidden_size=32))
+    with pytest.raises(ValueError, match="do not match the model config"):
+        save_model_checkpoint(wrong, params, config.replace(hidden_size=32))   # refused before writing
+    assert not (wrong / "params").exists()
+    save_model_checkpoint(wrong, params, config)
+    (wrong / "model_config.json").write_text(json.dumps(config.replace(hidden_size=32).to_hf_dict()))
     with pytest.raises(ValueError, match="do not match"):
         load_model_checkpoint(wrong)
     with pytest.raises(FileExistsError):

@@ -40,11 +40,12 @@ def save_model_checkpoint(directory: str | Path, params: dict, config: Qwen3_5Mo
     Args:
         directory: created if missing. params: the model params pytree (any dtypes). config: the model config.
     Raises:
-        FileExistsError: `<directory>/params` already exists.
+        FileExistsError: `<directory>/params` already exists. ValueError: params do not match the config.
     """
     root = Path(directory).resolve()
     if (root / PARAMS_ITEM).exists():
         raise FileExistsError(f"{root / PARAMS_ITEM} already exists; choose a new checkpoint directory")
+    _check_shapes(params, params_shapes(config), root)
     root.mkdir(parents=True, exist_ok=True)
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(root / PARAMS_ITEM, params)
@@ -69,7 +70,8 @@ def resolve_checkpoint(directory: str | Path) -> tuple[Path, Path]:
     """
     root = Path(directory).resolve()
     if not root.is_dir():
-        raise FileNotFoundError(f"checkpoint directory {str(root)!r} does not exist")
+        what = "is a file, not a directory" if root.exists() else "does not exist"
+        raise FileNotFoundError(f"checkpoint directory {str(root)!r} {what}")
     if _is_params_item(root / PARAMS_ITEM):
         item = root / PARAMS_ITEM
     else:
@@ -84,7 +86,8 @@ def resolve_checkpoint(directory: str | Path) -> tuple[Path, Path]:
     for config_path in (item.parent / CONFIG_FILE, root / CONFIG_FILE):
         if config_path.is_file():
             return item, config_path
-    raise FileNotFoundError(f"checkpoint {str(root)!r}: no {CONFIG_FILE} in {item.parent} or {root}")
+    places = str(item.parent) if item.parent == root else f"{item.parent} or {root}"
+    raise FileNotFoundError(f"checkpoint {str(root)!r}: no {CONFIG_FILE} in {places}")
 
 
 def load_model_checkpoint(directory: str | Path) -> tuple[Qwen3_5MoeTextConfig, dict]:
@@ -112,8 +115,9 @@ def load_model_checkpoint(directory: str | Path) -> tuple[Qwen3_5MoeTextConfig, 
         target = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), stored)
         params = checkpointer.restore(item, target)
     except Exception as err:  # Orbax/TensorStore raise many types for unreadable files
+        first_line = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
         raise ValueError(f"could not read the Orbax params item {str(item)!r} (corrupt or not a params "
-                         f"checkpoint): {type(err).__name__}: {err}") from err
+                         f"checkpoint): {type(err).__name__}: {first_line}") from err
     finally:
         checkpointer.close()
     _check_shapes(params, params_shapes(config), item)
@@ -125,5 +129,5 @@ def _check_shapes(params: dict, expected: dict, item: Path) -> None:
     want = {jax.tree_util.keystr(k): v.shape for k, v in jax.tree_util.tree_leaves_with_path(expected)}
     for name in sorted(set(got) | set(want)):
         if got.get(name) != want.get(name):
-            raise ValueError(f"params in {str(item)!r} do not match model_config.json: {name} has shape "
+            raise ValueError(f"params for {str(item)!r} do not match the model config: {name} has shape "
                              f"{got.get(name, 'missing')}, the config expects {want.get(name, 'no such parameter')}")

@@ -86,6 +86,9 @@ class Qwen3_5MoeTextConfig:
     extra: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
+        interval = self.full_attention_interval
+        if not isinstance(interval, int) or isinstance(interval, bool) or interval <= 0:
+            raise ValueError(f"config field full_attention_interval: expected a positive integer, got {interval!r}")
         if not self.layer_types:
             types = tuple(
                 LINEAR_ATTENTION if (i + 1) % self.full_attention_interval else FULL_ATTENTION
@@ -101,6 +104,19 @@ class Qwen3_5MoeTextConfig:
 
     def validate(self) -> None:
         """Raises ValueError naming the inconsistent field."""
+        for name in _POSITIVE_INT_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"config field {name}: expected a positive integer, got {value!r}")
+        for name in ("pad_token_id", "bos_token_id"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and 0 <= value < self.vocab_size):
+                raise ValueError(f"config field {name}: expected None or an id in [0, vocab_size={self.vocab_size}), "
+                                 f"got {value!r}")
+        for value in self.eos_token_ids:
+            if not (isinstance(value, int) and 0 <= value < self.vocab_size):
+                raise ValueError(f"config field eos_token_id: expected ids in [0, vocab_size={self.vocab_size}), "
+                                 f"got {self.eos_token_id!r}")
         if len(self.layer_types) != self.num_hidden_layers:
             raise ValueError(
                 f"layer_types has {len(self.layer_types)} entries, expected num_hidden_layers="
@@ -119,6 +135,8 @@ class Qwen3_5MoeTextConfig:
             ("rope_parameters.rope_type", self.rope_parameters.rope_type == "default", "'default'"),
             ("rotary_dim", self.rotary_dim % 2 == 0 and self.rotary_dim > 0,
              "head_dim * partial_rotary_factor to be a positive even integer"),
+            ("rope_parameters.mrope_section", sum(self.rope_parameters.mrope_section) == self.rotary_dim // 2,
+             f"entries summing to rotary_dim / 2 = {self.rotary_dim // 2} (head_dim * partial_rotary_factor / 2)"),
             ("mtp_num_hidden_layers", self.mtp_num_hidden_layers in (0, 1), "0 or 1"),
             ("mtp_use_dedicated_embeddings", not self.mtp_use_dedicated_embeddings, "false"),
             ("attention_bias", not self.attention_bias, "false"),
@@ -196,6 +214,14 @@ class Qwen3_5MoeTextConfig:
             kwargs["layer_types"] = tuple(kwargs["layer_types"] or ())
         kwargs["extra"] = tuple(sorted((k, json.dumps(v)) for k, v in extra.items()))
         return cls(**kwargs)
+
+
+_POSITIVE_INT_FIELDS = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads",
+    "linear_num_value_heads", "moe_intermediate_size", "shared_expert_intermediate_size", "num_experts",
+    "num_experts_per_tok", "max_position_embeddings",
+)
 
 
 def _rope_from_dict(d: Mapping[str, Any]) -> RopeParameters:

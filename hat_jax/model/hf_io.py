@@ -43,10 +43,13 @@ from hat_jax.model.params import params_shapes
 
 VISUAL_PREFIX = "model.visual."
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "chat_template.json", "vocab.json", "merges.txt", "added_tokens.json")
+# Files an export with force=True removes from the output folder before moving its own files in.
+REPLACED_FILES = TOKENIZER_FILES + ("config.json", "generation_config.json")
 
 
 class CheckpointError(ValueError):
@@ -203,6 +206,9 @@ def hf_to_params(tensors: Mapping[str, np.ndarray], config: Qwen3_5MoeTextConfig
                 raise CheckpointError(f"tensor {name!r} has shape {tuple(arr.shape)}, expected {tuple(shape)}")
             arrays.append(arr)
             used.add(name)
+        if str(arrays[0].dtype) not in FLOAT_DTYPES:
+            raise CheckpointError(f"tensor {next(iter(names))!r} has dtype {arrays[0].dtype}; expected one of "
+                                  f"{FLOAT_DTYPES} (quantized checkpoints are not supported: dequantize first)")
         if len({a.dtype for a in arrays}) > 1:
             raise CheckpointError(f"tensors of {'/'.join(path)} mix dtypes {sorted({str(a.dtype) for a in arrays})}")
         _set(params, path, _to_ours(kind, arrays))
@@ -447,6 +453,8 @@ def save_hf_checkpoint(params: dict, config: Qwen3_5MoeTextConfig, out_dir: str 
             whose config.json describes a different architecture than `config`. Nothing is written then.
     """
     out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise FileExistsError(f"{out_dir} exists and is a file; expected a new or existing directory")
     if out_dir.exists() and any(out_dir.iterdir()) and not force:
         raise FileExistsError(f"{out_dir} is not empty; pass force=True (--force) to overwrite")
     if layout not in ("text", "dropin"):
@@ -461,14 +469,17 @@ def save_hf_checkpoint(params: dict, config: Qwen3_5MoeTextConfig, out_dir: str 
         if diffs:
             raise CheckpointError(f"{source}/config.json describes a different model than the params "
                                   f"(ours vs source): {'; '.join(diffs)}")
-        source_tensors = read_safetensors(source)
+        source_tensors = read_safetensors(source, lazy=True)
         hf_layout = detect_layout(set(source_tensors))
         tensors = params_to_hf(params, config, hf_layout, dtype)
-        tensors.update({n: t for n, t in source_tensors.items() if n.startswith(VISUAL_PREFIX)})
+        tensors.update({n: source_tensors[n] for n in source_tensors if n.startswith(VISUAL_PREFIX)})
     else:
         tensors = params_to_hf(params, config, HFLayout("model.", expert_layout, "per_expert"), dtype)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=out_dir.parent))
+    partial_prefix = f".{out_dir.name}.partial-"
+    for stale in out_dir.parent.glob(partial_prefix + "*"):   # left by an export that was killed
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=partial_prefix, dir=out_dir.parent))
     try:
         written = write_safetensors(tensors, tmp, max_shard_bytes)
         if layout == "dropin":
@@ -486,9 +497,12 @@ def save_hf_checkpoint(params: dict, config: Qwen3_5MoeTextConfig, out_dir: str 
                 if (tok_src / name).exists() and not (tmp / name).exists():
                     shutil.copyfile(tok_src / name, tmp / name)
                     written.append(name)
+        for name in written:
+            os.chmod(tmp / name, 0o644)   # safetensors writes 0600; a server may run as another user
         out_dir.mkdir(parents=True, exist_ok=True)
-        for old in list(out_dir.glob("*.safetensors")) + [out_dir / INDEX_FILE]:
-            if old.exists():
+        for old in out_dir.iterdir():     # force: drop every model file of the previous export
+            if old.is_file() and (old.suffix in (".safetensors",) + PICKLE_SUFFIXES or old.name in REPLACED_FILES
+                                  or old.name.endswith(".index.json")):
                 old.unlink()
         for name in written:
             os.replace(tmp / name, out_dir / name)

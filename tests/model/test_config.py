@@ -89,3 +89,19 @@ def test_list_eos_token_id_round_trips():
 def test_tied_embeddings_are_refused():
     with pytest.raises(ValueError, match="tie_word_embeddings"):
         get_config("micro", tie_word_embeddings=True)
+
+
+@pytest.mark.parametrize("overrides,field", [
+    (dict(num_key_value_heads=0), "num_key_value_heads"),
+    (dict(num_experts="8"), "num_experts"),
+    (dict(num_experts=0), "num_experts"),
+    (dict(vocab_size=-1), "vocab_size"),
+    (dict(num_hidden_layers=0), "num_hidden_layers"),
+    (dict(full_attention_interval=0, layer_types=()), "full_attention_interval"),
+    (dict(eos_token_id=9999), "eos_token_id"),
+    (dict(pad_token_id=-5), "pad_token_id"),
+    (dict(rope_parameters={"rope_theta": 1e4}), "mrope_section"),
+])
+def test_bad_values_name_the_field(overrides, field):
+    with pytest.raises(ValueError, match=field):
+        get_config("micro", **overrides)

@@ -255,6 +255,34 @@ def test_non_empty_output_needs_force(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary folder left behind
 
 
+def test_force_replaces_every_model_file_and_cleans_stale_partials(tmp_path):
+    params, out = _random_params(CONFIG), tmp_path / "out"
+    out.mkdir()
+    for name in ("pytorch_model.bin", "pytorch_model.bin.index.json", "vocab.json", "merges.txt", "notes.txt"):
+        (out / name).write_text("old")
+    stale = tmp_path / ".out.partial-killed"   # what a killed export leaves behind
+    stale.mkdir()
+    save_hf_checkpoint(params, CONFIG, out, force=True)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "notes.txt"]
+    assert not stale.exists()
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o644
+
+
+def test_output_that_is_a_file_is_refused(tmp_path):
+    target = tmp_path / "file.txt"
+    target.write_text("keep me")
+    with pytest.raises(FileExistsError, match="is a file"):
+        save_hf_checkpoint(_random_params(CONFIG), CONFIG, target, force=True)
+    assert target.read_text() == "keep me"
+
+
+def test_integer_weights_are_refused(fused_src, tmp_path):
+    src = _edited_copy(fused_src, tmp_path / "src",
+                       lambda t: t.__setitem__("lm_head.weight", t["lm_head.weight"].astype(np.int8)))
+    with pytest.raises(CheckpointError, match=r"'lm_head.weight' has dtype int8.*quantized"):
+        load_hf_checkpoint(src)
+
+
 def test_config_errors_list_valid_choices():
     with pytest.raises(ValueError, match=r"unknown preset 'mikro'.*\['micro'\].*micro, tiny, qwen3_6_35b_a3b"):
         get_config("mikro")
