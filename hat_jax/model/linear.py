@@ -24,4 +24,6 @@ class Linear(nn.Module):
     def __call__(self, x):
         kernel = param_with_axes(self, "kernel", nn.initializers.normal(self.init_std),
                                  (x.shape[-1], self.features), self.param_dtype, self.axes)
-        return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+        # A 2-D matmul: on XLA:CPU the weight gradient of a [B, T, in] dot is ~2x slower than of [B*T, in].
+        y = jnp.dot(x.reshape(-1, x.shape[-1]).astype(self.dtype), kernel.astype(self.dtype))
+        return y.reshape(*x.shape[:-1], self.features)

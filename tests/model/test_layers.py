@@ -217,3 +217,14 @@ def test_unit_lower_triangular_inverse():
         assert np.all(np.triu(inv, 1) == 0)
     with pytest.raises(ValueError, match="power of two"):
         unit_lower_triangular_inverse(jnp.zeros((3, 3)))
+
+
+def test_unit_lower_triangular_inverse_gradient_matches_autodiff_of_the_recursion():
+    from hat_jax.model.deltanet import _block_inverse, unit_lower_triangular_inverse
+
+    r = np.random.RandomState(1)
+    m = jnp.asarray(r.randn(2, 16, 16) * 0.2, jnp.float32)
+    w = jnp.asarray(r.randn(2, 16, 16), jnp.float32)
+    g_custom = jax.grad(lambda a: jnp.sum(jnp.sin(unit_lower_triangular_inverse(a)) * w))(m)
+    g_auto = jax.grad(lambda a: jnp.sum(jnp.sin(_block_inverse(a)) * w))(m)
+    np.testing.assert_allclose(g_custom, g_auto, atol=1e-5)

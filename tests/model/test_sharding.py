@@ -9,8 +9,9 @@ split (every leaf's addressable shards have the shape its PartitionSpec implies,
 split over several devices), and writes the logits, hidden states and routing to OUT.npz. The pytest
 process (one device) computes the same forward unsharded and compares at 1e-5 (fp32).
 
-The error-message tests of `spec_for` / `logical_to_mesh` / `make_mesh` run in-process on an
-`AbstractMesh` (no devices needed).
+The rule-table tests run in-process on an `AbstractMesh` (no devices needed): `spec_for` /
+`logical_to_mesh` / `make_mesh` error messages (unknown logical axis; a non-divisible dimension names the
+parameter), no PartitionSpec naming a mesh axis twice, and the 35B preset's shardings on 64 devices.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import pytest
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
 from hat_jax.model import Qwen3_5MoeForCausalLM, get_config, init_params, params_logical_axes, params_shapes
-from hat_jax.model.sharding import DEFAULT_RULES, MESH_AXES, batch_sharding, logical_to_mesh, make_mesh, spec_for
+from hat_jax.model.sharding import MESH_AXES, batch_sharding, logical_to_mesh, make_mesh, spec_for
 
 NUM_DEVICES = 8
 # (data, fsdp, expert, tensor); every micro dimension mapped to a mesh axis divides by these sizes.
@@ -35,12 +36,6 @@ MESHES = {
     "data2_expert2_tensor2": dict(data=2, fsdp=1, expert=2, tensor=2),
     "fsdp2_expert2_tensor2": dict(data=1, fsdp=2, expert=2, tensor=2),
 }
-# KNOWN BUG (hat_jax/model/sharding.py): DEFAULT_RULES maps both 'mtp_fc_in' and 'embed' to 'fsdp', so
-# mtp/fc/kernel (logical ('mtp_fc_in', 'embed')) gets PartitionSpec('fsdp', 'fsdp'), which NamedSharding
-# rejects (DuplicateSpecError) on every mesh, whatever the axis sizes. Until that is fixed the forward tests
-# use the default table with 'mtp_fc_in' replicated; `test_default_rules_have_no_duplicate_mesh_axes` pins
-# the bug (strict xfail: it starts failing, i.e. passing, once the table is fixed; then drop this).
-RULES = tuple((k, None if k == "mtp_fc_in" else v) for k, v in DEFAULT_RULES)
 BATCH, SEQ = 4, 70  # SEQ > 64 crosses a Gated DeltaNet chunk boundary
 SEED = 0
 
@@ -78,7 +73,7 @@ def _worker(out_path: str) -> None:
     results, report = {}, {}
     for name, sizes in MESHES.items():
         mesh = make_mesh(**sizes)
-        shardings = logical_to_mesh(axes, params, mesh, RULES)
+        shardings = logical_to_mesh(axes, params, mesh)
         sharded = jax.device_put(params, shardings)
         split = []
         for (path, x), sharding in zip(jax.tree_util.tree_flatten_with_path(sharded)[0],
@@ -92,7 +87,7 @@ def _worker(out_path: str) -> None:
                 split.append((jax.tree_util.keystr(path), list(x.shape), list(expected),
                               len({str(s.index) for s in x.addressable_shards})))
         assert split, f"mesh {name}: no parameter is split across devices"
-        bs = batch_sharding(mesh, 2, RULES)
+        bs = batch_sharding(mesh, 2)
         ids_d, mask_d = jax.device_put(ids, bs), jax.device_put(mask, bs)
         assert {tuple(s.data.shape) for s in ids_d.addressable_shards} == {
             (BATCH // (sizes["data"] * sizes["fsdp"]), SEQ)}
@@ -190,10 +185,11 @@ def test_logical_to_mesh_non_divisible_names_parameter():
     assert "param ['model']['layers_" in msg or "param ['mtp']" in msg, msg
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="sharding.py bug: mtp/fc/kernel ('mtp_fc_in', 'embed') -> P('fsdp', 'fsdp')")
-def test_default_rules_have_no_duplicate_mesh_axes():
-    config = get_config("micro")
+@pytest.mark.parametrize("preset", ["micro", "qwen3_6_35b_a3b"])
+def test_default_rules_have_no_duplicate_mesh_axes(preset):
+    # NamedSharding rejects a spec naming one mesh axis twice (this caught mtp/fc/kernel once mapping
+    # ('mtp_fc_in', 'embed') to ('fsdp', 'fsdp')).
+    config = get_config(preset)
     flat = jax.tree_util.tree_flatten_with_path(params_logical_axes(config),
                                                 is_leaf=lambda x: isinstance(x, PartitionSpec))[0]
     bad = []
@@ -208,10 +204,20 @@ def test_default_rules_have_no_duplicate_mesh_axes():
 def test_logical_to_mesh_abstract_mesh_shard_shapes():
     config = get_config("micro")
     mesh = AbstractMesh((1, 2, 2, 2), MESH_AXES)
-    shardings = logical_to_mesh(params_logical_axes(config), params_shapes(config), mesh, RULES)
+    shardings = logical_to_mesh(params_logical_axes(config), params_shapes(config), mesh)
     s = shardings["model"]["layers_0"]["mlp"]["experts"]["gate_up_proj"]
     assert isinstance(s, NamedSharding)
     assert s.shard_shape((8, 64, 64)) == (4, 32, 32)
+    fc = shardings["mtp"]["fc"]["kernel"]
+    assert len({a for a in fc.spec if a is not None}) == len([a for a in fc.spec if a is not None])
+
+
+def test_logical_to_mesh_35b_on_64_device_abstract_mesh():
+    config = get_config("qwen3_6_35b_a3b")  # shapes only, nothing allocated
+    mesh = AbstractMesh((1, 8, 8, 1), MESH_AXES)
+    shardings = logical_to_mesh(params_logical_axes(config), params_shapes(config), mesh)
+    experts = shardings["model"]["layers_0"]["mlp"]["experts"]["gate_up_proj"]
+    assert experts.shard_shape((256, 2048, 1024)) == (32, 256, 1024)
 
 
 def test_make_mesh_wrong_device_count_raises():
