@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from safetensors import safe_open
+from tensor_files import raw_tensors
 
 from hat_jax.export_cli import deployment_generation_config
 from hat_jax.model import get_config, params_shapes
@@ -42,16 +42,6 @@ def _random_params(config, seed=0) -> dict:
         return {k: fill(v) if isinstance(v, dict) else jnp.asarray(0.05 * rng.standard_normal(v.shape), jnp.float32)
                 for k, v in tree.items()}
     return fill(params_shapes(config))
-
-
-def _tensors(folder: Path) -> dict[str, tuple[str, tuple, bytes]]:
-    out = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(f), framework="np") as handle:
-            for name in handle.keys():
-                t = handle.get_tensor(name)
-                out[name] = (str(t.dtype), tuple(t.shape), t.tobytes())
-    return out
 
 
 def _printed_files(stdout: str) -> dict[str, int]:
@@ -87,7 +77,7 @@ def test_to_hf_from_hf_to_hf_round_trip(ckpt, tmp_path):
         assert (hf1 / name).read_bytes() == data
     assert json.loads((hf1 / "generation_config.json").read_text()) == {
         "do_sample": True, "temperature": 1.0, "top_p": 0.95, "eos_token_id": 2, "pad_token_id": 0}
-    tensors = _tensors(hf1)
+    tensors = raw_tensors(hf1)
     assert {dtype for dtype, _, _ in tensors.values()} == {"bfloat16"}          # --dtype default
     assert "model.layers.0.mlp.experts.gate_up_proj" in tensors                  # --expert-layout default
     assert "mtp.layers.0.mlp.experts.0.gate_proj.weight" in tensors              # MTP always
@@ -114,7 +104,7 @@ def test_to_hf_from_hf_to_hf_round_trip(ckpt, tmp_path):
 
     proc = run("to_hf.py", "--ckpt", ckpt2, "--out", hf2)
     assert proc.returncode == 0, proc.stderr
-    assert _tensors(hf2) == tensors
+    assert raw_tensors(hf2) == tensors
     assert (hf2 / "config.json").read_bytes() == (hf1 / "config.json").read_bytes()
 
 
@@ -145,7 +135,7 @@ def test_to_hf_dropin_keeps_source_config_and_vision(ckpt, vl_source, tmp_path):
                "--dtype", "float32")
     assert proc.returncode == 0, proc.stderr
     assert (out / "config.json").read_bytes() == (source / "config.json").read_bytes()
-    got = _tensors(out)
+    got = raw_tensors(out)
     for name in ("model.visual.patch_embed.proj.weight", "model.visual.blocks.0.norm1.weight"):
         t = src_tensors[name]
         assert got[name] == (str(t.dtype), t.shape, t.tobytes())

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from safetensors import safe_open
+from tensor_files import raw_tensors
 from safetensors.torch import save_file as torch_save_file
 
 from hat_jax.model import Qwen3_5MoeTextConfig, get_config, params_shapes
@@ -51,19 +51,8 @@ def _write_folder(folder, tensors: dict, config_json: dict, **kwargs):
     return folder
 
 
-def _raw_tensors(folder) -> dict[str, tuple[str, tuple, bytes]]:
-    """name -> (dtype, shape, bytes), read with safetensors directly (not through hf_io)."""
-    out = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(f), framework="np") as handle:
-            for name in handle.keys():
-                t = handle.get_tensor(name)
-                out[name] = (str(t.dtype), tuple(t.shape), t.tobytes())
-    return out
-
-
 def _assert_same_tensors(a, b):
-    ta, tb = _raw_tensors(a), _raw_tensors(b)
+    ta, tb = raw_tensors(a), raw_tensors(b)
     assert sorted(ta) == sorted(tb)
     for name in ta:
         assert ta[name][:2] == tb[name][:2], name
@@ -113,7 +102,7 @@ def fused_src(tmp_path_factory):
 def test_save_pretrained_folder_round_trips(hf_model, tmp_path):
     src = tmp_path / "src"
     hf_model.save_pretrained(src)
-    names = set(_raw_tensors(src))
+    names = set(raw_tensors(src))
     assert "model.layers.0.mlp.experts.0.gate_proj.weight" in names and not any(n.startswith("mtp.") for n in names)
     _round_trip(src, tmp_path / "out", config=NO_MTP)
     _assert_same_tensors(src, tmp_path / "out")
@@ -139,7 +128,7 @@ def test_per_expert_and_fused_folders_import_to_the_same_params(hf_model, tmp_pa
 
 
 def test_fused_folder_with_mtp_round_trips(fused_src, tmp_path):
-    names = set(_raw_tensors(fused_src))
+    names = set(raw_tensors(fused_src))
     assert "model.layers.0.mlp.experts.gate_up_proj" in names
     assert "mtp.layers.0.mlp.experts.7.down_proj.weight" in names and "mtp.fc.weight" in names
     params = _round_trip(fused_src, tmp_path / "out")
