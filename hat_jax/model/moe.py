@@ -157,8 +157,9 @@ class Experts(nn.Module):
         c = self.config
         init = nn.initializers.normal(c.initializer_range)
         e, h, i = c.num_experts, c.hidden_size, c.moe_intermediate_size
-        gate_up = param_with_axes(self, "gate_up_proj", init, (e, h, 2 * i), self.param_dtype, ("expert", "embed", "mlp"))
-        down = param_with_axes(self, "down_proj", init, (e, i, h), self.param_dtype, ("expert", "mlp", "embed"))
+        gate_up = param_with_axes(self, "gate_up_proj", init, (e, h, 2 * i), self.param_dtype,
+                                 ("expert", "expert_embed", "mlp"))
+        down = param_with_axes(self, "down_proj", init, (e, i, h), self.param_dtype, ("expert", "mlp", "expert_embed"))
         return gate_up, down
 
 

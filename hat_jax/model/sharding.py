@@ -26,7 +26,8 @@ MESH_AXES = ("data", "fsdp", "expert", "tensor")
 DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("batch", ("data", "fsdp")),
     ("vocab", "tensor"),
-    ("embed", "fsdp"),
+    ("embed", ("fsdp", "expert")),   # dense weights' hidden dim: FSDP over fsdp x expert devices
+    ("expert_embed", "fsdp"),        # the experts' hidden dim ('expert' already splits their first dim)
     ("heads", "tensor"),          # attention q/gate/o projections: query heads
     ("kv_heads", "tensor"),       # attention k/v projections
     ("linear_qkv", "tensor"),     # Gated DeltaNet q|k|v channels (conv is depthwise)

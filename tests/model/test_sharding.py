@@ -146,19 +146,20 @@ def test_params_really_split(worker_results, mesh_name):
     _, report = worker_results
     split = {path: (shape, shard, n) for path, shape, shard, n in report[mesh_name]["split"]}
     sizes = MESHES[mesh_name]
-    # experts: [E, H, 2I] on ('expert', 'embed'->fsdp, 'mlp'->tensor)
+    # experts: [E, H, 2I] on ('expert', 'expert_embed'->fsdp, 'mlp'->tensor)
     path = "['model']['layers_0']['mlp']['experts']['gate_up_proj']"
     assert path in split, sorted(split)
     shape, shard, _ = split[path]
     assert shard == [shape[0] // sizes["expert"], shape[1] // sizes["fsdp"], shape[2] // sizes["tensor"]]
-    # lm_head [H, V] on ('embed'->fsdp, 'vocab'->tensor)
+    # lm_head [H, V] on ('embed'->(fsdp, expert), 'vocab'->tensor)
     shape, shard, _ = split["['lm_head']['kernel']"]
-    assert shard == [shape[0] // sizes["fsdp"], shape[1] // sizes["tensor"]]
+    assert shard == [shape[0] // (sizes["fsdp"] * sizes["expert"]), shape[1] // sizes["tensor"]]
 
 
 # ---- rule-table errors (no devices needed) --------------------------------------------------------
 def test_spec_for_maps_logical_names():
-    assert spec_for(("expert", "embed", "mlp")) == PartitionSpec("expert", "fsdp", "tensor")
+    assert spec_for(("expert", "expert_embed", "mlp")) == PartitionSpec("expert", "fsdp", "tensor")
+    assert spec_for(("vocab", "embed")) == PartitionSpec("tensor", ("fsdp", "expert"))
     assert spec_for(("batch", None)) == PartitionSpec(("data", "fsdp"), None)
 
 
@@ -181,8 +182,9 @@ def test_logical_to_mesh_non_divisible_names_parameter():
     with pytest.raises(ValueError) as info:
         logical_to_mesh(params_logical_axes(config), params_shapes(config), mesh)
     msg = str(info.value)
-    assert "['mlp']['experts']" in msg and "dimension 8" in msg and "'expert'" in msg, msg
-    assert "param ['model']['layers_" in msg or "param ['mtp']" in msg, msg
+    # the first parameter in tree order that does not divide: lm_head's hidden dim 64 over fsdp x expert = 3
+    assert msg.startswith("param ['lm_head']['kernel'] shape (64, 512): dimension 64 is not divisible"), msg
+    assert "'expert'" in msg and "(size 3)" in msg, msg
 
 
 @pytest.mark.parametrize("preset", ["micro", "qwen3_6_35b_a3b"])
@@ -218,6 +220,10 @@ def test_logical_to_mesh_35b_on_64_device_abstract_mesh():
     shardings = logical_to_mesh(params_logical_axes(config), params_shapes(config), mesh)
     experts = shardings["model"]["layers_0"]["mlp"]["experts"]["gate_up_proj"]
     assert experts.shard_shape((256, 2048, 1024)) == (32, 256, 1024)
+    # dense weights are split over all 64 devices too (fsdp x expert), not only the 8 fsdp ones
+    assert shardings["lm_head"]["kernel"].shard_shape((2048, 248320)) == (32, 248320)
+    q_proj = shardings["model"]["layers_3"]["self_attn"]["q_proj"]["kernel"]
+    assert q_proj.shard_shape((2048, 8192)) == (32, 8192)
 
 
 def test_make_mesh_wrong_device_count_raises():
