@@ -19,6 +19,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 
 from hat_jax.model.checkpoint_io import load_model_checkpoint, save_model_checkpoint
@@ -53,7 +54,7 @@ def import_hf(hf_dir: str | Path, out_dir: str | Path, dtype: str | None = None)
     _require_empty(out_dir, "; choose a new checkpoint directory")
     config, params, _ = load_hf_checkpoint(hf_dir)
     cast = (lambda x: jnp.asarray(x)) if dtype is None else (lambda x: jnp.asarray(x, jnp.dtype(dtype)))
-    params = _tree_map(cast, params)
+    params = jax.tree_util.tree_map(cast, params)
     # Written into a sibling partial folder, renamed into place when complete (a killed import leaves no
     # half checkpoint at `out_dir`; the next import into the same place removes the partial folder).
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -114,10 +115,6 @@ def export_hf(ckpt_dir: str | Path, out_dir: str | Path, *, layout: str = "text"
 
 def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
-
-
-def _tree_map(fn, tree):
-    return {k: _tree_map(fn, v) if isinstance(v, dict) else fn(v) for k, v in tree.items()}
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from hat_jax.model.config import Qwen3_5MoeTextConfig
+from hat_jax.model.hf_io import read_hf_config
 from hat_jax.model.params import params_shapes
 
 CONFIG_FILE = "model_config.json"
@@ -101,10 +102,7 @@ def load_model_checkpoint(directory: str | Path) -> tuple[Qwen3_5MoeTextConfig, 
             (the message names the path and the first mismatching parameter).
     """
     item, config_path = resolve_checkpoint(directory)
-    try:
-        config = Qwen3_5MoeTextConfig.from_hf_dict(json.loads(config_path.read_text()))
-    except (json.JSONDecodeError, TypeError, ValueError) as err:
-        raise ValueError(f"checkpoint config {str(config_path)!r} is not a valid qwen3_5_moe config: {err}") from err
+    config = read_hf_config(config_path)
     checkpointer = ocp.Checkpointer(ocp.StandardCheckpointHandler())  # synchronous: nothing to overlap
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     try:

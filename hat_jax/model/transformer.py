@@ -160,14 +160,13 @@ class Qwen3_5MoeForCausalLM(nn.Module):
             ModelOutput.
         """
         c = self.config
-        b, t = input_ids.shape
-        token_mask = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
+        t = input_ids.shape[1]
+        token_mask = _token_mask(input_ids, attention_mask)
         if cache is None:
             index = None
             if positions is None:
-                positions = jnp.maximum(jnp.cumsum(token_mask, axis=1) - 1, 0)
-            causal = jnp.tril(jnp.ones((t, t), bool))
-            attn_mask = causal[None] & token_mask[:, None, :]
+                positions = _default_positions(token_mask)
+            attn_mask = _causal_mask(token_mask)
             layer_caches = None
         else:
             index = cache["index"]
@@ -204,14 +203,29 @@ class Qwen3_5MoeForCausalLM(nn.Module):
         c = self.config
         if not c.mtp_num_hidden_layers:
             raise ValueError("config.mtp_num_hidden_layers is 0: this model has no MTP block")
-        b, t = next_ids.shape
-        token_mask = jnp.ones((b, t), bool) if attention_mask is None else attention_mask.astype(bool)
+        token_mask = _token_mask(next_ids, attention_mask)
         if positions is None:
-            positions = jnp.maximum(jnp.cumsum(token_mask, axis=1) - 1, 0)
+            positions = _default_positions(token_mask)
         cos, sin = rope_cos_sin(positions, c.rotary_dim, c.rope_parameters.rope_theta)
-        attn_mask = jnp.tril(jnp.ones((t, t), bool))[None] & token_mask[:, None, :]
-        x, router_logits = self.mtp(self.model.embed_tokens(next_ids), hidden, cos, sin, attn_mask, token_mask)
+        x, router_logits = self.mtp(self.model.embed_tokens(next_ids), hidden, cos, sin, _causal_mask(token_mask),
+                                    token_mask)
         return self.lm_head(x), router_logits[None]
+
+
+def _token_mask(ids: jax.Array, attention_mask: jax.Array | None) -> jax.Array:
+    """[B, T] bool, True on real tokens (all True without an attention mask)."""
+    return jnp.ones(ids.shape, bool) if attention_mask is None else attention_mask.astype(bool)
+
+
+def _default_positions(token_mask: jax.Array) -> jax.Array:
+    """[B, T] int32: the number of real tokens before each token (arange(T) without padding)."""
+    return jnp.maximum(jnp.cumsum(token_mask, axis=1) - 1, 0)
+
+
+def _causal_mask(token_mask: jax.Array) -> jax.Array:
+    """[B, T, T] bool: query t may attend key s <= t when s is a real token."""
+    t = token_mask.shape[1]
+    return jnp.tril(jnp.ones((t, t), bool))[None] & token_mask[:, None, :]
 
 
 def mtp_loss(mtp_logits: jax.Array, input_ids: jax.Array, loss_mask: jax.Array | None = None) -> jax.Array:
