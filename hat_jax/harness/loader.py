@@ -1,0 +1,504 @@
+"""Reads, validates and writes harness folders (`harness.yaml` + `skills/<name>/SKILL.md`).
+
+Variant implemented and why: the on-disk layout follows the agent ecosystem (DESIGN.md, "The harness
+and HSA") so a harness reads like one written for a real agent:
+- `harness.yaml`: `name`, `version`, `family`, `heading_style`, `skill_tool`, `skills` (folder names,
+  in prompt order), `prompt` (sections in order: `key`, `title`, `text`, `constraints: [{id, kwargs}]`),
+  `tools` (MCP tool definitions `name`, `description`, `inputSchema`, plus the world binding under
+  the extension key `x-hat: {impl, arg_paths}`, so the rest of each entry is a plain MCP tool), and
+  `hooks` keyed by lifecycle event: `{Event: [{handler, matcher?, params}]}`;
+- `skills/<name>/SKILL.md`: open Agent Skills format, YAML front matter `name` (lowercase-hyphen,
+  at most 64 characters, equal to the folder name), `description`, optional `allowed-tools`
+  (space-separated surface tool names), `metadata: {hat-skill-key: KEY}` (the world skill), then
+  the Markdown body.
+
+Files are parsed with `yaml.safe_load` semantics (plus a duplicate-key check); nothing in a data file
+is executed: hooks name handlers from `HOOK_REGISTRY`, constraints name `CONSTRAINT_REGISTRY`
+entries, and their parameters are checked against the registered JSON Schemas. Every problem raises
+`HarnessError` naming the file, the field path (e.g. `tools[3].inputSchema.properties.sku_id.type`)
+and what was expected.
+
+Normal form: skill bodies are stripped of surrounding blank lines and hooks are ordered by
+`HOOK_EVENTS` (then file order), so `load_harness(dump_harness(h, d)) == h` for every `h` in normal
+form (every loaded harness is).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from hat_jax.harness.constraints import CONSTRAINT_REGISTRY
+from hat_jax.harness.hooks import HOOK_REGISTRY
+from hat_jax.harness.state import (
+    DISTRACTOR_PREFIX,
+    HEADING_STYLES,
+    HOOK_EVENTS,
+    SKILL_TOOL_IMPL,
+    Constraint,
+    HarnessState,
+    HookSpec,
+    PromptSection,
+    Skill,
+    Tool,
+)
+from hat_jax.sim.types import SKILL_KEYS, TOOL_IMPLS
+
+PRODUCTION_DIR = Path(__file__).resolve().parents[1] / "harnesses" / "production"
+MANIFEST = "harness.yaml"
+SKILL_FILE = "SKILL.md"
+SKILL_KEY_FIELD = "hat-skill-key"
+BINDING_KEY = "x-hat"
+# Canonical arguments of each world function: (required, optional). The executor maps surface
+# arguments onto these through `Tool.arg_paths`.
+IMPL_ARGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "search_products": (("query",), ("category", "max_results")),
+    "get_product_detail": (("product_id",), ()),
+    "get_price": (("product_id",), ()),
+    "get_stock": (("sku_id",), ()),
+    "get_promotions": (("product_id",), ()),
+    "estimate_shipping": (("product_id", "region"), ()),
+    "get_size_chart": (("product_id",), ("height_cm", "weight_kg")),
+    "get_after_sales_policy": (("product_id",), ()),
+    SKILL_TOOL_IMPL: (("skill",), ()),
+}
+assert set(IMPL_ARGS) == set(TOOL_IMPLS) | {SKILL_TOOL_IMPL}
+SKILL_NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+TOOL_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
+_MANIFEST_KEYS = (
+    "name",
+    "version",
+    "family",
+    "heading_style",
+    "skill_tool",
+    "skills",
+    "prompt",
+    "tools",
+    "hooks",
+    "description",
+)
+_FRONT_MATTER_KEYS = ("name", "description", "allowed-tools", "metadata", "license", "compatibility")
+
+
+class HarnessError(ValueError):
+    """A malformed harness file: `file`, `field` (path inside it) and what was expected."""
+
+    def __init__(self, file: str | Path, field: str, expected: str):
+        self.file, self.field, self.expected = str(file), field, expected
+        super().__init__(f"{file}: {field}: {expected}" if field else f"{file}: {expected}")
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that rejects a key repeated in one mapping."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _read_yaml(text: str, file: Path) -> Any:
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as err:
+        raise HarnessError(file, "", f"invalid YAML: {err}") from err
+
+
+def _path_str(prefix: str, parts: Sequence[Any]) -> str:
+    out = prefix
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else f".{p}"
+    return out
+
+
+class _Checker:
+    """Type checks that raise HarnessError for one file."""
+
+    def __init__(self, file: Path):
+        self.file = file
+
+    def fail(self, field: str, expected: str) -> None:
+        raise HarnessError(self.file, field, expected)
+
+    def typed(self, value: Any, kind: type | tuple[type, ...], field: str, what: str) -> Any:
+        if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+            self.fail(field, f"expected {what}, got {type(value).__name__} {value!r}")
+        return value
+
+    def text(self, value: Any, field: str, allow_empty: bool = False) -> str:
+        self.typed(value, str, field, "a string")
+        if not allow_empty and not value.strip():
+            self.fail(field, "expected a non-empty string")
+        return value
+
+    def mapping(self, value: Any, field: str) -> Mapping:
+        return self.typed(value, dict, field, "a mapping")
+
+    def seq(self, value: Any, field: str) -> list:
+        return self.typed(value, list, field, "a list")
+
+    def keys(self, value: Mapping, allowed: Sequence[str], field: str) -> None:
+        extra = [k for k in value if k not in allowed]
+        if extra:
+            self.fail(
+                _path_str(field, [extra[0]]) if field else str(extra[0]),
+                f"unknown key; expected one of {', '.join(allowed)}",
+            )
+
+    def against(self, value: Any, schema: Mapping, field: str) -> None:
+        err = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(value))
+        if err is not None:
+            self.fail(_path_str(field, list(err.absolute_path)), err.message)
+
+
+def _split_front_matter(text: str, file: Path) -> tuple[dict, str]:
+    lines = text.splitlines(keepends=True)
+    if not lines or lines[0].strip() != "---":
+        raise HarnessError(file, "front matter", "expected the file to start with a '---' line")
+    end = next((i for i in range(1, len(lines)) if lines[i].strip() == "---"), None)
+    if end is None:
+        raise HarnessError(file, "front matter", "expected a closing '---' line")
+    meta = _read_yaml("".join(lines[1:end]), file)
+    if not isinstance(meta, dict):
+        raise HarnessError(file, "front matter", f"expected a YAML mapping, got {type(meta).__name__}")
+    return meta, "".join(lines[end + 1 :]).strip("\n")
+
+
+def _load_skill(folder: Path, name: str, field: str) -> tuple[Skill, Path]:
+    file = folder / "skills" / name / SKILL_FILE
+    if not file.is_file():
+        raise HarnessError(folder / MANIFEST, field, f"skill folder {name!r} has no {file.relative_to(folder)}")
+    meta, body = _split_front_matter(file.read_text(encoding="utf-8"), file)
+    c = _Checker(file)
+    c.keys(meta, _FRONT_MATTER_KEYS, "")
+    got = c.text(meta.get("name"), "name")
+    if not SKILL_NAME_RE.match(got) or len(got) > 64:
+        c.fail("name", f"expected lowercase letters, digits and single hyphens, at most 64 characters, got {got!r}")
+    if got != name:
+        c.fail("name", f"expected {name!r} (the folder name), got {got!r}")
+    desc = c.text(meta.get("description"), "description")
+    if len(desc) > 1024:
+        c.fail("description", "expected at most 1024 characters")
+    tools_raw = meta.get("allowed-tools", "")
+    if isinstance(tools_raw, list):
+        allowed = tuple(c.text(t, f"allowed-tools[{i}]") for i, t in enumerate(tools_raw))
+    else:
+        allowed = tuple(c.text(tools_raw, "allowed-tools", allow_empty=True).split())
+    metadata = c.mapping(meta.get("metadata", {}) or {}, "metadata")
+    key = metadata.get(SKILL_KEY_FIELD, "")
+    if key not in (*SKILL_KEYS, ""):
+        c.fail(f"metadata.{SKILL_KEY_FIELD}", f"expected one of {', '.join(SKILL_KEYS)}, got {key!r}")
+    if not body.strip():
+        c.fail("body", "expected a non-empty Markdown body after the front matter")
+    return Skill(name=name, description=desc, body=body, allowed_tools=allowed, key=key), file
+
+
+def _check_path(schema: Mapping, path: Sequence[str]) -> str | None:
+    """None when `path` walks object properties of `schema` to a leaf, else the problem."""
+    node = schema
+    for depth, key in enumerate(path):
+        props = node.get("properties") if isinstance(node, dict) else None
+        if not isinstance(props, dict) or key not in props:
+            return f"{'.'.join(path[: depth + 1])!r} is not a property of the inputSchema"
+        node = props[key]
+    return None
+
+
+def _load_tool(raw: Any, field: str, c: _Checker) -> Tool:
+    c.mapping(raw, field)
+    c.keys(raw, ("name", "description", "inputSchema", BINDING_KEY), field)
+    name = c.text(raw.get("name"), f"{field}.name")
+    if not TOOL_NAME_RE.match(name):
+        c.fail(f"{field}.name", f"expected a tool name matching {TOOL_NAME_RE.pattern}, got {name!r}")
+    desc = c.text(raw.get("description", ""), f"{field}.description", allow_empty=True)
+    schema = c.mapping(raw.get("inputSchema"), f"{field}.inputSchema")
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.exceptions.SchemaError as err:
+        c.fail(_path_str(f"{field}.inputSchema", list(err.absolute_path)), f"invalid JSON Schema: {err.message}")
+    if schema.get("type") != "object":
+        c.fail(f"{field}.inputSchema.type", f"expected 'object', got {schema.get('type')!r}")
+    bind = c.mapping(raw.get(BINDING_KEY), f"{field}.{BINDING_KEY}")
+    c.keys(bind, ("impl", "arg_paths"), f"{field}.{BINDING_KEY}")
+    impl = c.text(bind.get("impl"), f"{field}.{BINDING_KEY}.impl")
+    if impl not in IMPL_ARGS and not impl.startswith(DISTRACTOR_PREFIX):
+        c.fail(
+            f"{field}.{BINDING_KEY}.impl",
+            f"expected one of {', '.join(IMPL_ARGS)} or '{DISTRACTOR_PREFIX}NAME', got {impl!r}",
+        )
+    paths_raw = c.mapping(bind.get("arg_paths", {}) or {}, f"{field}.{BINDING_KEY}.arg_paths")
+    arg_paths = {}
+    for arg, path in paths_raw.items():
+        where = f"{field}.{BINDING_KEY}.arg_paths.{arg}"
+        path = [path] if isinstance(path, str) else path
+        c.seq(path, where)
+        if not path or not all(isinstance(p, str) and p for p in path):
+            c.fail(where, f"expected a non-empty list of property names, got {path!r}")
+        problem = _check_path(schema, path)
+        if problem:
+            c.fail(where, problem)
+        arg_paths[arg] = tuple(path)
+    if impl in IMPL_ARGS:
+        required, optional = IMPL_ARGS[impl]
+        for arg in arg_paths:
+            if arg not in required + optional:
+                c.fail(
+                    f"{field}.{BINDING_KEY}.arg_paths.{arg}",
+                    f"{impl} takes no argument {arg!r}; it takes {', '.join(required + optional)}",
+                )
+        for arg in required:
+            if arg not in arg_paths:
+                c.fail(f"{field}.{BINDING_KEY}.arg_paths", f"missing required argument {arg!r} of {impl}")
+    return Tool(name=name, description=desc, input_schema=schema, impl=impl, arg_paths=arg_paths)
+
+
+def _load_sections(raw: Any, c: _Checker) -> list[PromptSection]:
+    sections = []
+    for i, sec in enumerate(c.seq(raw, "prompt")):
+        f = f"prompt[{i}]"
+        c.mapping(sec, f)
+        c.keys(sec, ("key", "title", "text", "constraints"), f)
+        constraints = []
+        for j, con in enumerate(c.seq(sec.get("constraints", []) or [], f"{f}.constraints")):
+            cf = f"{f}.constraints[{j}]"
+            c.mapping(con, cf)
+            c.keys(con, ("id", "kwargs"), cf)
+            cid = c.text(con.get("id"), f"{cf}.id")
+            if cid not in CONSTRAINT_REGISTRY:
+                c.fail(f"{cf}.id", f"expected one of {', '.join(CONSTRAINT_REGISTRY)}, got {cid!r}")
+            kwargs = c.mapping(con.get("kwargs", {}) or {}, f"{cf}.kwargs")
+            c.against(kwargs, CONSTRAINT_REGISTRY[cid].params_schema, f"{cf}.kwargs")
+            constraints.append(Constraint(id=cid, kwargs=kwargs))
+        sections.append(
+            PromptSection(
+                key=c.text(sec.get("key"), f"{f}.key"),
+                title=c.text(sec.get("title"), f"{f}.title"),
+                text=c.text(sec.get("text", ""), f"{f}.text", allow_empty=True),
+                constraints=tuple(constraints),
+            )
+        )
+    keys = [s.key for s in sections]
+    for i, k in enumerate(keys):
+        if k in keys[:i]:
+            c.fail(f"prompt[{i}].key", f"duplicate section key {k!r}")
+    return sections
+
+
+def _load_hooks(raw: Any, tool_names: set[str], c: _Checker) -> list[HookSpec]:
+    hooks_raw = c.mapping(raw, "hooks")
+    for event in hooks_raw:
+        if event not in HOOK_EVENTS:
+            c.fail(f"hooks.{event}", f"unknown lifecycle event; expected one of {', '.join(HOOK_EVENTS)}")
+    hooks = []
+    for event in HOOK_EVENTS:
+        for i, spec in enumerate(c.seq(hooks_raw.get(event, []) or [], f"hooks.{event}") if event in hooks_raw else []):
+            f = f"hooks.{event}[{i}]"
+            c.mapping(spec, f)
+            c.keys(spec, ("handler", "matcher", "params"), f)
+            name = c.text(spec.get("handler"), f"{f}.handler")
+            handler = HOOK_REGISTRY.get(name)
+            if handler is None:
+                c.fail(f"{f}.handler", f"unknown hook handler {name!r}; expected one of {', '.join(HOOK_REGISTRY)}")
+            if event not in handler.events:
+                c.fail(f"{f}.handler", f"{name} runs on {', '.join(handler.events)}, not {event}")
+            matcher = spec.get("matcher")
+            if matcher is not None:
+                c.text(matcher, f"{f}.matcher")
+                if event in ("Stop", "UserPromptSubmit"):
+                    c.fail(f"{f}.matcher", f"{event} hooks take no tool matcher")
+                if matcher not in tool_names:
+                    c.fail(f"{f}.matcher", f"expected the name of a tool of this harness, got {matcher!r}")
+            params = c.mapping(spec.get("params", {}) or {}, f"{f}.params")
+            c.against(params, handler.params_schema, f"{f}.params")
+            hooks.append(HookSpec(event=event, handler=name, matcher=matcher, params=params))
+    return hooks
+
+
+def load_harness(path: str | Path) -> HarnessState:
+    """Reads and validates a harness folder.
+
+    Args:
+      path: the harness folder, or its `harness.yaml`.
+    Returns:
+      the `HarnessState` (skills and tools in file order, hooks in `HOOK_EVENTS` order).
+    Raises:
+      HarnessError: any malformed or inconsistent field, naming file, field path and what was
+        expected (missing file, invalid YAML, duplicate key/tool/skill/section, invalid JSON Schema,
+        unknown impl/hook event/handler/constraint, bad hook or constraint parameters, arg_paths not
+        pointing into the schema, skill `allowed-tools` naming a missing tool, a SKILL.md whose name
+        differs from its folder, a bad skill tool, ...).
+    """
+    path = Path(path)
+    folder = path.parent if path.name == MANIFEST or path.is_file() else path
+    file = path if path.is_file() else folder / MANIFEST
+    if not file.is_file():
+        raise HarnessError(file, "", "harness manifest not found")
+    raw = _read_yaml(file.read_text(encoding="utf-8"), file)
+    c = _Checker(file)
+    c.mapping(raw, "(top level)")
+    c.keys(raw, _MANIFEST_KEYS, "")
+    tools = [_load_tool(t, f"tools[{i}]", c) for i, t in enumerate(c.seq(raw.get("tools"), "tools"))]
+    names = [t.name for t in tools]
+    for i, n in enumerate(names):
+        if n in names[:i]:
+            c.fail(f"tools[{i}].name", f"duplicate tool name {n!r} (also tools[{names.index(n)}])")
+    tool_names = set(names)
+    skill_names = [c.text(s, f"skills[{i}]") for i, s in enumerate(c.seq(raw.get("skills", []) or [], "skills"))]
+    for i, n in enumerate(skill_names):
+        if n in skill_names[:i]:
+            c.fail(f"skills[{i}]", f"duplicate skill name {n!r}")
+    skills = []
+    for i, n in enumerate(skill_names):
+        skill, skill_file = _load_skill(folder, n, f"skills[{i}]")
+        for tool in skill.allowed_tools:
+            if tool not in tool_names:
+                raise HarnessError(
+                    skill_file, "allowed-tools", f"names tool {tool!r}, which the harness does not define"
+                )
+        skills.append(skill)
+    skill_tool = c.text(raw.get("skill_tool"), "skill_tool")
+    loader_tool = next((t for t in tools if t.name == skill_tool), None)
+    if loader_tool is None:
+        c.fail("skill_tool", f"expected the name of a tool of this harness, got {skill_tool!r}")
+    if loader_tool.impl != SKILL_TOOL_IMPL:
+        c.fail(
+            "skill_tool",
+            f"tool {skill_tool!r} must have {BINDING_KEY}.impl {SKILL_TOOL_IMPL!r}, has {loader_tool.impl!r}",
+        )
+    idx = names.index(skill_tool)
+    arg_schema = loader_tool.input_schema
+    for key in loader_tool.arg_paths["skill"]:
+        arg_schema = arg_schema["properties"][key]
+    enum = arg_schema.get("enum")
+    if enum is not None and sorted(enum) != sorted(skill_names):
+        c.fail(
+            _path_str(
+                f"tools[{idx}].inputSchema",
+                [p for k in loader_tool.arg_paths["skill"] for p in ("properties", k)] + ["enum"],
+            ),
+            f"expected exactly the skill names {skill_names}, got {enum}",
+        )
+    sections = _load_sections(raw.get("prompt"), c)
+    if skills and not any(s.key == "skills" for s in sections):
+        c.fail("prompt", "expected a section with key 'skills' (where the skills are listed)")
+    for i, sec in enumerate(sections):
+        for j, con in enumerate(sec.constraints):
+            if con.id == "tool_order":
+                for role in ("first", "then"):
+                    if not any(t.impl == con.kwargs[role] for t in tools):
+                        c.fail(
+                            f"prompt[{i}].constraints[{j}].kwargs.{role}",
+                            f"no tool is bound to impl {con.kwargs[role]!r}",
+                        )
+    style = raw.get("heading_style", "markdown")
+    if style not in HEADING_STYLES:
+        c.fail("heading_style", f"expected one of {', '.join(HEADING_STYLES)}, got {style!r}")
+    return HarnessState(
+        name=c.text(raw.get("name"), "name"),
+        version=str(c.typed(raw.get("version"), (str, int, float), "version", "a version string")),
+        skill_tool=skill_tool,
+        skills=tuple(skills),
+        tools=tuple(tools),
+        sections=tuple(sections),
+        heading_style=style,
+        hooks=tuple(_load_hooks(raw.get("hooks", {}) or {}, tool_names, c)),
+        family=c.text(raw.get("family", "original"), "family"),
+    )
+
+
+def _plain(value: Any) -> Any:
+    """Mappings -> dicts, tuples -> lists, recursively (what yaml.safe_dump writes)."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def harness_manifest(h: HarnessState) -> dict:
+    """The `harness.yaml` content of `h` as plain data (skills as folder names)."""
+    sections = []
+    for s in h.sections:
+        sec: dict[str, Any] = {"key": s.key, "title": s.title, "text": s.text}
+        if s.constraints:
+            sec["constraints"] = [
+                {"id": c.id, "kwargs": _plain(c.kwargs)} if c.kwargs else {"id": c.id} for c in s.constraints
+            ]
+        sections.append(sec)
+    hooks: dict[str, list] = {}
+    for spec in h.hooks:
+        entry: dict[str, Any] = {"handler": spec.handler}
+        if spec.matcher is not None:
+            entry["matcher"] = spec.matcher
+        entry["params"] = _plain(spec.params)
+        hooks.setdefault(spec.event, []).append(entry)
+    tools = [
+        {
+            **_plain(t.mcp_spec()),
+            BINDING_KEY: {"impl": t.impl, "arg_paths": {k: list(v) for k, v in t.arg_paths.items()}},
+        }
+        for t in h.tools
+    ]
+    return {
+        "name": h.name,
+        "version": h.version,
+        "family": h.family,
+        "heading_style": h.heading_style,
+        "skill_tool": h.skill_tool,
+        "skills": [s.name for s in h.skills],
+        "prompt": sections,
+        "tools": tools,
+        "hooks": {e: hooks[e] for e in HOOK_EVENTS if e in hooks},
+    }
+
+
+def skill_markdown(skill: Skill) -> str:
+    """The `SKILL.md` text of `skill` (front matter + body)."""
+    meta: dict[str, Any] = {"name": skill.name, "description": skill.description}
+    if skill.allowed_tools:
+        meta["allowed-tools"] = " ".join(skill.allowed_tools)
+    if skill.key:
+        meta["metadata"] = {SKILL_KEY_FIELD: skill.key}
+    front = yaml.safe_dump(meta, allow_unicode=True, sort_keys=False, width=1000)
+    return f"---\n{front}---\n{skill.body.strip(chr(10))}\n"
+
+
+def dump_harness(h: HarnessState, out_dir: str | Path) -> Path:
+    """Writes `h` as a harness folder (`harness.yaml` + `skills/<name>/SKILL.md`).
+
+    Args:
+      h: the harness (in normal form for an exact round trip, see the module docstring).
+      out_dir: the folder to write (created if missing; files of other skills already there stay).
+    Returns:
+      the path of the written `harness.yaml`.
+    """
+    out = Path(out_dir)
+    (out / "skills").mkdir(parents=True, exist_ok=True)
+    manifest = out / MANIFEST
+    manifest.write_text(
+        yaml.safe_dump(harness_manifest(h), allow_unicode=True, sort_keys=False, width=1000), encoding="utf-8"
+    )
+    for skill in h.skills:
+        (out / "skills" / skill.name).mkdir(exist_ok=True)
+        (out / "skills" / skill.name / SKILL_FILE).write_text(skill_markdown(skill), encoding="utf-8")
+    return manifest
+
+
+@functools.lru_cache(maxsize=1)
+def production_harness() -> HarnessState:
+    """The shipped production harness (`hat_jax/harnesses/production`), loaded once and cached.
+
+    The returned object is shared: treat its mappings as read-only (use `HarnessState.replace` and
+    copies to derive variants).
+    """
+    return load_harness(PRODUCTION_DIR)
