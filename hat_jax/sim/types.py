@@ -98,7 +98,8 @@ class ToolCallRecord:
     """One tool call the environment executed (or refused).
 
     Attributes:
-      round: 1-based tool round (assistant turn) the call was made in.
+      round: the tool round the call was made in (1-based, counting turns that call a world tool;
+        a skill-only turn carries the number of the last round before it, 0 at the start).
       name: the surface tool name the model called.
       impl: the world function it is bound to ("" for an unknown tool).
       arguments: the surface arguments as the model wrote them.

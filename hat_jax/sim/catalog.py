@@ -1,0 +1,470 @@
+"""The seeded product catalog of the live-stream world (`World`).
+
+A deterministic catalog drawn from Chinese word pools: every product name is brand-like prefix x
+selling-point attribute x item noun (e.g. "云朵法式碎花连衣裙"), unique, and never a substring of
+another name, so that a search for the full name always ranks that product first. Each product
+carries what the world tools report (`hat_jax.sim.tools`): list and live price (CNY), material (or
+ingredients/main component), origin and specs, SKUs (two dimensions: colour x size for apparel and
+shoes, flavour x weight for food, ...) with stock (some sold out), a size chart with height/weight
+ranges for apparel (foot length for shoes), shipping (ship-from city, dispatch time, fee, 包邮
+threshold, regions not served), promotions (满减, 直播间专享价) with coupons, and after-sales rules
+(7/15 天无理由, 运费险, warranty months).
+
+SKU ids are "<product id>-<dimension 1>-<dimension 2>", e.g. "P0001-黑色-M" or "P0107-香辣-500g":
+readable, so an agent can compose them from the product id and the viewer's words. Dimension values
+never contain "-".
+
+The catalog is data only; `World.call(impl, canonical_args)` runs a world function from
+`hat_jax.sim.tools` over it. `World.to_dict` / `World.from_dict` round-trip it through JSON for
+caching.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Mapping
+from typing import Any
+
+BRANDS = (
+    "云朵",
+    "暖阳",
+    "山野",
+    "米兰",
+    "青柠",
+    "素衣",
+    "北极星",
+    "橙子",
+    "木槿",
+    "星河",
+    "初见",
+    "南风",
+    "森屿",
+    "鹿角",
+    "白鲸",
+    "海盐",
+    "晨曦",
+    "麦田",
+    "知竹",
+    "拾光",
+    "元气",
+    "小满",
+    "锦鲤",
+    "松果",
+)
+
+# category -> (dimension labels, nouns, attributes, materials, dimension-1 values, dimension-2 values,
+#              price range (CNY), size-chart kind)
+CATEGORIES: dict[str, dict[str, Any]] = {
+    "女装": dict(
+        dims=("颜色", "尺码"),
+        nouns=("连衣裙", "针织开衫", "阔腿裤", "雪纺衬衫", "半身裙", "羽绒服", "风衣", "毛衣"),
+        attrs=("法式碎花", "高腰显瘦", "宽松慵懒", "复古港风", "简约通勤", "温柔气质", "韩版修身", "小香风"),
+        materials=("纯棉", "真丝", "雪纺", "羊毛", "天丝", "亚麻", "醋酸", "莫代尔"),
+        v1=("黑色", "白色", "杏色", "雾霾蓝", "酒红色", "浅粉色", "卡其色"),
+        v2=("S", "M", "L", "XL", "XXL"),
+        price=(69, 599),
+        chart="women",
+    ),
+    "男装": dict(
+        dims=("颜色", "尺码"),
+        nouns=("polo衫", "休闲裤", "夹克", "牛津衬衫", "连帽卫衣", "西装外套", "工装裤", "棉服"),
+        attrs=("商务休闲", "潮流宽松", "冰丝速干", "加绒加厚", "简约纯色", "美式复古", "修身弹力"),
+        materials=("纯棉", "涤纶", "羊毛", "亚麻", "锦纶", "灯芯绒", "牛仔布"),
+        v1=("黑色", "白色", "藏青色", "灰色", "军绿色", "卡其色"),
+        v2=("M", "L", "XL", "XXL", "XXXL"),
+        price=(79, 699),
+        chart="men",
+    ),
+    "童装": dict(
+        dims=("颜色", "尺码"),
+        nouns=("儿童卫衣", "连帽外套", "背带裤", "公主裙", "儿童套装", "打底裤", "羽绒马甲"),
+        attrs=("卡通印花", "纯棉亲肤", "加绒保暖", "撞色拼接", "萌趣动物", "学院风"),
+        materials=("纯棉", "精梳棉", "摇粒绒", "莫代尔", "竹纤维"),
+        v1=("粉色", "蓝色", "黄色", "白色", "绿色"),
+        v2=("100", "110", "120", "130", "140", "150"),
+        price=(39, 259),
+        chart="kids",
+    ),
+    "鞋靴": dict(
+        dims=("颜色", "尺码"),
+        nouns=("小白鞋", "运动跑鞋", "马丁靴", "乐福鞋", "帆布鞋", "老爹鞋", "切尔西靴", "凉鞋"),
+        attrs=("轻便透气", "厚底增高", "软底舒适", "复古百搭", "防滑耐磨", "一脚蹬"),
+        materials=("头层牛皮", "超纤皮", "飞织网布", "帆布", "麂皮绒", "PU皮"),
+        v1=("黑色", "白色", "米色", "棕色", "灰色"),
+        v2=("35", "36", "37", "38", "39", "40", "41", "42", "43", "44"),
+        price=(89, 699),
+        chart="shoes",
+    ),
+    "美妆护肤": dict(
+        dims=("款式", "规格"),
+        nouns=("保湿面霜", "精华液", "氨基酸洁面乳", "防晒霜", "粉底液", "卸妆油", "补水面膜", "眼霜"),
+        attrs=("玻尿酸", "烟酰胺", "清爽控油", "修护舒缓", "水润保湿", "焕亮"),
+        materials=("玻尿酸", "烟酰胺", "神经酰胺", "积雪草提取物", "角鲨烷", "维生素C"),
+        v1=("经典款", "滋润型", "清爽型", "升级款"),
+        v2=("30ml", "50ml", "100ml", "120ml"),
+        price=(49, 899),
+        chart=None,
+    ),
+    "食品零食": dict(
+        dims=("口味", "规格"),
+        nouns=("坚果礼盒", "牛肉干", "手撕面包", "螺蛳粉", "芒果干", "冻干酸奶块", "挂耳咖啡", "枣夹核桃"),
+        attrs=("每日鲜选", "独立小包装", "低糖轻食", "地道风味", "手工现烤", "家庭装"),
+        materials=(
+            "坚果、果干",
+            "牛肉、食用盐、白砂糖",
+            "小麦粉、鸡蛋、黄油",
+            "米粉、螺蛳汤料",
+            "芒果、白砂糖",
+            "生牛乳、水果",
+        ),
+        v1=("原味", "香辣", "五香", "蜂蜜味", "黑糖味"),
+        v2=("250g", "500g", "1kg"),
+        price=(19, 199),
+        chart=None,
+    ),
+    "家居日用": dict(
+        dims=("颜色", "规格"),
+        nouns=("四件套", "记忆棉枕头", "收纳箱", "保温杯", "纯棉毛巾", "香薰蜡烛", "不粘锅", "电热毯"),
+        attrs=("北欧简约", "加厚耐用", "日式原木", "抗菌防螨", "大容量", "家用"),
+        materials=("全棉", "记忆棉", "PP树脂", "304不锈钢", "大豆蜡", "铝合金", "长绒棉"),
+        v1=("米白色", "灰色", "浅绿色", "雾粉色", "深蓝色"),
+        v2=("小号", "中号", "大号"),
+        price=(29, 459),
+        chart=None,
+    ),
+    "数码配件": dict(
+        dims=("颜色", "版本"),
+        nouns=("蓝牙耳机", "充电宝", "快充数据线", "氮化镓充电头", "手机壳", "无线鼠标", "机械键盘", "智能手表"),
+        attrs=("主动降噪", "磁吸", "超薄便携", "快充", "静音", "长续航"),
+        materials=("铝合金", "ABS工程塑料", "液态硅胶", "TPU", "锌合金"),
+        v1=("黑色", "白色", "蓝色", "银色"),
+        v2=("标准版", "升级版", "旗舰版"),
+        price=(29, 999),
+        chart=None,
+    ),
+    "运动户外": dict(
+        dims=("颜色", "尺码"),
+        nouns=("冲锋衣", "瑜伽裤", "速干T恤", "运动背心", "防晒衣", "骑行服", "跑步短裤"),
+        attrs=("专业防水", "高弹裸感", "轻量透气", "防紫外线", "户外徒步", "吸湿排汗"),
+        materials=("锦纶", "氨纶", "涤纶", "聚酯纤维", "冰丝"),
+        v1=("黑色", "藏青色", "荧光绿", "浅灰色", "玫红色"),
+        v2=("S", "M", "L", "XL", "XXL"),
+        price=(59, 899),
+        chart="unisex",
+    ),
+    "母婴用品": dict(
+        dims=("款式", "规格"),
+        nouns=("纸尿裤", "婴儿湿巾", "宽口奶瓶", "婴儿推车", "儿童餐椅", "安抚奶嘴", "婴儿浴盆"),
+        attrs=("超薄透气", "食品级", "轻便折叠", "柔软亲肤", "防胀气", "大容量"),
+        materials=("PP", "PPSU", "医用级硅胶", "无纺布", "铝合金", "纯水"),
+        v1=("标准款", "豪华款", "便携款"),
+        v2=("S", "M", "L", "XL"),
+        price=(29, 1299),
+        chart=None,
+    ),
+}
+
+# Size charts: size -> ((height lo, hi) cm, (weight lo, hi) kg); shoes: size -> foot length mm.
+SIZE_CHARTS: dict[str, dict[str, Any]] = {
+    "women": {
+        "S": ((150, 158), (40, 47)),
+        "M": ((158, 164), (47, 54)),
+        "L": ((164, 169), (54, 61)),
+        "XL": ((169, 174), (61, 69)),
+        "XXL": ((174, 180), (69, 78)),
+    },
+    "men": {
+        "M": ((160, 170), (50, 62)),
+        "L": ((170, 175), (62, 70)),
+        "XL": ((175, 180), (70, 78)),
+        "XXL": ((180, 185), (78, 87)),
+        "XXXL": ((185, 192), (87, 100)),
+    },
+    "unisex": {
+        "S": ((150, 160), (40, 50)),
+        "M": ((160, 168), (50, 60)),
+        "L": ((168, 175), (60, 70)),
+        "XL": ((175, 182), (70, 82)),
+        "XXL": ((182, 190), (82, 95)),
+    },
+    "kids": {
+        "100": ((90, 100), (13, 16)),
+        "110": ((100, 110), (16, 19)),
+        "120": ((110, 120), (19, 23)),
+        "130": ((120, 130), (23, 28)),
+        "140": ((130, 140), (28, 34)),
+        "150": ((140, 150), (34, 42)),
+    },
+    "shoes": {str(s): 225 + 5 * (s - 35) for s in range(35, 45)},
+}
+
+SHIP_FROM = {
+    "杭州": "浙江",
+    "广州": "广东",
+    "义乌": "浙江",
+    "上海": "上海",
+    "深圳": "广东",
+    "苏州": "江苏",
+    "泉州": "福建",
+    "成都": "四川",
+    "武汉": "湖北",
+    "北京": "北京",
+    "青岛": "山东",
+    "厦门": "福建",
+}
+ORIGINS = (
+    "浙江杭州",
+    "广东广州",
+    "江苏苏州",
+    "福建泉州",
+    "山东青岛",
+    "四川成都",
+    "云南昆明",
+    "新疆阿克苏",
+    "上海",
+    "广东深圳",
+)
+DISPATCH_HOURS = (24, 48, 72)
+
+
+@dataclasses.dataclass
+class Sku:
+    """One stock-keeping unit: `sku_id` = "<product_id>-<v1>-<v2>"."""
+
+    sku_id: str
+    v1: str
+    v2: str
+    stock: int
+
+
+@dataclasses.dataclass
+class Product:
+    """One catalog product (all money in CNY, floats with at most 2 decimals).
+
+    Attributes:
+      size_chart: size -> {"height_cm": [lo, hi], "weight_kg": [lo, hi]} (apparel) or
+        {"foot_length_mm": n} (shoes); None when the product has no sizes.
+      shipping: {"ship_from", "dispatch_hours", "free_shipping_threshold" (0 = always 包邮),
+        "base_fee", "remote_fee", "excluded_regions"}.
+      promotions: [{"type": "满减"|"直播间专享价", "description", ...}].
+      coupons: [{"coupon_id", "name", "amount", "threshold", "valid_until"}].
+      after_sales: {"return_days", "free_return_insurance", "warranty_months", "notes"}.
+    """
+
+    product_id: str
+    name: str
+    brand: str
+    noun: str
+    category: str
+    material: str
+    origin: str
+    specs: dict[str, str]
+    list_price: float
+    live_price: float
+    dims: tuple[str, str]
+    skus: tuple[Sku, ...]
+    size_chart: dict[str, dict[str, Any]] | None
+    shipping: dict[str, Any]
+    promotions: list[dict[str, Any]]
+    coupons: list[dict[str, Any]]
+    after_sales: dict[str, Any]
+
+    @property
+    def short_name(self) -> str:
+        """Brand + item noun, the short form viewers often write ("云朵连衣裙")."""
+        return self.brand + self.noun
+
+
+def _price(rng: random.Random, lo: int, hi: int) -> tuple[float, float]:
+    """(list price, live price): list ends in 9 or 9.9; live is 60-90% of it, ending in .9 or 9."""
+    list_price = float(rng.randrange(lo // 10, hi // 10 + 1) * 10 + 9)
+    live = list_price * rng.uniform(0.6, 0.9)
+    live_price = round(int(live) + 0.9, 2) if rng.random() < 0.5 else float(int(live) // 10 * 10 + 9)
+    return list_price, min(live_price, list_price - 10.0)
+
+
+def _product(rng: random.Random, index: int, category: str, name_parts: tuple[str, str, str]) -> Product:
+    """Draws one product's attributes (the name is chosen by the caller to keep names unique)."""
+    spec = CATEGORIES[category]
+    brand, attr, noun = name_parts
+    pid = f"P{index:04d}"
+    list_price, live_price = _price(rng, *spec["price"])
+    v1s = sorted(rng.sample(spec["v1"], rng.randint(2, min(4, len(spec["v1"])))), key=spec["v1"].index)
+    n2 = len(spec["v2"])
+    start = rng.randrange(0, max(1, n2 - 3))
+    v2s = list(spec["v2"][start : start + rng.randint(min(3, n2), min(5, n2))])
+    skus = []
+    for v1 in v1s:
+        for v2 in v2s:
+            u = rng.random()
+            stock = 0 if u < 0.15 else rng.randint(1, 9) if u < 0.3 else rng.randint(10, 500)
+            skus.append(Sku(f"{pid}-{v1}-{v2}", v1, v2, stock))
+    chart = None
+    if spec["chart"] == "shoes":
+        chart = {s: {"foot_length_mm": SIZE_CHARTS["shoes"][s]} for s in v2s}
+    elif spec["chart"]:
+        chart = {
+            s: {"height_cm": list(h), "weight_kg": list(w)}
+            for s, (h, w) in SIZE_CHARTS[spec["chart"]].items()
+            if s in v2s
+        }
+    origin = rng.choice(ORIGINS)
+    specs = {"产地": origin, "品牌": brand}
+    if category == "食品零食":
+        specs["保质期"] = f"{rng.choice((6, 9, 12, 18))}个月"
+    elif category == "数码配件":
+        specs["续航/功率"] = rng.choice(("20W", "30W", "65W", "续航30小时", "续航7天"))
+    elif category == "美妆护肤":
+        specs["适用肤质"] = rng.choice(("所有肤质", "干性肌肤", "油性肌肤", "敏感肌"))
+    elif spec["chart"]:
+        specs["版型"] = rng.choice(("宽松", "修身", "常规"))
+    ship_from = rng.choice(sorted(SHIP_FROM))
+    threshold = rng.choice((0.0, 0.0, 0.0, 59.0, 99.0, 199.0))
+    excluded = ["香港", "澳门", "台湾"] + (["新疆", "西藏"] if rng.random() < 0.25 else [])
+    shipping = {
+        "ship_from": ship_from,
+        "dispatch_hours": rng.choice(DISPATCH_HOURS),
+        "free_shipping_threshold": threshold,
+        "base_fee": 0.0 if threshold == 0 else rng.choice((6.0, 8.0, 10.0)),
+        "remote_fee": rng.choice((10.0, 15.0, 20.0)),
+        "excluded_regions": excluded,
+    }
+    promotions: list[dict[str, Any]] = [
+        {"type": "直播间专享价", "description": f"直播间专享价{live_price:g}元", "price": live_price}
+    ]
+    if rng.random() < 0.5:
+        th = float(rng.choice((199, 299, 399, 599)))
+        off = float(rng.choice((20, 30, 40, 50, 60)))
+        promotions.append({"type": "满减", "description": f"满{th:g}减{off:g}", "threshold": th, "discount": off})
+    coupons = []
+    for k in range(rng.choice((0, 1, 1, 2))):
+        amount = float(rng.choice((5, 10, 15, 20, 30, 50)))
+        cth = float(max(int(amount * 4), int(live_price // 50 * 50) + 50 * k))
+        coupons.append(
+            {
+                "coupon_id": f"C{index:04d}{k + 1}",
+                "name": ("店铺券", "主播专享券")[k],
+                "amount": amount,
+                "threshold": cth,
+                "valid_until": rng.choice(("2026-12-31", "2026-11-30", "2027-01-15")),
+            }
+        )
+    digital = category in ("数码配件",) or noun in ("电热毯", "不粘锅", "婴儿推车", "儿童餐椅")
+    no_reason = (
+        "食品类商品拆封后不支持无理由退货"
+        if category == "食品零食"
+        else "美妆类商品拆封后不支持无理由退货"
+        if category == "美妆护肤"
+        else ""
+    )
+    after_sales = {
+        "return_days": rng.choice((7, 7, 15)),
+        "free_return_insurance": rng.random() < 0.6,
+        "warranty_months": rng.choice((6, 12, 24)) if digital else 0,
+        "notes": no_reason,
+    }
+    material = rng.choice(spec["materials"])
+    return Product(
+        pid,
+        brand + attr + noun,
+        brand,
+        noun,
+        category,
+        material,
+        origin,
+        specs,
+        list_price,
+        live_price,
+        tuple(spec["dims"]),
+        tuple(skus),
+        chart,
+        shipping,
+        promotions,
+        coupons,
+        after_sales,
+    )
+
+
+@dataclasses.dataclass
+class World:
+    """The catalog: products in id order, with indexes by product id and SKU id.
+
+    Build it with `World.generate(seed, n_products)`; it is plain data (no RNG state kept).
+    """
+
+    seed: int
+    products: tuple[Product, ...]
+
+    def __post_init__(self) -> None:
+        self._by_id = {p.product_id: p for p in self.products}
+        self._by_sku = {s.sku_id: (p, s) for p in self.products for s in p.skus}
+
+    @classmethod
+    def generate(cls, seed: int = 0, n_products: int = 240) -> World:
+        """Draws a catalog deterministically from `seed`.
+
+        Args:
+          seed: catalog seed (the same seed gives the same catalog, byte for byte).
+          n_products: number of products, spread round-robin over the categories (>= len(CATEGORIES)).
+        Raises:
+          ValueError: n_products smaller than the number of categories or larger than the name pools allow.
+        """
+        if not len(CATEGORIES) <= n_products <= 2000:
+            raise ValueError(f"n_products must be in [{len(CATEGORIES)}, 2000], got {n_products}")
+        rng = random.Random(f"catalog:{seed}")
+        cats = list(CATEGORIES)
+        names: set[str] = set()
+        products = []
+        for i in range(n_products):
+            category = cats[i % len(cats)]
+            spec = CATEGORIES[category]
+            for _ in range(1000):
+                parts = (rng.choice(BRANDS), rng.choice(spec["attrs"]), rng.choice(spec["nouns"]))
+                name = "".join(parts)
+                if all(name not in n and n not in name for n in names):
+                    break
+            else:
+                raise ValueError(f"n_products={n_products}: ran out of unique names in category {category!r}")
+            names.add(name)
+            products.append(_product(rng, i + 1, category, parts))
+        return cls(seed, tuple(products))
+
+    @property
+    def categories(self) -> tuple[str, ...]:
+        """Categories present, in catalog order."""
+        return tuple(dict.fromkeys(p.category for p in self.products))
+
+    def product(self, product_id: str) -> Product | None:
+        """The product with id `product_id`, or None."""
+        return self._by_id.get(product_id)
+
+    def sku(self, sku_id: str) -> tuple[Product, Sku] | None:
+        """(product, SKU) for `sku_id`, or None."""
+        return self._by_sku.get(sku_id)
+
+    def call(self, impl: str, canonical_args: Mapping[str, Any]) -> dict:
+        """Runs world function `impl` (`hat_jax.sim.tools.WORLD_FUNCTIONS`) with canonical arguments.
+
+        Raises:
+          hat_jax.sim.tools.ToolError: a business error (unknown product, region not served, ...).
+          KeyError: `impl` is not a world function.
+        """
+        from hat_jax.sim.tools import call_world_function
+
+        return call_world_function(self, impl, canonical_args)
+
+    def to_dict(self) -> dict:
+        """JSON-serialisable form (`World.from_dict` inverts it)."""
+        return {"seed": self.seed, "products": [dataclasses.asdict(p) for p in self.products]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> World:
+        """Rebuilds a world from `to_dict` output (JSON round-tripped lists are accepted)."""
+        products = []
+        for p in data["products"]:
+            fields = dict(p)
+            fields["skus"] = tuple(Sku(**s) for s in p["skus"])
+            fields["dims"] = tuple(p["dims"])
+            products.append(Product(**fields))
+        return cls(int(data["seed"]), tuple(products))

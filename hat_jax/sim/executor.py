@@ -1,0 +1,211 @@
+"""Executing one model tool call against the world under a harness (`execute_tool_call`).
+
+The executor is the seam between the surface a model sees and the world: it looks the surface name
+up in the harness, validates the surface arguments with `jsonschema` (draft 2020-12) against the
+tool's `input_schema`, maps them to canonical arguments with `Tool.arg_paths`, and runs the bound
+world function (`hat_jax.sim.tools`), the skill loader, or a distractor. Every model mistake becomes
+a structured result, never an exception:
+
+    {"error": {"type": <status or ToolError kind>, "message": <Chinese, naming the English field>,
+               "details": {...}}}
+
+Statuses (`hat_jax.sim.types.ToolStatus`): "unknown_tool" (no such surface name; details list the
+available tools), "invalid_arguments" (schema failures; details.errors = [{"path", "message"}], path
+dotted in surface names), "error" (a `ToolError` from the world, an unknown skill, or an injected
+error fault), "timeout" and "empty" (injected faults), "ok".
+
+Faults are drawn by the caller (`draw_fault`) and applied only to calls that passed validation
+(a model's own mistake is reported as such). The skill loader is never faulted: it is part of the
+harness, not a remote service.
+
+Skill loading: the skill id is the canonical argument "skill" (`Tool.arg_paths["skill"]`); when the
+skill tool has no such path, its only string property is used. The result is
+{"skill": name, "content": body}.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import jsonschema
+
+from hat_jax.harness.state import DISTRACTOR_PREFIX, SKILL_TOOL_IMPL, HarnessState, Tool
+from hat_jax.sim.catalog import World
+from hat_jax.sim.tools import WORLD_FUNCTIONS, ToolError, call_world_function
+
+FAULTS: tuple[str, ...] = ("error", "timeout", "empty")
+FAULT_MESSAGES = {
+    "error": "工具服务暂时不可用（service error），请稍后重试",
+    "timeout": "工具调用超时（timeout），未返回结果",
+}
+SKILL_ARG = "skill"  # canonical argument name of the skill loader
+
+
+class ToolExecution(NamedTuple):
+    """The outcome of one call: `status` (ToolStatus), `result` (the JSON payload the model sees),
+    `canonical_args` ({} when the call never reached the world), `impl` ("" for an unknown tool)."""
+
+    status: str
+    result: dict
+    canonical_args: dict
+    impl: str
+
+
+def error_payload(kind: str, message: str, details: Mapping[str, Any] | None = None) -> dict:
+    """The structured error result {"error": {"type", "message", "details"}}."""
+    return {"error": {"type": kind, "message": message, "details": dict(details or {})}}
+
+
+def draw_fault(rng: random.Random, rates: Mapping[str, float]) -> str | None:
+    """Draws one fault: "error", "timeout" or "empty" with probabilities `rates`, else None.
+
+    One uniform draw is compared with the cumulative rates in the order of `FAULTS`.
+
+    Raises:
+      ValueError: a key outside FAULTS, a negative rate, or rates summing above 1.
+    """
+    unknown = set(rates) - set(FAULTS)
+    if unknown:
+        raise ValueError(f"fault_rates: unknown fault(s) {sorted(unknown)}; expected keys among {FAULTS}")
+    if any(r < 0 for r in rates.values()) or sum(rates.values()) > 1 + 1e-9:
+        raise ValueError(f"fault_rates must be >= 0 and sum to <= 1, got {dict(rates)}")
+    u = rng.random()
+    acc = 0.0
+    for fault in FAULTS:
+        acc += float(rates.get(fault, 0.0))
+        if u < acc:
+            return fault
+    return None
+
+
+_MISSING = object()
+
+
+def _get_path(arguments: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    node: Any = arguments
+    for key in path:
+        if not isinstance(node, Mapping) or key not in node:
+            return _MISSING
+        node = node[key]
+    return node
+
+
+def canonical_arguments(tool: Tool, arguments: Mapping[str, Any]) -> dict:
+    """Maps surface arguments to canonical ones with `tool.arg_paths`.
+
+    Without arg_paths, top-level arguments whose names are canonical argument names of the bound
+    world function are taken as they are. Surface arguments outside the paths are dropped.
+    """
+    if tool.arg_paths:
+        out = {}
+        for canon, path in tool.arg_paths.items():
+            value = _get_path(arguments, tuple(path))
+            if value is not _MISSING:
+                out[canon] = value
+        return out
+    fn = WORLD_FUNCTIONS.get(tool.impl)
+    names = set(fn.input_schema["properties"]) if fn else set(arguments)
+    return {k: v for k, v in arguments.items() if k in names}
+
+
+def _schema_errors(schema: Mapping[str, Any], arguments: Any) -> list[dict]:
+    validator_cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    errors = sorted(validator_cls(schema).iter_errors(arguments), key=lambda e: [str(p) for p in e.absolute_path])
+    return [{"path": ".".join(map(str, e.absolute_path)) or "(root)", "message": e.message} for e in errors]
+
+
+def _skill_name(tool: Tool, arguments: Mapping[str, Any]) -> Any:
+    if SKILL_ARG in tool.arg_paths:
+        value = _get_path(arguments, tuple(tool.arg_paths[SKILL_ARG]))
+        return None if value is _MISSING else value
+    strings = [
+        k
+        for k, v in tool.input_schema.get("properties", {}).items()
+        if isinstance(v, Mapping) and v.get("type") == "string"
+    ]
+    if len(strings) == 1:
+        return arguments.get(strings[0])
+    values = [v for v in arguments.values() if isinstance(v, str)]
+    return values[0] if len(values) == 1 else None
+
+
+def execute_tool_call(
+    world: World, harness: HarnessState, name: str, arguments: Any, *, fault: str | None = None
+) -> ToolExecution:
+    """Executes the model's call `name(arguments)` under `harness` (see the module docstring).
+
+    Args:
+      world: the catalog.
+      harness: the harness in force (surface names, schemas, bindings).
+      name: the surface tool name the model wrote.
+      arguments: the surface arguments (a dict; a JSON object string is accepted; anything else is
+        reported as invalid arguments).
+      fault: an injected fault ("error", "timeout", "empty") or None.
+    Returns:
+      ToolExecution(status, result, canonical_args, impl).
+    Raises:
+      ValueError: `fault` is not None and not one of FAULTS (a caller bug, not a model mistake).
+    """
+    if fault is not None and fault not in FAULTS:
+        raise ValueError(f"fault must be one of {FAULTS} or None, got {fault!r}")
+    tool = harness.tool(name)
+    if tool is None:
+        names = [t.name for t in harness.tools]
+        message = f"没有名为 {name!r} 的工具（unknown tool），可用工具：{', '.join(names)}"
+        return _failed("unknown_tool", "unknown_tool", message, {"available_tools": names}, {}, "")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError as err:
+            errors = [{"path": "(root)", "message": str(err)}]
+            message = f"参数不是合法的JSON（arguments）：{err.msg}"
+            return _failed("invalid_arguments", "invalid_arguments", message, {"errors": errors}, {}, tool.impl)
+    errors = _schema_errors(tool.input_schema, {} if arguments is None else arguments)
+    if errors:
+        return _invalid(name, errors, {}, tool.impl)
+    arguments = arguments or {}
+
+    if tool.impl == SKILL_TOOL_IMPL:
+        skill_name = _skill_name(tool, arguments)
+        canonical = {SKILL_ARG: skill_name}
+        skill = harness.skill(skill_name) if isinstance(skill_name, str) else None
+        if skill is None:
+            valid = [s.name for s in harness.skills]
+            message = f"没有名为 {skill_name!r} 的技能（unknown skill），可用技能：{', '.join(valid)}"
+            return _failed("error", "unknown_skill", message, {"valid_skills": valid}, canonical, tool.impl)
+        return ToolExecution("ok", {"skill": skill.name, "content": skill.body}, canonical, tool.impl)
+
+    canonical = canonical_arguments(tool, arguments)
+    if fault == "error":
+        return _failed("error", "service_error", FAULT_MESSAGES["error"], {}, canonical, tool.impl)
+    if fault == "timeout":
+        return _failed("timeout", "timeout", FAULT_MESSAGES["timeout"], {}, canonical, tool.impl)
+    if fault == "empty":
+        return ToolExecution("empty", {}, canonical, tool.impl)
+    if not tool.impl.startswith(DISTRACTOR_PREFIX) and tool.impl not in WORLD_FUNCTIONS:
+        message = f"工具 {name} 未绑定到任何服务（tool not bound）"
+        return _failed("error", "unbound_tool", message, {"impl": tool.impl}, canonical, tool.impl)
+    try:
+        result = call_world_function(world, tool.impl, canonical)
+    except ToolError as err:
+        if err.kind != "invalid_arguments":
+            return _failed("error", err.kind, err.message, err.details, canonical, tool.impl)
+        # canonical paths back to surface paths
+        errors = [{**e, "path": ".".join(tool.arg_paths.get(e["path"], (e["path"],)))} for e in err.details["errors"]]
+        return _invalid(name, errors, canonical, tool.impl)
+    return ToolExecution("ok", result, canonical, tool.impl)
+
+
+def _failed(
+    status: str, kind: str, message: str, details: Mapping[str, Any], canonical: dict, impl: str
+) -> ToolExecution:
+    return ToolExecution(status, error_payload(kind, message, details), canonical, impl)
+
+
+def _invalid(name: str, errors: list[dict], canonical: dict, impl: str) -> ToolExecution:
+    text = "; ".join(f"{e['path']}: {e['message']}" for e in errors)
+    message = f"工具 {name} 的参数不合法（invalid arguments）：{text}"
+    return _failed("invalid_arguments", "invalid_arguments", message, {"errors": errors}, canonical, impl)

@@ -1,0 +1,236 @@
+"""The live-stream world's tools served over MCP, on the official `mcp` SDK (v2, low-level `Server`).
+
+    python -m hat_jax.sim.mcp_server --harness hat_jax/harnesses/production --seed 0
+    python -m hat_jax.sim.mcp_server --harness DIR --seed 0 --transport http --port 8765   # URL .../mcp
+
+What is served: every tool of the harness, listed with its surface `name`, `description` and
+`inputSchema` exactly as `Tool.mcp_spec()` gives them (the low-level `Server` takes the listing from
+an `on_list_tools` handler, so the tools come from the harness file at start-up, not from decorated
+Python functions). A `tools/call` is dispatched to `hat_jax.sim.executor.execute_tool_call` over a
+`World.generate(seed, n_products)`, so the server and the in-process environment answer the same
+call with the same result. The result is one JSON text content block (the JSON the model sees in its
+`tool` message, `ensure_ascii=False`) plus the same object as `structuredContent`; `isError` is set
+for every status other than "ok" (including "empty", "invalid_arguments" and "unknown_tool"). The
+executor's status, the tool's impl and the canonical arguments travel in the result's `_meta`
+(`hat-jax/status`, `hat-jax/impl`, `hat-jax/canonical_args`) for the agent loop's records; the
+model never sees `_meta`.
+
+Faults: each call draws at most one fault ("error", "timeout", "empty") with the given rates
+(`hat_jax.sim.executor.draw_fault`, one draw per call from one `random.Random(fault_seed)` stream,
+in call arrival order: deterministic for a sequential client). The executor applies it only to a
+call that passed validation, and never to the skill loader. When it applied a "timeout", the server
+*really* sleeps `--timeout-fault-s` seconds (default 30, past any per-call timeout of the agent
+loop) before answering with the executor's timeout error, so the client sees a real timeout; a
+client that gives up sends `notifications/cancelled` and the SDK cancels the sleeping handler. `--tool-delay-s` adds
+a fixed delay to every call (latency experiments).
+
+Transports: "stdio" (stdout carries JSON-RPC, so every log line goes to stderr) and the SDK's
+Streamable HTTP app served by uvicorn on `--host`/`--port` at path `/mcp`, answering plain JSON
+(`json_response=True`: no SSE framing; this server sends no progress notifications). Exit status 2
+on a bad `--harness` path or a harness that fails validation, with the reason on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import random
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.server import Server, ServerRequestContext
+
+from hat_jax.harness.loader import load_harness
+from hat_jax.harness.state import HarnessState
+from hat_jax.sim.catalog import World
+from hat_jax.sim.executor import FAULTS, draw_fault, execute_tool_call
+
+logger = logging.getLogger("hat_jax.sim.mcp_server")
+
+META_STATUS = "hat-jax/status"  # `_meta` key: the executor's status ("ok", "error", "invalid_arguments", ...)
+META_IMPL = "hat-jax/impl"  # `_meta` key: the world function the tool is bound to ("" when unknown)
+META_CANONICAL_ARGS = "hat-jax/canonical_args"  # `_meta` key: arguments under canonical names
+HTTP_PATH = "/mcp"
+
+# (name, arguments, fault) -> ToolExecution(status, result, canonical_args, impl)
+Execute = Callable[[str, Mapping[str, Any], "str | None"], Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultConfig:
+    """Fault injection and delays of the tool server.
+
+    Attributes:
+      rates: fault kind ("error", "timeout", "empty") -> probability per call; the sum must be <= 1.
+      seed: seed of the fault stream (one `random.Random(seed)` draw per call).
+      tool_delay_s: sleep before every call, in seconds.
+      timeout_fault_s: how long a "timeout" fault sleeps before answering with a timeout error.
+    """
+
+    rates: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    seed: int = 0
+    tool_delay_s: float = 0.0
+    timeout_fault_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        for kind, rate in self.rates.items():
+            if kind not in FAULTS:
+                raise ValueError(f"FaultConfig.rates: unknown fault kind {kind!r}, expected one of {FAULTS}")
+            if not 0.0 <= rate <= 1.0:
+                raise ValueError(f"FaultConfig.rates[{kind!r}] = {rate}: expected a probability in [0, 1]")
+        if sum(self.rates.values()) > 1.0 + 1e-9:
+            raise ValueError(f"FaultConfig.rates sum to {sum(self.rates.values())} > 1")
+        if self.tool_delay_s < 0 or self.timeout_fault_s < 0:
+            raise ValueError("FaultConfig.tool_delay_s and timeout_fault_s must be >= 0")
+
+
+def tool_result(status: str, result: Any, *, impl: str = "", canonical_args: Mapping[str, Any] | None = None) -> types.CallToolResult:
+    """An executor outcome as an MCP `CallToolResult`.
+
+    Args:
+      status: the executor status; anything but "ok" sets `isError`.
+      result: the payload the model sees (a dict, normally); sent as JSON text and, when a dict,
+        as `structuredContent` (a non-dict payload is wrapped as {"result": payload} there).
+      impl, canonical_args: recorded in `_meta`.
+    """
+    text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
+    structured = result if isinstance(result, dict) else {"result": result}
+    meta = {META_STATUS: status, META_IMPL: impl, META_CANONICAL_ARGS: dict(canonical_args or {})}
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text)],
+        structured_content=structured,
+        is_error=status != "ok",
+        _meta=meta,
+    )
+
+
+def build_server(harness: HarnessState, execute: Execute, faults: FaultConfig | None = None) -> Server:
+    """A low-level MCP `Server` listing `harness.tools` and dispatching calls to `execute`.
+
+    Args:
+      harness: the tools to list (surface names, descriptions, schemas, in harness order).
+      execute: `(name, arguments, fault) -> ToolExecution` (fields `status`, `result`,
+        `canonical_args`, `impl`); normally `execute_tool_call` bound to a world and `harness`.
+        It must not raise for model mistakes (unknown tool, bad arguments); if it raises anyway,
+        the call answers with an "error" result naming the exception.
+      faults: fault rates and delays; None means no faults and no delay.
+
+    Returns:
+      the server; run it with `serve_stdio` / `serve_http` (or `Server.run` on any streams).
+    """
+    faults = faults or FaultConfig()
+    rng = random.Random(faults.seed)
+    listing = types.ListToolsResult(tools=[types.Tool.model_validate(t.mcp_spec()) for t in harness.tools])
+
+    async def on_list_tools(ctx: ServerRequestContext, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        return listing
+
+    async def on_call_tool(ctx: ServerRequestContext, params: types.CallToolRequestParams) -> types.CallToolResult:
+        name, arguments = params.name, dict(params.arguments or {})
+        fault = draw_fault(rng, faults.rates)
+        if faults.tool_delay_s:
+            await anyio.sleep(faults.tool_delay_s)
+        try:
+            execution = execute(name, arguments, fault)
+        except Exception as exc:  # boundary: a bug in the world must not kill the server
+            logger.exception("tool %s raised", name)
+            return tool_result("error", {"error": f"internal error: {type(exc).__name__}: {exc}"})
+        if execution.status == "timeout":  # the executor applied the injected fault: really time out
+            logger.info("tool %s: injected timeout, sleeping %.1f s", name, faults.timeout_fault_s)
+            await anyio.sleep(faults.timeout_fault_s)
+        logger.debug("tool %s -> %s", name, execution.status)
+        return tool_result(execution.status, execution.result, impl=execution.impl, canonical_args=execution.canonical_args)
+
+    return Server(
+        f"hat-jax-tools-{harness.name}",
+        version=harness.version,
+        on_list_tools=on_list_tools,
+        on_call_tool=on_call_tool,
+    )
+
+
+async def serve_stdio(server: Server) -> None:
+    """Serve `server` over this process's stdin/stdout until stdin closes."""
+    from mcp.server.stdio import stdio_server
+
+    async with stdio_server() as (read_stream, write_stream):
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+async def serve_http(server: Server, host: str = "127.0.0.1", port: int = 8765) -> None:
+    """Serve `server` over Streamable HTTP at `http://host:port/mcp` (uvicorn, logs on stderr)."""
+    import uvicorn
+
+    app = server.streamable_http_app(streamable_http_path=HTTP_PATH, json_response=True, host=host)
+    config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, log_level="warning")
+    logger.info("serving MCP over HTTP at http://%s:%d%s", host, port, HTTP_PATH)
+    await uvicorn.Server(config).serve()
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m hat_jax.sim.mcp_server", description=__doc__.split("\n")[0])
+    p.add_argument("--harness", required=True, help="harness.yaml file or harness directory")
+    p.add_argument("--seed", type=int, required=True, help="world seed (World.generate)")
+    p.add_argument("--n-products", type=int, default=240)
+    p.add_argument("--transport", choices=("stdio", "http"), default="stdio")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--fault-error", type=float, default=0.0, help="rate of injected tool errors")
+    p.add_argument("--fault-timeout", type=float, default=0.0, help="rate of injected timeouts (real sleeps)")
+    p.add_argument("--fault-empty", type=float, default=0.0, help="rate of injected empty results")
+    p.add_argument("--fault-seed", type=int, default=0)
+    p.add_argument("--tool-delay-s", type=float, default=0.0, help="sleep before every call")
+    p.add_argument("--timeout-fault-s", type=float, default=30.0, help="how long an injected timeout sleeps")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status (2 for a bad harness or bad fault options)."""
+    args = _parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+    path = Path(args.harness)
+    if not path.exists():
+        print(f"mcp_server: error: --harness {args.harness}: no such file or directory", file=sys.stderr)
+        return 2
+    try:
+        harness = load_harness(path)
+    except Exception as exc:  # HarnessError names file and field; anything else is reported the same way
+        print(f"mcp_server: error: --harness {args.harness}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        faults = FaultConfig(
+            rates={"error": args.fault_error, "timeout": args.fault_timeout, "empty": args.fault_empty},
+            seed=args.fault_seed,
+            tool_delay_s=args.tool_delay_s,
+            timeout_fault_s=args.timeout_fault_s,
+        )
+    except ValueError as exc:
+        print(f"mcp_server: error: {exc}", file=sys.stderr)
+        return 2
+    world = World.generate(seed=args.seed, n_products=args.n_products)
+
+    def execute(name: str, arguments: Mapping[str, Any], fault: str | None) -> Any:
+        return execute_tool_call(world, harness, name, arguments, fault=fault)
+
+    server = build_server(harness, execute, faults)
+    logger.info(
+        "harness %s %s (%d tools), world seed %d, transport %s",
+        harness.name, harness.version, len(harness.tools), args.seed, args.transport,
+    )
+    if args.transport == "stdio":
+        anyio.run(serve_stdio, server)
+    else:
+        anyio.run(serve_http, server, args.host, args.port)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

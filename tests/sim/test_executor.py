@@ -1,0 +1,151 @@
+"""execute_tool_call: lookup, schema validation, arg-path mapping, skills, faults, business errors."""
+
+import random
+
+import pytest
+
+from hat_jax.harness.loader import production_harness
+from hat_jax.harness.state import HarnessState, Skill, Tool
+from hat_jax.sim.catalog import World
+from hat_jax.sim.executor import draw_fault, execute_tool_call
+
+
+@pytest.fixture(scope="module")
+def world():
+    return World.generate(seed=0)
+
+
+@pytest.fixture(scope="module")
+def prod():
+    return production_harness()
+
+
+@pytest.fixture(scope="module")
+def renamed():
+    """A harness whose price tool is renamed and nests its argument; a distractor; a skill tool without arg_paths."""
+    price = Tool(
+        "查价",
+        "查价格",
+        {
+            "type": "object",
+            "properties": {
+                "item": {"type": "object", "properties": {"pid": {"type": "string"}}, "required": ["pid"]},
+                "verbose": {"type": "boolean"},
+            },
+            "required": ["item"],
+        },
+        impl="get_price",
+        arg_paths={"product_id": ("item", "pid")},
+    )
+    skills_tool = Tool(
+        "open_skill",
+        "加载技能",
+        {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]},
+        impl="load_skill",
+    )
+    weather = Tool(
+        "weather_now",
+        "天气",
+        {"type": "object", "properties": {"city": {"type": "string"}}},
+        impl="distractor:weather_now",
+    )
+    skill = Skill("pricing-v2", "价格", "# 价格\n先查价。", ("查价",), key="price_promotion")
+    return HarnessState("test", "0", "open_skill", (skill,), (price, skills_tool, weather), ())
+
+
+def test_ok_call(world, prod):
+    ex = execute_tool_call(world, prod, "get_price", {"product_id": "P0001"})
+    assert ex.status == "ok" and ex.impl == "get_price" and ex.canonical_args == {"product_id": "P0001"}
+    assert ex.result["live_price"] == 188.9
+    status, result, canonical, impl = ex  # a plain tuple too
+    assert status == "ok"
+
+
+def test_unknown_tool(world, prod):
+    ex = execute_tool_call(world, prod, "get_prices", {"product_id": "P0001"})
+    assert ex.status == "unknown_tool" and ex.impl == "" and ex.canonical_args == {}
+    err = ex.result["error"]
+    assert (
+        err["type"] == "unknown_tool"
+        and "get_prices" in err["message"]
+        and "get_price" in err["details"]["available_tools"]
+    )
+
+
+def test_invalid_arguments_list_paths(world, prod):
+    ex = execute_tool_call(world, prod, "get_size_chart", {"height_cm": "170"})
+    assert ex.status == "invalid_arguments" and ex.canonical_args == {}
+    paths = [e["path"] for e in ex.result["error"]["details"]["errors"]]
+    assert paths == ["(root)", "height_cm"]
+    assert "product_id" in ex.result["error"]["message"] and "height_cm" in ex.result["error"]["message"]
+    assert execute_tool_call(world, prod, "get_price", ["P0001"]).status == "invalid_arguments"
+
+
+def test_json_text_arguments(world, prod):
+    assert execute_tool_call(world, prod, "get_price", '{"product_id": "P0002"}').status == "ok"
+    bad = execute_tool_call(world, prod, "get_price", '{"product_id": ')
+    assert bad.status == "invalid_arguments" and bad.result["error"]["details"]["errors"][0]["path"] == "(root)"
+
+
+def test_nested_arg_paths_and_extra_args(world, renamed):
+    ex = execute_tool_call(world, renamed, "查价", {"item": {"pid": "P0003"}, "verbose": True})
+    assert ex.status == "ok" and ex.canonical_args == {"product_id": "P0003"}
+    assert ex.result["live_price"] == world.product("P0003").live_price
+    bad = execute_tool_call(world, renamed, "查价", {"item": {}})
+    assert bad.result["error"]["details"]["errors"][0] == {"path": "item", "message": "'pid' is a required property"}
+
+
+def test_business_error(world, prod):
+    ex = execute_tool_call(world, prod, "get_price", {"product_id": "P9999"})
+    assert (
+        ex.status == "error" and ex.result["error"]["type"] == "not_found" and "P9999" in ex.result["error"]["message"]
+    )
+    ex = execute_tool_call(world, prod, "estimate_shipping", {"product_id": "P0001", "region": "台湾"})
+    assert ex.status == "error" and ex.result["error"]["type"] == "not_served"
+
+
+def test_skill_loading(world, prod, renamed):
+    ex = execute_tool_call(world, prod, "load_skill", {"skill": "logistics"})
+    assert (
+        ex.status == "ok" and ex.result["skill"] == "logistics" and ex.result["content"] == prod.skill("logistics").body
+    )
+    ex = execute_tool_call(world, renamed, "open_skill", {"id": "pricing-v2"}, fault="error")  # never faulted
+    assert ex.status == "ok" and ex.result == {"skill": "pricing-v2", "content": "# 价格\n先查价。"}
+    ex = execute_tool_call(world, renamed, "open_skill", {"id": "pricing"})
+    assert ex.status == "error" and ex.result["error"]["details"]["valid_skills"] == ["pricing-v2"]
+
+
+def test_enum_rejects_unknown_skill(world, prod):
+    ex = execute_tool_call(world, prod, "load_skill", {"skill": "shipping"})
+    assert ex.status == "invalid_arguments"  # the production schema enumerates the skill ids
+
+
+def test_distractor(world, renamed):
+    ex = execute_tool_call(world, renamed, "weather_now", {"city": "杭州"})
+    assert ex.status == "ok" and ex.impl == "distractor:weather_now" and ex.result["tool"] == "weather_now"
+
+
+def test_faults(world, prod):
+    args = {"product_id": "P0001"}
+    err = execute_tool_call(world, prod, "get_price", args, fault="error")
+    assert err.status == "error" and err.result["error"]["type"] == "service_error" and err.canonical_args == args
+    out = execute_tool_call(world, prod, "get_price", args, fault="timeout")
+    assert out.status == "timeout" and out.result["error"]["type"] == "timeout"
+    assert execute_tool_call(world, prod, "get_price", args, fault="empty")[:2] == ("empty", {})
+    # a model mistake is reported as such, not masked by a fault
+    assert execute_tool_call(world, prod, "get_price", {}, fault="error").status == "invalid_arguments"
+    with pytest.raises(ValueError, match="fault"):
+        execute_tool_call(world, prod, "get_price", args, fault="crash")
+
+
+def test_draw_fault():
+    rng = random.Random(0)
+    assert {draw_fault(rng, {"error": 0.0, "timeout": 0.0, "empty": 0.0}) for _ in range(100)} == {None}
+    assert draw_fault(rng, {"timeout": 1.0}) == "timeout"
+    draws = [draw_fault(random.Random(i), {"error": 0.2, "timeout": 0.1, "empty": 0.1}) for i in range(2000)]
+    assert abs(draws.count("error") / 2000 - 0.2) < 0.03 and abs(draws.count(None) / 2000 - 0.6) < 0.04
+    assert draws == [draw_fault(random.Random(i), {"error": 0.2, "timeout": 0.1, "empty": 0.1}) for i in range(2000)]
+    with pytest.raises(ValueError, match="unknown"):
+        draw_fault(rng, {"crash": 0.1})
+    with pytest.raises(ValueError, match="sum"):
+        draw_fault(rng, {"error": 0.8, "empty": 0.5})
