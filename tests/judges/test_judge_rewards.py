@@ -1,0 +1,63 @@
+"""CoT length penalty and reward components (hat_jax.judges.rewards)."""
+
+import pytest
+from judge_helpers import episode
+
+from hat_jax.judges.rewards import (
+    COMPONENTS, RewardConfig, cot_length_penalty, reasoning_token_counts, reward_components, weighted_reward,
+)
+from hat_jax.judges.rules import Judgement
+
+
+@pytest.mark.parametrize("n, want", [(0, 0.0), (100, 0.0), (101, -0.01), (150, -0.5), (200, -1.0), (500, -1.0)])
+def test_cot_length_penalty_paper_zone(n, want):
+    assert cot_length_penalty(n) == pytest.approx(want)
+
+
+def test_cot_length_penalty_configurable_and_validated():
+    assert cot_length_penalty(60, free=50, zero_at=70) == pytest.approx(-0.5)
+    with pytest.raises(ValueError, match="n_tokens"):
+        cot_length_penalty(-1)
+    with pytest.raises(ValueError, match="free < zero_at"):
+        cot_length_penalty(10, free=100, zero_at=100)
+
+
+J = Judgement(accuracy=1, effectiveness=0.5, adr=1, rc=1, rc_fraction=1.0, tc=1, llm=1, tco=1, tool_rationality=0.5,
+              skill_selection=0)
+
+
+def test_reward_components_one_per_objective():
+    got = reward_components(J, [150, 50])  # per-turn penalties -0.5 and 0 -> mean -0.25
+    assert got == {"accuracy": 1.0, "effectiveness": 0.5, "tool_rationality": 0.5, "skill_selection": 0.0, "cot_length": -0.25}
+    assert tuple(got) == COMPONENTS
+    assert reward_components(J, [150, 50], RewardConfig(cot_aggregate="min"))["cot_length"] == -0.5
+    assert reward_components(J, 250)["cot_length"] == -1.0
+    assert reward_components(J, [])["cot_length"] == 0.0
+
+
+def test_weighted_reward_default_weights():
+    comps = reward_components(J, 150)
+    # 1*1 + 1*0.5 + 0.5*0.5 + 0.5*0 + 0.5*(-0.5) = 1.5
+    assert weighted_reward(comps, RewardConfig().weights) == pytest.approx(1.5)
+    with pytest.raises(KeyError, match="cot_length"):
+        weighted_reward({"accuracy": 1.0}, {"accuracy": 1.0, "cot_length": 1.0})
+
+
+def test_reward_config_rejects_bad_fields():
+    with pytest.raises(ValueError, match="unknown components \\['speed'\\]"):
+        RewardConfig(weights={"speed": 1.0})
+    with pytest.raises(ValueError, match="cot_aggregate"):
+        RewardConfig(cot_aggregate="sum")
+    with pytest.raises(ValueError, match="zero_at"):
+        RewardConfig(cot_free=200, cot_zero_at=100)
+
+
+def test_reasoning_token_counts_per_assistant_turn():
+    e = episode("ok")
+    e = e.__class__(**{**e.__dict__, "messages": (
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "", "reasoning_content": "a b c", "tool_calls": []},
+        {"role": "tool", "name": "x", "content": "{}"},
+        {"role": "assistant", "content": "ok", "reasoning_content": "d"},
+    )})
+    assert reasoning_token_counts(e, lambda s: len(s.split())) == [3, 1]
