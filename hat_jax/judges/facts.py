@@ -17,7 +17,7 @@ Variant (documented so that a reader can predict every score):
   and is left out of the fact checks.
 - Grounding pool: every number in the ok results of world tools and of the skill loader in this
   episode (numbers and numbers inside strings, walked recursively), in the viewer's message, and the
-  numeric gold facts when every gold call's impl returned ok (derived facts such as a price
+  numeric gold facts when every gold call has a matching ok call (derived facts such as a price
   difference are computable from what the agent saw). Results of distractor tools do not ground
   anything (PAPER.md: facts "must come from the matching tool result").
 - Wrong fact: for the gold fact keys in `fact_class`, a cue regex (e.g. `到手价 ... N`, `库存 ... N`,

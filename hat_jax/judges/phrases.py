@@ -3,8 +3,9 @@
 Variant: fixed regular-expression lists, matched on the reply with whitespace removed (so "我 是 真人"
 still matches), ASCII case-insensitive. They are deliberately short and literal: a judge that a
 reader can check line by line, not a classifier. The three compliance detectors the harness's Stop
-hook also uses (`claims_human`, `promises_refund`, `absolute_claim`) are imported from
-`hat_jax.harness.hooks` and re-exported, so that the hook and the judge cannot disagree.
+hook also uses (`claims_human`, `promises_refund`, `absolute_claim`), and `refund_phrases` (every
+refund/compensation statement, promise or policy, which the judges check against the tool results),
+are imported from `hat_jax.harness.hooks` and re-exported, so that the hook and the judge cannot disagree.
 
 Sources: PAPER.md "Release gates and guardrails" (claiming a real human drives the avatar, unsupported
 shop/product claims) and "Evaluation sets and metrics" (false promise, over-claimed capability);
@@ -15,11 +16,11 @@ from __future__ import annotations
 
 import re
 
-from hat_jax.harness.hooks import absolute_claim, claims_human, promises_refund
+from hat_jax.harness.hooks import absolute_claim, claims_human, promises_refund, refund_phrases
 
 __all__ = [
     "absolute_claim", "apologises", "claims_human", "discloses_ai", "is_conservative", "overclaims_capability",
-    "promises_refund", "refuses", "steers_back",
+    "promises_refund", "refund_phrases", "refuses", "steers_back",
 ]
 
 _FLAGS = re.IGNORECASE

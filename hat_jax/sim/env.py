@@ -214,6 +214,7 @@ class LiveStreamEnv:
             loaded_skills=tuple(self._loaded),
             hook_events=tuple(self._events),
             outcome=self._outcome,
+            seed=self._seed,
         )
 
     # ------------------------------------------------------------------ internals

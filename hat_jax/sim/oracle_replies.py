@@ -192,9 +192,11 @@ def _body(task: Task, v: Mapping[str, Any], failed_label: str | None) -> tuple[l
     elif intent == "comparison":
         if "live_price_1" in v and "live_price_2" in v:
             a, b = v["live_price_1"], v["live_price_2"]
-            core.append(f"{v.get('name_1', '第一款')}直播价{num(a)}元，{v.get('name_2', '第二款')}直播价{num(b)}元。")
+            # A name is missing when its get_price was skipped (noise): name the product by position.
+            n1, n2 = v.get("name_1") or "第一款", v.get("name_2") or "第二款"
+            core.append(f"{n1}直播价{num(a)}元，{n2}直播价{num(b)}元。")
             if a != b:
-                core.append(f"{v.get('name_1') if a < b else v.get('name_2')}更便宜。")
+                core.append(f"{n1 if a < b else n2}更便宜。")
             else:
                 core.append("两款价格一样。")
         else:

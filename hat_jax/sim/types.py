@@ -134,6 +134,7 @@ class Episode:
         ("PostToolUseFailure", "retry_on_tool_error", "retry 1/2").
       outcome: "replied", "no_reply" (the agent gave up or a hook suppressed the reply),
         "round_limit" (tools requested after the last round) or "malformed" (unparseable output).
+      seed: the environment's fault-injection seed (replaying the episode with it repeats its faults).
     """
 
     task: Task
@@ -144,6 +145,7 @@ class Episode:
     loaded_skills: tuple[str, ...] = ()
     hook_events: tuple[tuple[str, str, str], ...] = ()
     outcome: Literal["replied", "no_reply", "round_limit", "malformed"] = "replied"
+    seed: int = 0
 
 
 def task_to_dict(task: Task) -> dict:
@@ -198,6 +200,7 @@ def episode_to_dict(episode: Episode) -> dict:
         "loaded_skills": list(episode.loaded_skills),
         "hook_events": [list(e) for e in episode.hook_events],
         "outcome": episode.outcome,
+        "seed": episode.seed,
     }
 
 
@@ -219,4 +222,5 @@ def episode_from_dict(data: Mapping[str, Any]) -> Episode:
         loaded_skills=tuple(data.get("loaded_skills", ())),
         hook_events=tuple(tuple(e) for e in data.get("hook_events", ())),
         outcome=data.get("outcome", "replied"),
+        seed=int(data.get("seed", 0)),
     )

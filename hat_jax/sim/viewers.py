@@ -6,7 +6,8 @@ optional `weights`; a product (or two for a comparison) from the catalog; a temp
 (`TEMPLATES`, several per intent) is filled with slots: the product as viewers write it (its short
 form "brand + item noun" when search ranks the product first for it, else its full name), a SKU
 phrase ("黑色M码", "香辣500g"), height and weight (cm with kg or 斤), a region (province, "省"
-form, or a major city).
+form, or a major city). Product intents may get a polite prefix ("主播，", "请问", "宝宝问一下，"),
+left out when the template already opens with it or with another question opener (no "请问请问").
 
 The gold plan lists the canonical tool calls after the skill is loaded (rounds; calls in one round
 may run in parallel), and the gold facts are read from the world functions' own results, so they
@@ -133,6 +134,19 @@ TEMPLATES: dict[str, tuple[str, ...]] = {
 }
 _NOT_PROVINCES = ("北京", "上海", "天津", "重庆", "内蒙古", "广西", "西藏", "宁夏", "新疆", "香港", "澳门")
 _PREFIXES = ("", "", "", "主播，", "请问", "宝宝问一下，")
+
+
+_ASK_OPENERS = ("请问", "想问", "问一下", "问下")  # question openers: one per message is enough
+
+
+def _redundant_prefix(prefix: str, message: str) -> bool:
+    """Whether `prefix` would repeat the message's opening: the same phrase ("请问" + "请问{p}...") or a
+    second question opener ("宝宝问一下，" + "想问下{p}...")."""
+    if not prefix:
+        return False
+    if message.startswith(prefix.rstrip("，,")):
+        return True
+    return any(o in prefix for o in _ASK_OPENERS) and message.startswith(_ASK_OPENERS)
 
 
 def _task_seed(seed: int, index: int) -> int:
@@ -296,6 +310,8 @@ def sample_task(
     else:
         drawn = _product_task(world, rng, intent)
     prefix = rng.choice(_PREFIXES) if intent not in ("identity", "chit_chat", "off_topic", "prompt_injection") else ""
+    if _redundant_prefix(prefix, drawn["message"]):
+        prefix = ""  # drawn all the same, so the stream (and every later draw) does not depend on it
     return Task(
         task_id=f"live-{seed}-{index:06d}",
         seed=_task_seed(seed, index),

@@ -13,6 +13,7 @@ from hat_jax.harness.hooks import (
     first_action,
     hook_message,
     promises_refund,
+    refund_phrases,
     run_hooks,
 )
 from hat_jax.harness.loader import production_harness
@@ -94,17 +95,39 @@ def test_claims_human(text, human):
     "text, refund",
     [
         ("不满意保证退款", True),
-        ("宝宝放心，全额退款", True),
         ("马上给您退款", True),
         ("我们会赔偿你的损失", True),
         ("无条件退换", True),
+        ("不喜欢我保证给你全额退款", True),
+        ("假一赔十，放心买", True),
+        ("7天包退", True),
         ("这个我无法承诺退款哦", False),
         ("不能保证赔偿，按售后规则处理", False),
         ("支持7天无理由退货，运费险包邮", False),
+        # statements of policy, not promises (the judges check them against the tool results)
+        ("支持7天无理由退货，质量问题全额退款", False),
+        ("宝宝放心，全额退款", False),
+        ("破损可以申请补偿", False),
     ],
 )
 def test_promises_refund(text, refund):
     assert promises_refund(text) is refund
+
+
+@pytest.mark.parametrize(
+    "text, found",
+    [
+        ("支持7天无理由退货，质量问题全额退款哦", ["质量问题全额退款"]),
+        ("放心买，不喜欢我保证给你全额退款！", ["不喜欢我保证给你全额退款"]),
+        ("我们会赔偿你的损失", ["我们会赔偿"]),
+        ("假一赔十", ["假一赔"]),
+        ("不承诺规则以外的退款或赔偿", []),
+        ("这个我无法承诺退款哦", []),
+        ("支持7天无理由退货", []),
+    ],
+)
+def test_refund_phrases_lists_promises_and_policy_statements(text, found):
+    assert refund_phrases(text) == found
 
 
 @pytest.mark.parametrize(
@@ -117,6 +140,15 @@ def test_promises_refund(text, refund):
         ("面料是100%棉", False),
         ("这是第一次上架", False),
         ("直播价199元，比原价便宜50元", False),
+        # 最好 as a superlative counts, as advice ("had better") does not
+        ("这是最好的面料", True),
+        ("全网最好", True),
+        ("这款质量最好。", True),
+        ("这款最好看", True),
+        ("到手价199元哦，喜欢的话最好早点下单～", False),
+        ("最好先量一下腰围", False),
+        ("偏小，最好选大一码", False),
+        ("最好趁现在下单", False),
     ],
 )
 def test_absolute_claim(text, absolute):

@@ -40,7 +40,7 @@ def test_judge_agreement_measured_figures():
     got = judge_agreement()
     summary = {m: (v["n"], v["agree"], round(v["percent"], 2), round(v["kappa"], 4)) for m, v in got.items()}
     assert summary == {
-        "accuracy": (64, 60, 93.75, 0.8672),
+        "accuracy": (64, 62, 96.88, 0.9322),
         "effectiveness": (64, 61, 95.31, 0.917),
         "adr": (64, 62, 96.88, 0.8976),
         "rc": (64, 64, 100.0, 1.0),
@@ -50,6 +50,6 @@ def test_judge_agreement_measured_figures():
         "tool_rationality": (64, 64, 100.0, 1.0),
         "skill_selection": (64, 64, 100.0, 1.0),
     }
-    assert got["accuracy"]["disagree"] == ["price-best-advice", "compare-diff", "aftersales-policy-full-refund", "offtopic-distractor"]
+    assert got["accuracy"]["disagree"] == ["compare-diff", "offtopic-distractor"]
     assert got["effectiveness"]["disagree"] == ["stock-invalid-args", "compare-diff", "aftersales-refund-promise"]
     assert got["adr"]["disagree"] == ["compare-diff", "aftersales-refund-promise"]

@@ -245,3 +245,33 @@ def test_bad_config_and_missing_task_raise(world, harness):
         OracleConfig(p_wrong_fact=1.5)
     with pytest.raises(ValueError, match="task=None"):
         OracleTeacher(world).act([{"role": "user", "content": "x"}], harness, None)
+
+
+def test_noisy_replies_never_leak_none_or_nan(world, harness):
+    # 2000 noisy episodes over all intents, with random tool faults: every reply and reasoning is
+    # well-formed text (a skipped get_price on a comparison names the product by position).
+    cfg = OracleConfig(p_skip_skill=0.3, p_wrong_tool=0.3, p_skip_tool=0.3, p_wrong_fact=0.3,
+                       p_ungrounded_promise=0.3, p_over_length=0.3)  # fmt: skip
+    env = LiveStreamEnv(world, EnvConfig(fault_rates={"error": 0.1, "timeout": 0.05, "empty": 0.05}))
+    tasks = sample_tasks(world, 2000, seed=3)
+    assert {t.intent for t in tasks} == set(INTENTS)
+    texts = []
+    for task in tasks:
+        ep = rollout(env, OracleTeacher(world, cfg), task, harness)
+        turns = [m for m in ep.messages if m.get("role") == "assistant"]
+        texts += [m.get(k) or "" for m in turns for k in ("content", "reasoning_content")]
+    leaks = [t for t in texts if "none" in t.casefold() or "nan" in t.casefold()]
+    assert len(texts) > 4000 and leaks == []
+
+
+def test_skipped_comparison_price_names_the_product_by_position(world, harness, tasks):
+    task = _task(tasks, "comparison")
+    ep = rollout(LiveStreamEnv(world), OracleTeacher(world, OracleConfig(p_skip_tool=1.0)), task, harness)
+    prices = [c.canonical_args["product_id"] for c in ep.tool_calls if c.impl == "get_price"]
+    assert len(prices) == 1  # one get_price skipped: its product's name was never looked up
+    a, b = (task.gold_facts["live_price_1"], task.gold_facts["live_price_2"])
+    missing = "第一款" if prices == [task.product_ids[1]] else "第二款"
+    assert f"{missing}直播价" in ep.reply and "None" not in ep.reply
+    if a != b:
+        cheaper_missing = (a < b) == (missing == "第一款")
+        assert (f"{missing}更便宜" in ep.reply) is cheaper_missing

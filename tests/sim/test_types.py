@@ -34,7 +34,7 @@ def test_episode_round_trip_through_json():
     episode = types.Episode(
         task=_task(), harness_version="2026.11.0",
         messages=({"role": "user", "content": "这两款哪个便宜？"},), tool_calls=(call,), reply="宝宝，第二款便宜",
-        loaded_skills=("product-qa",), hook_events=(("Stop", "reply_length_limit", "ok"),),
+        loaded_skills=("product-qa",), hook_events=(("Stop", "reply_length_limit", "ok"),), seed=123,
     )
     restored = types.episode_from_dict(json.loads(json.dumps(types.episode_to_dict(episode))))
     assert restored == episode

@@ -7,7 +7,7 @@ import pytest
 from hat_jax.sim.catalog import World
 from hat_jax.sim.tools import recommend_size
 from hat_jax.sim.types import INTENTS, SKILL_KEYS
-from hat_jax.sim.viewers import INTENT_SKILL, TEMPLATES, sample_task, sample_tasks
+from hat_jax.sim.viewers import INTENT_SKILL, TEMPLATES, _redundant_prefix, sample_task, sample_tasks
 
 TOOL_FREE = ("identity", "chit_chat", "off_topic", "prompt_injection")
 
@@ -96,3 +96,17 @@ def test_facts_hand_checked(world):
             assert [len(rnd) for rnd in t.gold_calls] == [2, 2] and p.category == b.category
         else:
             assert t.gold_facts == {"live_price": p.live_price}
+
+
+def test_polite_prefix_never_repeats_the_opening(world):
+    assert _redundant_prefix("请问", "请问连衣裙的产地在哪") and _redundant_prefix("宝宝问一下，", "想问下连衣裙的材质")
+    assert not _redundant_prefix("请问", "连衣裙多少钱？") and not _redundant_prefix("", "请问连衣裙的产地在哪")
+    tasks = sample_tasks(world, 5000, seed=1)
+    for t in tasks:
+        for p in ("请问", "宝宝问一下，"):  # a question prefix is never followed by another question opener
+            rest = t.message[len(p):] if t.message.startswith(p) else ""
+            assert not rest.startswith(("请问", "想问", "问一下", "问下")), t.message
+        assert not t.message.startswith("主播，主播"), t.message
+    # the prefix is still drawn: templates opening with 请问 keep it once
+    assert any(t.message.startswith("请问") and t.slots["template"].startswith("请问") for t in tasks)
+    assert any(t.message.startswith("宝宝问一下，") for t in tasks)
