@@ -13,3 +13,22 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+import pytest  # noqa: E402  (after the environment set-up above)
+
+
+@pytest.fixture(scope="session")
+def world():
+    """The default simulated catalog, `World.generate(seed=0)` (read-only: tests must not mutate it)."""
+    from hat_jax.sim.catalog import World
+
+    return World.generate(seed=0)
+
+
+@pytest.fixture(scope="session")
+def harness():
+    """The shipped production harness (`production_harness()`, cached and shared: read-only)."""
+    from hat_jax.harness.loader import production_harness
+
+    return production_harness()

@@ -10,7 +10,7 @@ Variant implemented and why:
   added. Tools are not written here: `apply_chat_template(tools=h.openai_tools())` puts them first.
 - Text is exactly `tokenizer.apply_chat_template(messages, tools=h.openai_tools(), tokenize=False)`
   (the tokenizer's own template, not a copy of it).
-- Loss mask (`.plan/WORLD_CONTRACT.md`, "Loss mask, exactly"): at inference the prompt ends with the
+- Loss mask (issue 3 point 2: 1 exactly on assistant-generated tokens): at inference the prompt ends with the
   generation prompt `<|im_start|>assistant\\n<think>\\n`, so for each assistant turn rendered with its
   reasoning block the mask is 1 on every token after `<|im_start|>assistant\\n<think>\\n` up to and
   including `<|im_end|>`, and 0 on the newline after it and everywhere else. Assistant turns the

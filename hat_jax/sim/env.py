@@ -1,6 +1,6 @@
 """The live-stream episode environment (`LiveStreamEnv`): one viewer message, tool rounds, one reply.
 
-Protocol (the world contract, `.plan/WORLD_CONTRACT.md`): `reset(task, harness)` returns
+Protocol (shared by the oracle, model rollouts and the deployed agent loop): `reset(task, harness)` returns
 [system, user] with the system prompt rendered from the harness; each `step(assistant_message)` is
 one assistant turn:
 - a turn with tool calls is one tool round. Each call runs PreToolUse hooks (a "block" skips it and

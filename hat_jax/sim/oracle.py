@@ -45,6 +45,7 @@ from typing import Any
 from hat_jax.harness.hooks import HOOK_FEEDBACK_PREFIX, HookContext, first_action, run_hooks
 from hat_jax.harness.state import HarnessState, Tool
 from hat_jax.sim import oracle_replies as replies
+from hat_jax.sim.executor import canonical_arguments
 from hat_jax.sim.types import Episode, Task
 
 TRANSIENT_ERRORS = ("service_error", "timeout")  # error types worth a retry ("empty" results too)
@@ -129,26 +130,6 @@ def _status_of(result: Any) -> tuple[str, str]:
     return "ok", ""
 
 
-def _get_path(args: Any, path: Sequence[str]) -> Any:
-    for key in path:
-        if not isinstance(args, Mapping) or key not in args:
-            return None
-        args = args[key]
-    return args
-
-
-def canonical_of(tool: Tool, arguments: Mapping[str, Any]) -> dict:
-    """Canonical arguments of a surface call (`Tool.arg_paths`; top-level names when there are none)."""
-    if not tool.arg_paths:
-        return dict(arguments)
-    out = {}
-    for canon, path in tool.arg_paths.items():
-        value = _get_path(arguments, tuple(path))
-        if value is not None:
-            out[canon] = value
-    return out
-
-
 def surface_of(tool: Tool, canonical: Mapping[str, Any]) -> dict:
     """Surface arguments for canonical ones, nested along `Tool.arg_paths` (canonical names kept when
     the tool has no arg_paths; canonical arguments without a path are dropped)."""
@@ -180,7 +161,7 @@ def read_calls(messages: Sequence[Mapping[str, Any]], harness: HarnessState) -> 
             tool = harness.tool(fn["name"])
             args = fn.get("arguments") if isinstance(fn.get("arguments"), Mapping) else {}
             status, kind = _status_of(result)
-            calls.append(_Call(turn, fn["name"], tool.impl if tool else "", canonical_of(tool, args) if tool else {},
+            calls.append(_Call(turn, fn["name"], tool.impl if tool else "", canonical_arguments(tool, args) if tool else {},
                                result if isinstance(result, dict) else {"value": result}, status, kind))  # fmt: skip
     return calls
 

@@ -1,6 +1,5 @@
 """The four live-stream evaluation suites: held-out items, perturbations, and the ideal oracle's scores."""
 
-import functools
 import json
 
 import pytest
@@ -16,11 +15,6 @@ from hat_jax.sim.oracle import OracleTeacher
 from hat_jax.sim.rollout import rollout
 
 N = 24
-
-
-@pytest.fixture(scope="module")
-def world():
-    return World.generate(0)
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,6 @@ import pytest
 from hat_jax.sim.catalog import CATEGORIES, World
 
 
-@pytest.fixture(scope="module")
-def world():
-    return World.generate(seed=0)
-
-
 def test_counts_and_categories(world):
     assert len(world.products) == 240
     assert len(world.categories) == 10 >= 8

@@ -6,22 +6,10 @@ import time
 import pytest
 
 from hat_jax.harness.hooks import HOOK_FEEDBACK_PREFIX
-from hat_jax.harness.loader import production_harness
 from hat_jax.harness.render import render_system_prompt
-from hat_jax.sim.catalog import World
 from hat_jax.sim.env import EnvConfig, LiveStreamEnv
 from hat_jax.sim.executor import execute_tool_call
 from hat_jax.sim.viewers import sample_tasks
-
-
-@pytest.fixture(scope="module")
-def world():
-    return World.generate(seed=0)
-
-
-@pytest.fixture(scope="module")
-def harness():
-    return production_harness()
 
 
 @pytest.fixture(scope="module")

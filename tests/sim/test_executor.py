@@ -6,13 +6,7 @@ import pytest
 
 from hat_jax.harness.loader import production_harness
 from hat_jax.harness.state import HarnessState, Skill, Tool
-from hat_jax.sim.catalog import World
 from hat_jax.sim.executor import draw_fault, execute_tool_call
-
-
-@pytest.fixture(scope="module")
-def world():
-    return World.generate(seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,9 @@ import pytest
 
 from hat_jax.harness.constraints import check_all
 from hat_jax.harness.hooks import claims_human, promises_refund
-from hat_jax.harness.loader import production_harness
 from hat_jax.harness.state import Constraint, PromptSection
 from hat_jax.judges import phrases
 from hat_jax.judges.rules import judge_episode
-from hat_jax.sim.catalog import World
 from hat_jax.sim.env import EnvConfig, LiveStreamEnv
 from hat_jax.sim.executor import ToolExecution, error_payload, execute_tool_call
 from hat_jax.sim.oracle import DEFAULT_NOISE, OracleConfig, OracleTeacher, final_behaviour_only, surface_of
@@ -20,16 +18,6 @@ from hat_jax.sim.oracle_replies import num
 from hat_jax.sim.rollout import rollout
 from hat_jax.sim.types import INTENTS
 from hat_jax.sim.viewers import sample_tasks
-
-
-@pytest.fixture(scope="module")
-def world():
-    return World.generate(0)
-
-
-@pytest.fixture(scope="module")
-def harness():
-    return production_harness()
 
 
 @pytest.fixture(scope="module")

@@ -7,23 +7,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from hat_jax.harness.loader import production_harness
 from hat_jax.judges.rules import judge_episode
-from hat_jax.sim.catalog import World
 from hat_jax.sim.env import LiveStreamEnv
 from hat_jax.sim.oracle import DEFAULT_NOISE, OracleTeacher
 from hat_jax.sim.rollout import RolloutError, rejection_sample, rollout
 from hat_jax.sim.viewers import sample_tasks
-
-
-@pytest.fixture(scope="module")
-def world():
-    return World.generate(0)
-
-
-@pytest.fixture(scope="module")
-def harness():
-    return production_harness()
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ import json
 import jsonschema
 import pytest
 
-from hat_jax.sim.catalog import World
 from hat_jax.sim.tools import (
     WORLD_FUNCTIONS,
     ToolError,
@@ -18,11 +17,6 @@ from hat_jax.sim.tools import (
 from hat_jax.sim.types import TOOL_IMPLS
 
 CANONICAL = {"product_id", "sku_id", "query", "category", "max_results", "region", "height_cm", "weight_kg"}
-
-
-@pytest.fixture(scope="module")
-def world():
-    return World.generate(seed=0)
 
 
 def test_registry_matches_types():

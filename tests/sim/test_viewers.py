@@ -4,17 +4,11 @@ import collections
 
 import pytest
 
-from hat_jax.sim.catalog import World
 from hat_jax.sim.tools import recommend_size
 from hat_jax.sim.types import INTENTS, SKILL_KEYS
 from hat_jax.sim.viewers import INTENT_SKILL, TEMPLATES, _redundant_prefix, sample_task, sample_tasks
 
 TOOL_FREE = ("identity", "chit_chat", "off_topic", "prompt_injection")
-
-
-@pytest.fixture(scope="module")
-def world():
-    return World.generate(seed=0)
 
 
 def test_templates_and_skills_cover_intents():
