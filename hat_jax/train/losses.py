@@ -1,0 +1,311 @@
+"""Token-level loss math shared by the SFT, OPD and RL stages (pure jnp functions, jit-able, float32).
+
+Conventions (.plan/TRAIN_CONTRACT.md): sequences are [B, T] right-padded; per-token arrays are aligned
+with `input_ids`, entry t refers to token t, which the logits at position t-1 predict; entry 0 is 0 and
+every mask is 0 at t = 0.
+
+What is here, and which variant each function implements (../shared/MATH.md section 1):
+- `token_logprobs` / `token_logprobs_chunked`: log pi(token_t | tokens_<t) at a sampling temperature;
+  the chunked one streams the vocabulary through a running logsumexp so [B, T, V] never exists.
+- `masked_token_ce_sum`: (sum of masked token NLL, token count); the trainer divides the sum over all
+  micro-batches by the total count, which is token-mean over the whole accumulated batch.
+- `k3_kl`: Schulman's k3 estimator of KL(pi_theta || pi_ref) per token (DeepSeekMath GRPO, Tunix
+  `low_var_kl`), unclamped.
+- `aggregate`: the loss aggregation modes of MATH.md's table: "token-mean" (DAPO, verl default),
+  "seq-mean-token-mean" (original GRPO, Tunix default), "seq-mean-token-sum-norm" (Dr.GRPO, Liu et al.
+  2025, arXiv 2503.20783: a constant normaliser B * L_max).
+- `clipped_policy_loss`: the PPO/GRPO clipped importance-ratio surrogate (DeepSeekMath eq. 3) with
+  separate eps_low / eps_high (DAPO clip-higher, Yu et al. 2025, arXiv 2503.14476) and an optional
+  in-loss k3 KL to a frozen reference with coefficient beta. No dual-clip, no TIS.
+
+Advantages (GRPO, GDPO, Dr.GRPO) are in `hat_jax.train.advantages`, the OPD reverse-KL losses in
+`hat_jax.train.kl`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def check_aggregation(mode: str) -> str:
+    """Return `mode` if it is one of `AGGREGATIONS`, else raise ValueError listing them."""
+    if mode not in AGGREGATIONS:
+        raise ValueError(f"unknown loss aggregation {mode!r}; valid: {', '.join(AGGREGATIONS)}")
+    return mode
+
+
+def _shift_pad(x: jax.Array) -> jax.Array:
+    """[B, T-1] values for tokens 1..T-1 -> [B, T] with entry 0 = 0."""
+    return jnp.pad(x, ((0, 0), (1, 0)))
+
+
+# --------------------------------------------------------------------------------------------------
+# token log-probabilities
+
+
+def token_logprobs(logits: jax.Array, input_ids: jax.Array, temperature: float | jax.Array = 1.0) -> jax.Array:
+    """Log-probability of each token under the distribution the previous position predicts.
+
+    Args:
+        logits: [B, T, V] any float dtype (computed in float32).
+        input_ids: [B, T] int32.
+        temperature: the sampler temperature (> 0); logits are divided by it (MATH.md section 3,
+            "Temperature": both policies' logprobs must use the sampling temperature).
+    Returns:
+        [B, T] float32: entry 0 = 0, entry t = log_softmax(logits[:, t-1] / temperature)[input_ids[:, t]].
+    """
+    z = logits[:, :-1].astype(jnp.float32) / temperature
+    logp = jax.nn.log_softmax(z, axis=-1)
+    picked = jnp.take_along_axis(logp, input_ids[:, 1:, None].astype(jnp.int32), axis=-1)[..., 0]
+    return _shift_pad(picked)
+
+
+def _chunk_plan(vocab: int, chunk: int) -> tuple[int, int]:
+    if int(chunk) < 1:
+        raise ValueError(f"chunk: expected a positive vocabulary chunk size, got {chunk!r}")
+    size = min(int(chunk), vocab)
+    return size, -(-vocab // size)
+
+
+def vocab_chunk_logits(x: jax.Array, kernel: jax.Array, i: jax.Array, size: int,
+                       temperature, compute_dtype) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Logits of vocabulary chunk i: columns [i*size, (i+1)*size) of `x @ kernel`, divided by temperature.
+
+    The last chunk is shifted left to stay inside the vocabulary (no padded copy of the kernel), so
+    some of its columns were already covered by chunk i-1: `fresh` marks the columns this chunk owns.
+
+    Args:
+        x: [M, H]; kernel: [H, V]; i: int32 scalar chunk index; size: static chunk width (<= V).
+    Returns:
+        (logits [M, size] float32, column ids [size] int32, fresh [size] bool).
+    """
+    vocab = kernel.shape[1]
+    start = jnp.minimum(i * size, vocab - size)
+    k = jax.lax.dynamic_slice_in_dim(kernel, start, size, axis=1)
+    z = jnp.dot(x.astype(compute_dtype), k.astype(compute_dtype), preferred_element_type=jnp.float32)
+    cols = start + jnp.arange(size, dtype=jnp.int32)
+    return z / temperature, cols, cols >= i * size
+
+
+def running_logsumexp(m: jax.Array, s: jax.Array, z: jax.Array, fresh: jax.Array):
+    """One step of a streaming logsumexp over the last axis: lse = m + log(s).
+
+    m is held out of the gradient (lse does not depend on the shift), so the gradient of the final
+    m + log(s) is exactly softmax(z) over all chunks.
+
+    Args:
+        m: [M] running max (init -inf); s: [M] running sum of exp(z - m) (init 0);
+        z: [M, C] this chunk's logits; fresh: [C] columns to include.
+    Returns:
+        (m_new [M], s_new [M], exp(z - m_new) [M, C] with non-fresh columns 0, scale exp(m - m_new) [M]).
+    """
+    z = jnp.where(fresh[None, :], z, -jnp.inf)
+    m_new = jnp.maximum(m, jax.lax.stop_gradient(jnp.max(z, axis=-1)))
+    scale = jnp.exp(m - m_new)
+    e = jnp.exp(z - m_new[:, None])
+    return m_new, s * scale + jnp.sum(e, axis=-1), e, scale
+
+
+def token_logprobs_chunked(hidden: jax.Array, lm_head_kernel: jax.Array, input_ids: jax.Array,
+                           chunk: int = 8192, temperature: float | jax.Array = 1.0,
+                           compute_dtype=jnp.float32) -> jax.Array:
+    """`token_logprobs(hidden @ lm_head_kernel, input_ids)` without materialising [B, T, V].
+
+    A `jax.lax.scan` over vocabulary chunks keeps a running logsumexp and picks the target logit out
+    of the chunk that holds it; the scan body is rematerialised (`jax.checkpoint`) so the backward
+    pass also holds one [B*T, chunk] block at a time.
+
+    Args:
+        hidden: [B, T, H] the model's final (post-norm) hidden states.
+        lm_head_kernel: [H, V] (the `lm_head/kernel` param).
+        input_ids: [B, T] int32.
+        chunk: vocabulary chunk width (any V; clipped to V).
+        temperature: sampler temperature.
+        compute_dtype: matmul input dtype (accumulation is float32).
+    Returns:
+        [B, T] float32, same convention as `token_logprobs`.
+    """
+    b, t, h = hidden.shape
+    size, n_chunks = _chunk_plan(lm_head_kernel.shape[1], chunk)
+    x = hidden[:, :-1].reshape(-1, h)
+    target = input_ids[:, 1:].reshape(-1).astype(jnp.int32)
+
+    def body(carry, i):
+        m, s, picked = carry
+        z, cols, fresh = vocab_chunk_logits(x, lm_head_kernel, i, size, temperature, compute_dtype)
+        m, s, _, _ = running_logsumexp(m, s, z, fresh)
+        hit = (cols[None, :] == target[:, None]) & fresh[None, :]
+        return (m, s, picked + jnp.sum(jnp.where(hit, z, 0.0), axis=-1)), None
+
+    rows = x.shape[0]
+    init = (jnp.full((rows,), -jnp.inf, jnp.float32), jnp.zeros((rows,), jnp.float32), jnp.zeros((rows,), jnp.float32))
+    (m, s, picked), _ = jax.lax.scan(jax.checkpoint(body, prevent_cse=False), init, jnp.arange(n_chunks))
+    return _shift_pad((picked - (m + jnp.log(s))).reshape(b, t - 1))
+
+
+# --------------------------------------------------------------------------------------------------
+# SFT cross-entropy
+
+
+def masked_nll_sum(logprobs: jax.Array, loss_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(-sum of masked logprobs, number of masked tokens), both float32 scalars.
+
+    Args:
+        logprobs: [B, T] from `token_logprobs*`; loss_mask: [B, T] 0/1 (0 at t = 0).
+    """
+    m = loss_mask.astype(jnp.float32)
+    return -jnp.sum(jnp.where(m != 0, logprobs * m, 0.0)), jnp.sum(m)
+
+
+def masked_token_ce_sum(logits: jax.Array, input_ids: jax.Array, loss_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Summed token cross-entropy over `loss_mask` and the token count (SFT, issue point 2).
+
+    Token-mean across micro-batches: sum the first value over micro-batches and divide by the sum of
+    the second (never average per-micro-batch means; MATH.md section 1, "Gradient accumulation").
+
+    Args:
+        logits: [B, T, V]; input_ids: [B, T] int32; loss_mask: [B, T] 0/1 (assistant tokens).
+    Returns:
+        (sum_nll float32 scalar, n_tokens float32 scalar).
+    """
+    return masked_nll_sum(token_logprobs(logits, input_ids), loss_mask)
+
+
+def masked_token_ce_sum_chunked(hidden: jax.Array, lm_head_kernel: jax.Array, input_ids: jax.Array,
+                                loss_mask: jax.Array, chunk: int = 8192,
+                                compute_dtype=jnp.float32) -> tuple[jax.Array, jax.Array]:
+    """`masked_token_ce_sum` from hidden states and the lm_head kernel, vocabulary-chunked."""
+    lp = token_logprobs_chunked(hidden, lm_head_kernel, input_ids, chunk, compute_dtype=compute_dtype)
+    return masked_nll_sum(lp, loss_mask)
+
+
+# --------------------------------------------------------------------------------------------------
+# KL to a reference, aggregation, clipped policy loss
+
+
+def k3_kl(logprobs: jax.Array, ref_logprobs: jax.Array) -> jax.Array:
+    """Schulman's k3 per-token estimator of KL(pi_theta || pi_ref) (MATH.md section 1, "Per-token KL").
+
+    k3 = r - 1 - log r with r = pi_ref / pi_theta = exp(ref_logprobs - logprobs), on tokens sampled
+    from pi_theta: unbiased for the KL, >= 0, lower variance than k1 = logprobs - ref_logprobs. Used by
+    DeepSeekMath GRPO; Tunix `low_var_kl` (unclamped; verl clamps log r to +-20 and k3 to +-10).
+
+    Args:
+        logprobs, ref_logprobs: [N, T] float. Returns: [N, T] float32 (0 where both are equal, e.g. padding).
+    """
+    d = ref_logprobs.astype(jnp.float32) - logprobs.astype(jnp.float32)
+    return jnp.exp(d) - d - 1.0
+
+
+def aggregate(per_token: jax.Array, mask: jax.Array, mode: str, max_len: int | None = None,
+              total_tokens: jax.Array | float | None = None,
+              total_sequences: jax.Array | float | None = None) -> jax.Array:
+    """Reduce a per-token loss L [N, T] over mask m [N, T] to a scalar (MATH.md section 1 table).
+
+    - "token-mean":              sum_{i,t} m L / sum_{i,t} m                    (DAPO; verl default)
+    - "seq-mean-token-mean":     1/N sum_i [ sum_t m L / sum_t m ]              (GRPO original; Tunix)
+    - "seq-mean-token-sum-norm": 1/(N * max_len) sum_{i,t} m L                  (Dr.GRPO; TRL `dr_grpo`)
+
+    N is the number of rows (sequences with an empty mask count and contribute 0); an empty
+    denominator gives 0, never NaN. For gradient accumulation pass the whole batch's `total_tokens`
+    (token-mean) or `total_sequences` (the seq modes): then the sum over micro-batches of `aggregate`
+    equals `aggregate` of the whole batch.
+
+    Args:
+        per_token: [N, T] float; mask: [N, T] 0/1; mode: one of `AGGREGATIONS`;
+        max_len: the constant L_max (the generation budget), required by "seq-mean-token-sum-norm"
+            (not defaulted to T: T changes with padding, the normaliser must not).
+    Returns:
+        float32 scalar.
+    """
+    check_aggregation(mode)
+    m = mask.astype(jnp.float32)
+    x = jnp.where(m != 0, per_token.astype(jnp.float32) * m, 0.0)
+    if mode == "token-mean":
+        denom = jnp.sum(m) if total_tokens is None else jnp.asarray(total_tokens, jnp.float32)
+        return jnp.sum(x) / jnp.maximum(denom, 1.0)
+    n_seq = jnp.asarray(per_token.shape[0] if total_sequences is None else total_sequences, jnp.float32)
+    n_seq = jnp.maximum(n_seq, 1.0)
+    if mode == "seq-mean-token-mean":
+        return jnp.sum(jnp.sum(x, axis=-1) / jnp.maximum(jnp.sum(m, axis=-1), 1.0)) / n_seq
+    if max_len is None:
+        raise ValueError("aggregation 'seq-mean-token-sum-norm' (Dr.GRPO) needs max_len, the constant "
+                         "generation budget L_max")
+    return jnp.sum(x) / (n_seq * max_len)
+
+
+def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
+    """Token mean of x over mask (0 if the mask is empty); float32 scalar."""
+    return aggregate(x, mask, "token-mean")
+
+
+def clipped_policy_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages: jax.Array,
+                        action_mask: jax.Array, *, eps_low: float = 0.2, eps_high: float = 0.2,
+                        aggregation: str = "token-mean", max_len: int | None = None,
+                        ref_logprobs: jax.Array | None = None, beta: float | jax.Array = 0.0,
+                        total_tokens=None, total_sequences=None) -> tuple[jax.Array, dict]:
+    """Clipped importance-ratio policy-gradient loss (GRPO, DeepSeekMath eq. 3; clip-higher from DAPO).
+
+    Per token (rho = exp(logprobs - old_logprobs), A the advantage, both inputs but logprobs held out
+    of the gradient):
+        L_t = max( -A rho, -A clip(rho, 1 - eps_low, 1 + eps_high) ) + beta * k3_kl(logprobs, ref_logprobs)
+    i.e. minus the pessimistic PPO surrogate. Where the clipped branch is taken (rho > 1 + eps_high with
+    A > 0, or rho < 1 - eps_low with A < 0) the token's gradient is 0. The KL is in the loss (gradient
+    through logprobs), not in the reward. The loss is `aggregate(L, action_mask, aggregation)`.
+
+    Args:
+        logprobs: [N, T] current-policy token logprobs (differentiated).
+        old_logprobs: [N, T] sampler / pi_old logprobs.
+        advantages: [N] (outcome advantage, broadcast over tokens) or [N, T] (per token).
+        action_mask: [N, T] 0/1, 1 on model-sampled tokens.
+        eps_low, eps_high: clip range [1 - eps_low, 1 + eps_high] (DAPO: 0.2, 0.28).
+        aggregation, max_len, total_tokens, total_sequences: see `aggregate`.
+        ref_logprobs: [N, T] frozen-reference logprobs; needed only when beta != 0.
+        beta: KL coefficient (0 allowed).
+    Returns:
+        (loss float32 scalar, metrics dict of float32 scalars: pg_loss, kl (token-mean k3; 0 without a
+        reference), clip_frac_low, clip_frac_high, clip_frac (token fractions where the clipped branch
+        is active), ratio_mean, ratio_max, approx_kl = token-mean of (rho - 1) - log rho, the k3
+        estimate of KL(pi_old || pi_theta)).
+    """
+    check_aggregation(aggregation)
+    if logprobs.shape != old_logprobs.shape or logprobs.shape != action_mask.shape:
+        raise ValueError(f"logprobs {logprobs.shape}, old_logprobs {old_logprobs.shape} and action_mask "
+                         f"{action_mask.shape} must have the same [N, T] shape")
+    if advantages.ndim == 1:
+        advantages = advantages[:, None]
+    if advantages.shape not in ((logprobs.shape[0], 1), logprobs.shape):
+        raise ValueError(f"advantages: expected [N] or [N, T] for logprobs {logprobs.shape}, got {advantages.shape}")
+    if ref_logprobs is None and not (isinstance(beta, (int, float)) and beta == 0):
+        raise ValueError("clipped_policy_loss: beta != 0 needs ref_logprobs")
+    lp = logprobs.astype(jnp.float32)
+    adv = jax.lax.stop_gradient(advantages.astype(jnp.float32))
+    log_ratio = lp - jax.lax.stop_gradient(old_logprobs.astype(jnp.float32))
+    ratio = jnp.exp(log_ratio)
+    pg = jnp.maximum(-adv * ratio, -adv * jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high))
+    per_token = pg
+    kl = None
+    if ref_logprobs is not None:
+        kl = k3_kl(lp, jax.lax.stop_gradient(ref_logprobs))
+        per_token = pg + beta * kl
+    agg = dict(mode=aggregation, max_len=max_len, total_tokens=total_tokens, total_sequences=total_sequences)
+    loss = aggregate(per_token, action_mask, **agg)
+
+    sg = jax.lax.stop_gradient
+    r, a, on = sg(ratio), jnp.broadcast_to(adv, ratio.shape), action_mask != 0
+    low = ((r < 1.0 - eps_low) & (a < 0)).astype(jnp.float32)
+    high = ((r > 1.0 + eps_high) & (a > 0)).astype(jnp.float32)
+    metrics = {
+        "pg_loss": sg(aggregate(pg, action_mask, **agg)),
+        "kl": jnp.float32(0.0) if kl is None else sg(masked_mean(kl, action_mask)),
+        "clip_frac_low": masked_mean(low, action_mask),
+        "clip_frac_high": masked_mean(high, action_mask),
+        "clip_frac": masked_mean(low + high, action_mask),
+        "ratio_mean": masked_mean(r, action_mask),
+        "ratio_max": jnp.max(jnp.where(on, r, 0.0)),
+        "approx_kl": masked_mean(r - 1.0 - sg(log_ratio), action_mask),
+    }
+    return loss, metrics
