@@ -19,8 +19,15 @@ Variant implemented and why:
   policy as the trainer recomputes it, log_softmax(logits / T), without the truncation the trainer does
   not apply; the truncation's effect is an off-policy mismatch the RL loss must handle, not hide.
 
+Routing replay (opt-in, `return_expert_ids=True`): the top-k expert ids each token was routed to, per
+layer, at sampling time. `prompt_expert_ids[l, b, j]` are those of prompt token j in the prefill (-1 on
+left padding); `expert_ids[l, b, i]` those of generated token i, recorded by the decode step that feeds
+it back (step i + 1). A row's last generated token (its stop token, or token N-1) is never fed back, so
+its ids are -1, as are positions after a row finished.
+
 Recompilation: `_decode` is jitted once per (prompt shape [B, P], params shapes/dtypes, model config,
-compute dtype, moe_impl, max_new_tokens, top_k, greedy or not, top-p on or off, number of stop ids).
+compute dtype, moe_impl, max_new_tokens, top_k, greedy or not, top-p on or off, number of stop ids,
+return_expert_ids).
 The values of temperature (> 0), top_p (< 1), the stop ids and the pad id are traced, so changing them
 does not recompile. Bucket P with `left_pad(..., length=...)` to reuse a compilation across prompts.
 """
@@ -83,12 +90,15 @@ class SamplingConfig:
 class GenerationResult:
     """tokens: [B, N] int32, pad after a row's stop token; logprobs: [B, N] float32 (see the module
     docstring; 0 on pad); lengths: [B] int32 generated tokens, stop token included; finished: [B] bool,
-    True when the row produced a stop token. N = max_new_tokens."""
+    True when the row produced a stop token. N = max_new_tokens. With `return_expert_ids=True` (else None):
+    expert_ids [L, B, N, k] int32 and prompt_expert_ids [L, B, P, k] int32 (module docstring; -1 = none)."""
 
     tokens: jax.Array
     logprobs: jax.Array
     lengths: jax.Array
     finished: jax.Array
+    expert_ids: jax.Array | None = None
+    prompt_expert_ids: jax.Array | None = None
 
 
 @flax.struct.dataclass
@@ -203,15 +213,17 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int = 0, length: int | 
     return ids, mask
 
 
-def _decode(params, prompt_ids, prompt_mask, rng, s: _Sampling, config, dtype, moe_impl) -> GenerationResult:
+def _decode(params, prompt_ids, prompt_mask, rng, s: _Sampling, config, dtype, moe_impl,
+            return_expert_ids: bool = False) -> GenerationResult:
     model = Qwen3_5MoeForCausalLM(config, dtype, moe_impl=moe_impl)
     b, p = prompt_ids.shape
     n = s.max_new_tokens
+    num_layers, k = config.num_hidden_layers, config.num_experts_per_tok
 
-    def forward(ids, mask, cache):  # -> (logits of the last position [B, V] float32, new cache)
+    def forward(ids, mask, cache):  # -> (last-position logits [B, V] float32, new cache, ids [L, B, T, k])
         out = model.apply({"params": params}, ids, attention_mask=mask, cache=cache, return_logits=False)
         logits = model.apply({"params": params}, out.hidden[:, -1], method=lambda m, h: m.lm_head(h))
-        return logits.astype(jnp.float32), out.cache
+        return logits.astype(jnp.float32), out.cache, out.expert_ids.reshape(num_layers, b, ids.shape[1], k)
 
     def emit(i, logits, tokens, logprobs, lengths, finished):
         tok, lp = _sample(logits, jax.random.fold_in(rng, i), s)
@@ -222,29 +234,38 @@ def _decode(params, prompt_ids, prompt_mask, rng, s: _Sampling, config, dtype, m
         stopped = alive & jnp.any(tok[:, None] == s.stop_ids[None, :], axis=-1)
         return tok, tokens, logprobs, lengths + alive.astype(jnp.int32), finished | stopped
 
-    logits, cache = forward(prompt_ids, prompt_mask, init_cache(config, b, p + n, dtype))
+    logits, cache, prompt_eids = forward(prompt_ids, prompt_mask, init_cache(config, b, p + n, dtype))
+    prompt_eids = jnp.where(prompt_mask[None, :, :, None], prompt_eids, -1)
+    # [L, B, N, k] per generated token when requested, else a [0] placeholder carried untouched
+    eids = jnp.full((num_layers, b, n, k) if return_expert_ids else (0,), -1, jnp.int32)
     tokens = jnp.full((b, n), s.pad_id, jnp.int32)
     zeros = jnp.zeros((b, n), jnp.float32), jnp.zeros((b,), jnp.int32), jnp.zeros((b,), bool)
-    state = (jnp.int32(1), cache) + emit(0, logits, tokens, *zeros)
+    state = (jnp.int32(1), cache, eids) + emit(0, logits, tokens, *zeros)
 
     def cond(state):
         i, *_, finished = state
         return (i < n) & ~jnp.all(finished)
 
     def body(state):
-        i, cache, last, tokens, logprobs, lengths, finished = state
-        logits, cache = forward(last[:, None], ~finished[:, None], cache)
-        return (i + 1, cache) + emit(i, logits, tokens, logprobs, lengths, finished)
+        i, cache, eids, last, tokens, logprobs, lengths, finished = state
+        logits, cache, step_eids = forward(last[:, None], ~finished[:, None], cache)
+        if return_expert_ids:  # the ids of generated token i - 1, fed back at this step
+            step_eids = jnp.where(finished[None, :, None], -1, step_eids[:, :, 0])
+            eids = jax.lax.dynamic_update_slice(eids, step_eids[:, :, None], (0, 0, i - 1, 0))
+        return (i + 1, cache, eids) + emit(i, logits, tokens, logprobs, lengths, finished)
 
-    _, _, _, tokens, logprobs, lengths, finished = jax.lax.while_loop(cond, body, state)
-    return GenerationResult(tokens, logprobs, lengths, finished)
+    _, _, eids, _, tokens, logprobs, lengths, finished = jax.lax.while_loop(cond, body, state)
+    if not return_expert_ids:
+        return GenerationResult(tokens, logprobs, lengths, finished)
+    return GenerationResult(tokens, logprobs, lengths, finished, eids, prompt_eids)
 
 
-_decode_jit = jax.jit(_decode, static_argnames=("config", "dtype", "moe_impl"))
+_decode_jit = jax.jit(_decode, static_argnames=("config", "dtype", "moe_impl", "return_expert_ids"))
 
 
 def generate(params: dict, config: Qwen3_5MoeTextConfig, prompt_ids, prompt_mask, rng: jax.Array,
-             sampling: SamplingConfig, dtype=jnp.float32, moe_impl: str = "blocked") -> GenerationResult:
+             sampling: SamplingConfig, dtype=jnp.float32, moe_impl: str = "blocked",
+             return_expert_ids: bool = False) -> GenerationResult:
     """Decodes up to `sampling.max_new_tokens` tokens after each prompt (jitted; see the module docstring).
 
     Args:
@@ -252,8 +273,11 @@ def generate(params: dict, config: Qwen3_5MoeTextConfig, prompt_ids, prompt_mask
         prompt_ids: [B, P] int32, LEFT-padded (`left_pad`). prompt_mask: [B, P] bool, True on real tokens.
         rng: a PRNG key (unused when greedy). sampling: a SamplingConfig.
         dtype: compute dtype (float32 or bfloat16); the cache uses it too. moe_impl: 'blocked' or 'ragged_dot'.
+        return_expert_ids: also return the routing of every token at sampling time (routing replay; see
+            the module docstring).
     Returns:
-        GenerationResult with tokens/logprobs [B, N], lengths/finished [B], N = sampling.max_new_tokens.
+        GenerationResult with tokens/logprobs [B, N], lengths/finished [B], N = sampling.max_new_tokens;
+        with return_expert_ids, expert_ids [L, B, N, k] and prompt_expert_ids [L, B, P, k] (-1 = none).
     Raises:
         ValueError: bad shapes, a right-padded or empty row (checked when the mask is concrete), top_k,
             stop or pad ids outside the vocabulary, P + N > config.max_position_embeddings, unknown moe_impl.
@@ -282,4 +306,5 @@ def generate(params: dict, config: Qwen3_5MoeTextConfig, prompt_ids, prompt_mask
     if moe_impl not in EXPERT_IMPLS:
         raise ValueError(f"generate: moe_impl {moe_impl!r}: expected one of {sorted(EXPERT_IMPLS)}")
     return _decode_jit(params, prompt_ids.astype(jnp.int32), prompt_mask.astype(bool), rng,
-                       _Sampling.from_config(sampling), config=config, dtype=jnp.dtype(dtype), moe_impl=moe_impl)
+                       _Sampling.from_config(sampling), config=config, dtype=jnp.dtype(dtype), moe_impl=moe_impl,
+                       return_expert_ids=bool(return_expert_ids))
