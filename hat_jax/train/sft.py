@@ -1,0 +1,412 @@
+"""The SFT stage: masked token cross-entropy on assistant tokens over the Grain SFT pipeline, HSA on or off.
+
+Run (from a fresh init, or from a checkpoint with --init, e.g. the base or a previous stage's run dir):
+
+    python -m hat_jax.train.sft --preset micro --out runs/sft --steps 20 [--hsa on|off] [--init CKPT]
+        [--resume [--force]] [--set data.seq_len=3072 --set optim.lr=1e-3 ...]
+
+Objective (DESIGN.md "Training", issue 4 point 2): per micro-batch `masked_token_ce_sum(logits, input_ids,
+loss_mask)` (`hat_jax.train.losses`; loss_mask = 1 on assistant-generated tokens only, as
+`hat_jax.harness.render.render_tokens` marks them), summed over the accumulated micro-batches and divided by
+the total number of loss tokens (`hat_jax.train.trainer`), plus lb_coef x the MoE load-balancing loss
+(transformers' `router_aux_loss_coef` convention, padding excluded). The MTP block gets no gradient here.
+
+Data: `hat_jax.data.world_data.sft_records(config.world)` (rejection-sampled oracle trajectories under the
+production harness) through `hat_jax.data.pipeline.sft_dataset`: one trajectory per row, right-padded to
+`data.seq_len` and truncated beyond it (not packed, so no Gated DeltaNet state crosses documents). The stage
+switch of issue point 5 is `data.p_hsa`: "original" harness = 0 (`--hsa off`), "hsa" = p > 0 (`--hsa on`
+sets the preset's mixing probability; the paper mixes original and augmented harnesses).
+
+Tokenizer: the --init checkpoint's `tokenizer/` folder when it has one; otherwise a byte-level BPE of the
+model's vocab_size trained on `tokenizer_training_texts` + the rendered SFT records, cached under
+`<cache root>/tokenizers/bpe-<hash>` (cache root of `hat_jax.data.world_data`). It is copied to
+`<out>/tokenizer`, which a resumed run reuses. Note: the production harness's system prompt is ~2,350
+tokens with the micro preset's 512-token vocabulary (~930 with tiny's 4,096), so seq_len must exceed it or
+rows carry no loss tokens; the presets are sized for that.
+
+The run directory `--out` is the `StageCheckpointer` root (checkpoints, model_config.json, tokenizer/) and
+the TensorBoard run directory (`hat_jax.train.metrics`); `load_model_checkpoint(out)` reads its latest params.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hat_jax.data.pipeline import SFTDataConfig, sft_dataset
+from hat_jax.data.world_data import PRODUCTION, WorldDataConfig, cache_root, sft_records
+from hat_jax.model.config import get_config
+from hat_jax.model.params import init_params, params_shapes
+from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
+from hat_jax.train import checkpoints as ckpt
+from hat_jax.train.losses import masked_token_ce_sum
+from hat_jax.train.metrics import MetricsWriter
+from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
+from hat_jax.train.trainer import (LoopConfig, TrainState, default_mesh, init_train_state, make_train_step, moe_aux,
+                                   place_batch, run_stage, split_micro_batches, state_shardings)
+
+log = logging.getLogger(__name__)
+TOKENIZER_VERSION = 1
+COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+DEVICE_KEYS = ("input_ids", "attention_mask", "loss_mask")
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+    """One SFT stage (the config *is* the experiment; its hash is checked on resume).
+
+    Attributes:
+      preset: model preset (`hat_jax.model.get_config`); model_overrides: ((field, value), ...) on top.
+      world: the world's datasets (SFT records). data: the Grain pipeline; data.batch_size is the global
+        batch per optimizer step, data.seq_len the row length, data.p_hsa the HSA switch (module docstring).
+      optim: AdamW + schedule. steps: optimizer steps. accum_steps: micro-batches per step
+        (data.batch_size / accum_steps rows each).
+      lb_coef: MoE load-balancing coefficient. compute_dtype: "float32" or "bfloat16" (params stay fp32).
+      log_every, ckpt_every, max_to_keep: metrics/checkpoint intervals and checkpoints kept.
+      seed: init and step RNG. init: checkpoint to start from (None = fresh init).
+      tokenizer_texts: pretraining chats in the BPE's training texts (when no tokenizer comes with init).
+      mesh: (data, fsdp, expert, tensor) or None (all devices on 'data' when there are several).
+    """
+
+    preset: str = "micro"
+    model_overrides: tuple[tuple[str, Any], ...] = ()
+    world: WorldDataConfig = WorldDataConfig()
+    data: SFTDataConfig = SFTDataConfig(num_epochs=None)
+    optim: OptimConfig = OptimConfig()
+    steps: int = 100
+    accum_steps: int = 1
+    lb_coef: float = 0.001
+    compute_dtype: str = "float32"
+    log_every: int = 10
+    ckpt_every: int = 50
+    max_to_keep: int = 3
+    seed: int = 0
+    init: str | None = None
+    tokenizer_texts: int = 200
+    mesh: tuple[int, int, int, int] | None = None
+
+    def __post_init__(self):
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"SFTConfig.compute_dtype = {self.compute_dtype!r}; valid: {sorted(COMPUTE_DTYPES)}")
+        if self.accum_steps < 1 or self.data.batch_size % self.accum_steps:
+            raise ValueError(f"SFTConfig: data.batch_size ({self.data.batch_size}) must be a multiple of "
+                             f"accum_steps ({self.accum_steps}) >= 1")
+        if self.steps < 1:
+            raise ValueError(f"SFTConfig.steps = {self.steps}: expected >= 1")
+
+    @property
+    def harness_mode(self) -> str:
+        """'original' (p_hsa = 0) or 'hsa'."""
+        return "hsa" if self.data.p_hsa > 0 else "original"
+
+    def model_config(self):
+        return get_config(self.preset, **dict(self.model_overrides))
+
+    def to_json(self) -> dict:
+        return json.loads(json.dumps(dataclasses.asdict(self), default=str))
+
+
+def _world(n_tasks: int) -> WorldDataConfig:
+    return WorldDataConfig(sft_tasks=n_tasks, rl_tasks=0, eval_items=0)
+
+
+SFT_PRESETS: dict[str, SFTConfig] = {
+    # Tests: seconds per step. At vocab 512 the production prompt is ~2,250 tokens (first loss token at
+    # <= 2,279 without HSA): seq_len 2560 gives every original-harness row loss tokens, 3072 ~95% of the
+    # rows at p_hsa 0.5 (distractor tools lengthen the prompt).
+    "micro": SFTConfig(preset="micro", world=_world(48),
+                       data=SFTDataConfig(seq_len=3072, batch_size=2, p_hsa=0.5, num_epochs=None, prefetch=2),
+                       optim=OptimConfig(lr=3e-3, warmup_steps=2, total_steps=20, weight_decay=0.0),
+                       steps=20, log_every=2, ckpt_every=10, tokenizer_texts=200),
+    # CPU experiments.
+    "tiny": SFTConfig(preset="tiny", world=WorldDataConfig(),
+                      data=SFTDataConfig(seq_len=2048, batch_size=8, p_hsa=0.5, num_epochs=None, prefetch=4),
+                      optim=OptimConfig(lr=1e-3, warmup_steps=20, total_steps=300, weight_decay=0.01),
+                      steps=300, log_every=10, ckpt_every=100, tokenizer_texts=2000),
+}
+
+
+def sft_preset(name: str) -> SFTConfig:
+    if name not in SFT_PRESETS:
+        raise ValueError(f"unknown SFT preset {name!r}; valid: {', '.join(SFT_PRESETS)}")
+    return SFT_PRESETS[name]
+
+
+def with_steps(config: SFTConfig, steps: int) -> SFTConfig:
+    """`steps` and the cosine schedule's end both set to `steps` (warmup capped at it)."""
+    optim = dataclasses.replace(config.optim, total_steps=steps, warmup_steps=min(config.optim.warmup_steps, steps))
+    return dataclasses.replace(config, steps=steps, optim=optim)
+
+
+def with_hsa(config: SFTConfig, on: bool) -> SFTConfig:
+    """The stage switch: 'off' -> p_hsa 0 (original harness); 'on' -> the preset's p_hsa (0.5 if it had 0)."""
+    p = (config.data.p_hsa or 0.5) if on else 0.0
+    return dataclasses.replace(config, data=dataclasses.replace(config.data, p_hsa=p))
+
+
+def _parse_value(text: str, current: Any) -> Any:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = text
+    if isinstance(value, list):  # config sequences are tuples (hashable, frozen)
+        value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+    if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    return value
+
+
+def apply_overrides(config: SFTConfig, assignments: Sequence[str]) -> SFTConfig:
+    """`key.path=value` assignments (JSON values, else strings); `model.<field>=v` adds a model override.
+
+    Raises:
+        ValueError: malformed assignment or unknown field (lists the valid ones).
+    """
+    for item in assignments:
+        if "=" not in item:
+            raise ValueError(f"--set {item!r}: expected key=value")
+        key, text = item.split("=", 1)
+        parts = key.strip().split(".")
+        if parts[0] == "model" and len(parts) == 2:
+            valid = [f.name for f in dataclasses.fields(type(config.model_config()))]
+            if parts[1] not in valid:
+                raise ValueError(f"--set {key}: unknown model field {parts[1]!r}; valid: {', '.join(valid)}")
+            current = getattr(config.model_config(), parts[1])
+            overrides = dict(config.model_overrides)
+            overrides[parts[1]] = _parse_value(text, current)
+            config = dataclasses.replace(config, model_overrides=tuple(sorted(overrides.items())))
+            continue
+        config = _replace_path(config, parts, text, key)
+    return config
+
+
+def _replace_path(obj: Any, parts: list[str], text: str, key: str) -> Any:
+    if not dataclasses.is_dataclass(obj):
+        raise ValueError(f"--set {key}: {type(obj).__name__} has no fields")
+    names = [f.name for f in dataclasses.fields(obj)]
+    if parts[0] not in names:
+        raise ValueError(f"--set {key}: unknown field {parts[0]!r} of {type(obj).__name__}; valid: {', '.join(names)}")
+    current = getattr(obj, parts[0])
+    value = _replace_path(current, parts[1:], text, key) if len(parts) > 1 else _parse_value(text, current)
+    return dataclasses.replace(obj, **{parts[0]: value})
+
+
+# ---------------------------------------------------------------------------------------------- tokenizer
+
+def _render_record(record: dict) -> str:
+    from hat_jax.data.corpus import render_chat
+    from hat_jax.harness.loader import production_harness
+    from hat_jax.harness.render import render_messages
+
+    h = production_harness()
+    return render_chat(render_messages(h, record["messages"]), h.openai_tools())
+
+
+def _tokenizer_from_init(init: str | None) -> Path | None:
+    if init is None:
+        return None
+    root = Path(init)
+    for folder in (root / "tokenizer", root.parent / "tokenizer"):
+        if (folder / "tokenizer.json").is_file():
+            return folder
+    return None
+
+
+def sft_tokenizer(config: SFTConfig, records: Sequence[dict], out_dir: Path):
+    """The stage's tokenizer, also saved to `<out_dir>/tokenizer` (module docstring). Reuses that folder
+    when it exists (a resumed run).
+
+    Raises:
+        ValueError: the tokenizer has more tokens than the model's vocab_size.
+    """
+    from hat_jax.data.corpus import tokenizer_training_texts
+    from hat_jax.tokenizer import load_tokenizer, train_bpe_tokenizer
+
+    vocab = config.model_config().vocab_size
+    target = out_dir / "tokenizer"
+    source = target if (target / "tokenizer.json").is_file() else _tokenizer_from_init(config.init)
+    if source is None:
+        key = json.dumps({"v": TOKENIZER_VERSION, "vocab": vocab, "texts": config.tokenizer_texts,
+                          "world": config.world.digest("sft")}, sort_keys=True)
+        source = cache_root() / "tokenizers" / f"bpe-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+        if not (source / "tokenizer.json").is_file():
+            texts = tokenizer_training_texts(config.tokenizer_texts, 0,  # one tokenizer for every seed
+                                             [_render_record(r) for r in records])
+            source.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(dir=source.parent, prefix=f".{source.name}."))
+            train_bpe_tokenizer(texts, vocab, tmp)
+            try:
+                os.rename(tmp, source)
+            except OSError:  # another process cached it first
+                shutil.rmtree(tmp, ignore_errors=True)
+    if source != target:
+        tmp = Path(tempfile.mkdtemp(dir=out_dir, prefix=".tokenizer."))
+        shutil.copytree(source, tmp, dirs_exist_ok=True)
+        os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
+    tok = load_tokenizer(target)
+    if len(tok) > vocab:
+        raise ValueError(f"tokenizer {str(target)!r} has {len(tok)} tokens, more than the model's vocab_size {vocab}")
+    return tok
+
+
+# ---------------------------------------------------------------------------------------------- the stage
+
+def sft_loss_fn(model: Qwen3_5MoeForCausalLM):
+    """loss_fn(params, micro_batch, rng) -> (CE sum over loss tokens, loss-token count, moe_aux)."""
+    top_k = model.config.num_experts_per_tok
+
+    def loss_fn(params, micro, rng):
+        del rng  # no dropout
+        out = model.apply({"params": params}, micro["input_ids"], attention_mask=micro["attention_mask"])
+        ce, n = masked_token_ce_sum(out.logits, micro["input_ids"], micro["loss_mask"])
+        return ce, n, moe_aux(out.router_logits, micro["attention_mask"], top_k)
+
+    return loss_fn
+
+
+def _initial_params(config: SFTConfig, model_config):
+    if config.init is None:
+        return init_params(model_config, jax.random.key(config.seed))
+    from hat_jax.model.checkpoint_io import load_model_checkpoint
+
+    path = Path(config.init)
+    if not path.exists():
+        raise FileNotFoundError(f"SFT init checkpoint {str(path)!r} does not exist")
+    try:
+        stored_config, params = load_model_checkpoint(path)
+    except ValueError as err:
+        raise ckpt.IncompatibleCheckpointError(f"SFT init checkpoint {str(path)!r}: {err}") from err
+    expected = params_shapes(model_config)
+    ckpt.check_compatible(str(path), "params", params, expected, check_dtype=False)  # names the first bad leaf
+    fields = [f.name for f in dataclasses.fields(model_config) if f.name != "extra"]
+    diff = [f"{f}: checkpoint {getattr(stored_config, f)!r} != stage {getattr(model_config, f)!r}"
+            for f in fields if getattr(stored_config, f) != getattr(model_config, f)]
+    if diff:
+        raise ckpt.IncompatibleCheckpointError(f"SFT init checkpoint {str(path)!r} has another model config: "
+                                               + "; ".join(diff[:8]))
+    return jax.tree_util.tree_map(lambda p, e: jnp.asarray(p, e.dtype), params, expected)  # train in fp32
+
+
+def run_sft(config: SFTConfig, out_dir: str | Path, *, resume: bool = False, force: bool = False,
+            progress: bool = True) -> TrainState:
+    """Runs the SFT stage into `out_dir` (module docstring); returns the final state.
+
+    Args:
+        resume: continue from the latest checkpoint in out_dir (fresh start when there is none).
+        force: resume despite a stage-config hash mismatch.
+    Raises:
+        FileExistsError: out_dir already holds checkpoints and resume is False.
+        ckpt.ConfigMismatchError / IncompatibleCheckpointError: see `hat_jax.train.checkpoints`.
+        NonFiniteLossError: a NaN/inf loss (the last good checkpoint stays on disk).
+    """
+    out = Path(out_dir).resolve()
+    existing = ckpt.latest_step(out)
+    if existing is not None and not resume:
+        raise FileExistsError(f"{str(out)!r} already holds checkpoints (latest step {existing}); pass --resume "
+                              f"to continue, or choose a new --out")
+    out.mkdir(parents=True, exist_ok=True)
+    model_config = config.model_config()
+    cfg_json = config.to_json()
+
+    params = _initial_params(config, model_config) if existing is None else None  # fail fast on a bad --init
+    records, _ = sft_records(config.world)
+    tokenizer = sft_tokenizer(config, records, out)
+    from hat_jax.harness.loader import production_harness
+
+    dataset = sft_dataset(records, {PRODUCTION: production_harness()}, tokenizer, config.data)
+    batches = iter(dataset)
+
+    optimizer = make_optimizer(config.optim)
+    mesh = default_mesh(config.mesh)
+    abstract = jax.eval_shape(lambda: init_train_state(params_shapes(model_config), optimizer, jax.random.key(0)))
+    shardings = state_shardings(abstract, optimizer, model_config, mesh) if mesh is not None else None
+    if shardings is not None:
+        abstract = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                          abstract, shardings)
+    resume_step = None
+    if existing is not None:
+        state, data_state, _ = ckpt.restore_latest(out, abstract, config=cfg_json, force=force)
+        batches.set_state(data_state)
+        resume_step = existing
+        log.info("resumed %s at step %d", out, existing)
+    else:
+        state = init_train_state(params, optimizer, jax.random.fold_in(jax.random.key(config.seed), 1))
+        if shardings is not None:
+            state = jax.device_put(state, shardings)
+
+    (out / "stage_config.json").write_text(json.dumps(cfg_json, indent=1, sort_keys=True) + "\n")
+    model = Qwen3_5MoeForCausalLM(model_config, dtype=COMPUTE_DTYPES[config.compute_dtype])
+    step_fn = make_train_step(sft_loss_fn(model), optimizer, lb_coef=config.lb_coef,
+                              schedule=lr_schedule(config.optim), shardings=shardings)
+    checkpointer = ckpt.StageCheckpointer(out, cfg_json, model_config, max_to_keep=config.max_to_keep)
+    writer = MetricsWriter(out, resume_step=resume_step)
+    if resume_step is None:
+        writer.text("config/sft", "```\n" + json.dumps(cfg_json, indent=1, sort_keys=True) + "\n```")
+
+    def prepare(host):
+        return place_batch(split_micro_batches(host, config.accum_steps, DEVICE_KEYS), mesh)
+
+    def hsa_share(host):
+        return {"data/hsa_share": float(np.mean(np.any(host["hsa_applied"] != 0, axis=1)))}
+
+    loop = LoopConfig(config.steps, config.log_every, config.ckpt_every, desc=f"sft[{config.harness_mode}]",
+                      progress=progress)
+    try:
+        state = run_stage(loop, state, batches, step_fn, prepare=prepare, checkpointer=checkpointer,
+                          data_state=batches.get_state, writer=writer, batch_metrics=hsa_share)
+    finally:
+        checkpointer.close()
+        writer.close()
+    return state
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hat_jax.train.sft", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="micro", help=f"SFT preset: {', '.join(SFT_PRESETS)}")
+    parser.add_argument("--out", required=True, help="run directory (checkpoints, metrics, tokenizer)")
+    parser.add_argument("--steps", type=int, help="optimizer steps (also the cosine schedule's end)")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    parser.add_argument("--force", action="store_true", help="resume even if the stage config changed")
+    parser.add_argument("--init", help="checkpoint to start from (model checkpoint or a stage's run dir)")
+    parser.add_argument("--hsa", choices=("on", "off"), help="harness perturbation: on (HSA) or off (original)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config field, e.g. data.seq_len=3072, optim.lr=1e-3, model.vocab_size=1024")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    config = sft_preset(args.preset)
+    if args.steps is not None:
+        config = with_steps(config, args.steps)
+    if args.hsa is not None:
+        config = with_hsa(config, args.hsa == "on")
+    if args.init is not None:
+        config = dataclasses.replace(config, init=str(Path(args.init).resolve()))
+    config = apply_overrides(config, args.set)
+    state = run_sft(config, args.out, resume=args.resume, force=args.force, progress=not args.no_progress)
+    print(json.dumps({"run_dir": str(Path(args.out).resolve()), "step": int(jax.device_get(state.step))}))
+    return 0
+
+
+if __name__ == "__main__":
+    from hat_jax.train.trainer import NonFiniteLossError
+
+    try:
+        sys.exit(main())
+    except (NonFiniteLossError, ckpt.ConfigMismatchError, ckpt.IncompatibleCheckpointError, FileExistsError,
+            FileNotFoundError, ValueError) as err:
+        print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
+        sys.exit(2)

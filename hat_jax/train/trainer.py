@@ -1,0 +1,327 @@
+"""The training loop every stage shares: `TrainState`, a jitted accumulating `train_step`, `run_stage`.
+
+A stage supplies one loss function over a micro-batch,
+
+    loss_fn(params, micro_batch, rng) -> (loss_sum, n_tokens, aux)
+
+where `loss_sum` is the *sum* of the per-token (or per-sequence) losses of the micro-batch, `n_tokens` the
+count it is normalised by (independent of params) and `aux` a dict of scalars; `aux["lb_loss"]`, when
+present, is the micro-batch's MoE load-balancing loss (`moe_aux`).
+
+Gradient accumulation (issue 4 point 1): a step's batch has leading dims [accum, micro, ...]; a
+`jax.lax.scan` over the accum micro-batches sums the gradients of
+
+    loss_sum_i + lb_coef * n_i * lb_i
+
+and divides once by N = sum_i n_i, so the objective is
+
+    L = (sum_i loss_sum_i) / N  +  lb_coef * (sum_i n_i lb_i) / N,
+
+i.e. the token mean over the *whole* batch (not a mean of per-micro-batch means) plus the
+load-balancing loss of each micro-batch weighted by its share of the loss tokens (equal to the plain
+mean over micro-batches when they hold equal token counts; with accum = 1 it is the batch's lb loss,
+as in transformers' `Qwen3_5MoeForCausalLM.forward`: loss + router_aux_loss_coef * aux_loss).
+With lb_coef = 0 the accumulated gradient equals the full-batch gradient (tested at 1e-6, fp32).
+Then global-norm clipping and AdamW (`hat_jax.train.optim`). `train_step` is jitted with the state's
+buffers donated.
+
+Precision: params stay in their dtype (fp32 by default); a stage asking for bf16 compute builds its model
+with `dtype=bfloat16`, so activations are bf16 and gradients/optimizer state fp32.
+
+Sharding: with `mesh` given (`default_mesh()` when `jax.device_count() > 1`), params and the optimizer
+moments are placed by `hat_jax.model.sharding` rules, step/rng replicated, and batches split over
+('data', 'fsdp') on their micro-batch axis; GSPMD inserts the collectives.
+
+`run_stage`: the loop with a tqdm progress bar (rate, ETA), metrics every `log_every` steps, a checkpoint
+every `ckpt_every` steps and at the end; a non-finite loss raises `NonFiniteLossError` before anything
+of that step is saved, so the last checkpoint on disk is the last good one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from tqdm.auto import tqdm
+
+from hat_jax.model.moe import load_balancing_loss
+from hat_jax.model.params import params_logical_axes
+from hat_jax.model.sharding import logical_to_mesh, make_mesh, spec_for
+
+LossFn = Callable[[Any, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, jax.Array, dict]]
+
+
+@flax.struct.dataclass
+class TrainState:
+    """params: model pytree; opt_state: optax state; step: int32 scalar (updates applied); rng: typed key."""
+
+    params: Any
+    opt_state: Any
+    step: jax.Array
+    rng: jax.Array
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The loss of a step was NaN or inf; the stage stopped before saving anything of that step."""
+
+    def __init__(self, step: int, metrics: Mapping[str, float], last_checkpoint: int | None, where: str = ""):
+        self.step, self.metrics, self.last_checkpoint = step, dict(metrics), last_checkpoint
+        kept = f"the last good checkpoint is step {last_checkpoint}" if last_checkpoint is not None else "no checkpoint was written"
+        shown = ", ".join(f"{k}={v:.6g}" for k, v in sorted(metrics.items()) if k in ("loss", "total_loss", "lb_loss", "grad_norm"))
+        super().__init__(f"non-finite loss at step {step} ({shown}); stopped, {kept}{where}")
+
+
+def init_train_state(params, optimizer: optax.GradientTransformation, rng: jax.Array) -> TrainState:
+    """A fresh state at step 0 (rng: a typed key, e.g. `jax.random.key(seed)`)."""
+    return TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32), rng)
+
+
+def moe_aux(router_logits: jax.Array, attention_mask: jax.Array | None, top_k: int) -> dict[str, jax.Array]:
+    """MoE auxiliaries of one forward, padding excluded.
+
+    Args:
+        router_logits: [L, B*T, E] (`ModelOutput.router_logits`). attention_mask: [B, T] or None.
+        top_k: experts per token.
+    Returns:
+        {"lb_loss": `hat_jax.model.moe.load_balancing_loss` (scalar), "moe/expert_load_cv": coefficient of
+        variation (std / mean) over experts of the top-k assignment counts pooled over layers (0 = balanced)}.
+    """
+    mask = None if attention_mask is None else attention_mask.reshape(-1)
+    lb = load_balancing_loss(router_logits, top_k, mask)
+    e = router_logits.shape[-1]
+    _, ids = jax.lax.top_k(router_logits.astype(jnp.float32), top_k)
+    w = jnp.ones(ids.shape[1], jnp.float32) if mask is None else mask.astype(jnp.float32)
+    counts = jnp.sum(jax.nn.one_hot(ids, e, dtype=jnp.float32) * w[None, :, None, None], axis=(0, 1, 2))
+    cv = jnp.std(counts) / jnp.maximum(jnp.mean(counts), 1e-9)
+    return {"lb_loss": lb, "moe/expert_load_cv": jax.lax.stop_gradient(cv)}
+
+
+def accumulate_gradients(loss_fn: LossFn, params, batch: Mapping[str, jax.Array], rng: jax.Array,
+                         lb_coef: float = 0.0) -> tuple[Any, dict[str, jax.Array]]:
+    """Gradient of the batch objective L (module docstring), accumulated over micro-batches with a scan.
+
+    Args:
+        loss_fn: the stage's micro-batch loss. params: the model pytree.
+        batch: leaves [accum, micro, ...]. rng: a typed key, split into one key per micro-batch.
+        lb_coef: coefficient of aux["lb_loss"].
+    Returns:
+        (grads like params, stats): stats = {loss: sum loss_sum / N, lb_loss: sum n_i lb_i / N,
+        total_loss: L, loss_tokens: N, and each other aux key averaged over the micro-batches}; N is
+        floored at 1 for the division (a batch without loss tokens gives zero CE gradient).
+    """
+    def micro_grads(micro, r):
+        def objective(p):
+            loss_sum, n, aux = loss_fn(p, micro, r)
+            n = jax.lax.stop_gradient(jnp.asarray(n, jnp.float32))
+            lb = aux.get("lb_loss", jnp.zeros((), jnp.float32))
+            return loss_sum + lb_coef * n * lb, (loss_sum, n, lb, aux)
+
+        return jax.grad(objective, has_aux=True)(params)
+
+    accum = jax.tree_util.tree_leaves(batch)[0].shape[0]
+    rngs = jax.random.split(rng, accum)
+
+    def body(g_acc, xs):
+        g, (loss_sum, n, lb, aux) = micro_grads(*xs)
+        return jax.tree_util.tree_map(jnp.add, g_acc, g), (loss_sum, n, lb, aux)
+
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+    grads, (loss_sums, ns, lbs, auxs) = jax.lax.scan(body, zeros, (batch, rngs))  # per-micro-batch stats stacked
+    loss_sum, n, lb_sum = jnp.sum(loss_sums), jnp.sum(ns), jnp.sum(ns * lbs)
+    aux_sum = {k: jnp.sum(v.astype(jnp.float32)) for k, v in auxs.items()}
+    denom = jnp.maximum(n, 1.0)
+    grads = jax.tree_util.tree_map(lambda g: g / denom, grads)
+    stats = {k: v / accum for k, v in aux_sum.items() if k != "lb_loss"}
+    stats.update(loss=loss_sum / denom, lb_loss=lb_sum / denom, total_loss=(loss_sum + lb_coef * lb_sum) / denom,
+                 loss_tokens=n)
+    return grads, stats
+
+
+def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *, lb_coef: float = 0.0,
+                    schedule: optax.Schedule | None = None, shardings: TrainState | None = None,
+                    donate: bool = True) -> Callable[[TrainState, Mapping[str, jax.Array]], tuple[TrainState, dict]]:
+    """The jitted `train_step(state, batch) -> (state, metrics)`.
+
+    Args:
+        loss_fn: the stage's micro-batch loss (module docstring).
+        optimizer: e.g. `hat_jax.train.optim.make_optimizer`.
+        lb_coef: coefficient of `aux["lb_loss"]` (ignored when loss_fn reports none).
+        schedule: step -> lr, only to report `lr` in the metrics (omitted when None).
+        shardings: `state_shardings(...)` to keep the new state on (multi-device), or None.
+        donate: donate the input state's buffers (the caller must not reuse `state`).
+    Returns:
+        train_step; `batch` leaves have leading dims [accum, micro, ...] (`split_micro_batches`). Metrics
+        (float32 scalars): those of `accumulate_gradients`, grad_norm (before clipping) and lr.
+    """
+
+    def step(state: TrainState, batch: Mapping[str, jax.Array]):
+        rng, step_rng = jax.random.split(state.rng)
+        grads, metrics = accumulate_gradients(loss_fn, state.params, batch, step_rng, lb_coef)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        new = TrainState(optax.apply_updates(state.params, updates), opt_state, state.step + 1, rng)
+        if shardings is not None:
+            new = jax.lax.with_sharding_constraint(new, shardings)
+        metrics["grad_norm"] = optax.tree.norm(grads)
+        if schedule is not None:
+            metrics["lr"] = jnp.asarray(schedule(state.step), jnp.float32)
+        return new, metrics
+
+    return jax.jit(step, donate_argnums=(0,) if donate else ())
+
+
+def split_micro_batches(batch: Mapping[str, np.ndarray], accum_steps: int, keys=None) -> dict[str, np.ndarray]:
+    """[B, ...] host arrays -> [accum, B // accum, ...] (row i of micro-batch a is row a * micro + i).
+
+    Raises:
+        ValueError: B not divisible by accum_steps.
+    """
+    out = {}
+    for k, v in batch.items():
+        if keys is not None and k not in keys:
+            continue
+        v = np.asarray(v)
+        if v.shape[0] % accum_steps:
+            raise ValueError(f"batch[{k!r}] has {v.shape[0]} rows, not divisible by accum_steps={accum_steps}")
+        out[k] = v.reshape((accum_steps, v.shape[0] // accum_steps) + v.shape[1:])
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- sharding
+
+def default_mesh(shape: tuple[int, int, int, int] | None = None) -> Mesh | None:
+    """None on one device; else `make_mesh(*shape)` ((data, fsdp, expert, tensor); default all on 'data')."""
+    if shape is None:
+        if jax.device_count() == 1:
+            return None
+        shape = (jax.device_count(), 1, 1, 1)
+    return make_mesh(*shape)
+
+
+def state_shardings(state: TrainState, optimizer: optax.GradientTransformation, model_config, mesh: Mesh) -> TrainState:
+    """NamedShardings for a TrainState (or its abstract shapes): params by the logical-axis rules, optimizer
+    moments like their params, counters/step/rng replicated."""
+    param_sh = logical_to_mesh(params_logical_axes(model_config), state.params, mesh)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    opt_sh = optax.tree_map_params(optimizer, lambda _, s: s, state.opt_state, param_sh,
+                                   transform_non_params=lambda _: replicated)
+    return TrainState(param_sh, opt_sh, replicated, replicated)
+
+
+def micro_batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+    """[accum, micro, ...]: micro-batch axis over the mesh's batch axes ('data', 'fsdp'), the rest replicated."""
+    return NamedSharding(mesh, PartitionSpec(None, *spec_for(("batch",) + (None,) * (ndim - 2))))
+
+
+def place_batch(batch: Mapping[str, np.ndarray], mesh: Mesh | None) -> dict[str, jax.Array]:
+    """Host batch -> device arrays (sharded over the mesh when given)."""
+    if mesh is None:
+        return {k: jnp.asarray(v) for k, v in batch.items()}
+    return {k: jax.device_put(v, micro_batch_sharding(mesh, np.ndim(v))) for k, v in batch.items()}
+
+
+# ---------------------------------------------------------------------------------------------- the loop
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+    """steps: final step number; log_every / ckpt_every: intervals in steps (a checkpoint is also written at
+    the end); desc: progress-bar label; progress: show the bar."""
+
+    steps: int
+    log_every: int = 10
+    ckpt_every: int = 100
+    desc: str = "train"
+    progress: bool = True
+
+    def __post_init__(self):
+        if self.steps < 0 or self.log_every < 1 or self.ckpt_every < 1:
+            raise ValueError(f"LoopConfig: steps ({self.steps}) >= 0, log_every ({self.log_every}) and ckpt_every "
+                             f"({self.ckpt_every}) >= 1 required")
+
+
+def _count_tokens(batch: Mapping[str, Any]) -> int:
+    if "attention_mask" in batch:
+        return int(np.sum(batch["attention_mask"]))
+    return int(np.size(batch["input_ids"])) if "input_ids" in batch else 0
+
+
+def run_stage(loop: LoopConfig, state: TrainState, batches: Iterator[Mapping[str, Any]],
+              step_fn: Callable[[TrainState, Mapping[str, jax.Array]], tuple[TrainState, dict]], *,
+              prepare: Callable[[Mapping[str, Any]], Mapping[str, jax.Array]] = lambda b: b,
+              count_tokens: Callable[[Mapping[str, Any]], int] | None = None,
+              checkpointer=None, data_state: Callable[[], Any] = lambda: None,
+              writer=None, batch_metrics: Callable[[Mapping[str, Any]], dict] | None = None) -> TrainState:
+    """Runs `step_fn` from `state.step` to `loop.steps`.
+
+    Args:
+        batches: host batches (one per step); exhausting it ends the stage early (a checkpoint is written).
+        prepare: host batch -> device batch for `step_fn` (split into micro-batches, placed/sharded).
+        count_tokens: host batch -> tokens processed (for train/tokens_per_s); default: attention_mask sum,
+            else input_ids size, else 0 (no rate reported).
+        checkpointer: a `hat_jax.train.checkpoints.StageCheckpointer` (or None: nothing saved).
+        data_state: () -> the data iterator's state after the batches consumed so far (saved with the state).
+        writer: a `hat_jax.train.metrics.MetricsWriter` (or None); metric k goes to tag "train/k" unless k
+            already has a "family/" prefix.
+        batch_metrics: host batch -> extra scalars (e.g. data/hsa_share), averaged like the others.
+    Returns:
+        the final state (after waiting for the last checkpoint).
+    Raises:
+        NonFiniteLossError: loss or total_loss of a step is NaN/inf (nothing of that step is saved).
+    """
+    count_tokens = count_tokens or _count_tokens
+    start = int(jax.device_get(state.step))
+    bar = tqdm(total=loop.steps, initial=start, desc=loop.desc, unit="step", disable=not loop.progress,
+               dynamic_ncols=True)
+    window: dict[str, list[float]] = {}
+    tokens, t0, last_saved, rate = 0, None, None, None
+    try:
+        for step in range(start + 1, loop.steps + 1):
+            try:
+                host = next(batches)
+            except StopIteration:
+                bar.write(f"{loop.desc}: data exhausted after step {step - 1}")
+                break
+            extra = batch_metrics(host) if batch_metrics else {}
+            n_tok = count_tokens(host)
+            state, metrics = step_fn(state, prepare(host))
+            metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            if not (math.isfinite(metrics["loss"]) and math.isfinite(metrics.get("total_loss", 0.0))):
+                last = checkpointer.latest_step() if checkpointer is not None else None
+                raise NonFiniteLossError(step, metrics, last)
+            now = time.perf_counter()
+            if t0 is None:
+                t0 = now  # the first step of a process includes compilation: not counted in the rate
+            else:
+                tokens += n_tok
+            for k, v in {**metrics, **extra}.items():
+                window.setdefault(k, []).append(v)
+            if step % loop.log_every == 0 or step == loop.steps:
+                values = {k: float(np.mean(v)) for k, v in window.items()}
+                if tokens and now > t0:
+                    values["tokens_per_s"] = rate = tokens / (now - t0)
+                if writer is not None:
+                    writer.scalars(step, {(k if "/" in k else f"train/{k}"): v for k, v in values.items()})
+                window, tokens, t0 = {}, 0, now
+            bar.set_postfix(loss=f"{metrics['loss']:.4f}", **({"tok_s": f"{rate:.0f}"} if rate else {}), refresh=False)
+            bar.update(1)
+            if checkpointer is not None and (step % loop.ckpt_every == 0 or step == loop.steps):
+                checkpointer.save(step, state, data_state())
+                last_saved = step
+        final = int(jax.device_get(state.step))
+        if checkpointer is not None and final != last_saved and final > start:
+            checkpointer.save(final, state, data_state())
+    finally:
+        bar.close()
+        if checkpointer is not None:
+            checkpointer.wait()
+        if writer is not None:
+            writer.flush()
+    return state

@@ -1,0 +1,112 @@
+"""Stage checkpoints: exact round trip (params, Adam state, step, RNG, Grain iterator state, config),
+keep-last-N, temporary directories ignored, clear errors, and readability by `load_model_checkpoint`."""
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hat_jax.model import get_config, init_params
+from hat_jax.model.checkpoint_io import load_model_checkpoint
+from hat_jax.train.checkpoints import (ConfigMismatchError, IncompatibleCheckpointError, StageCheckpointer,
+                                       latest_step, restore_latest)
+from hat_jax.train.optim import OptimConfig, make_optimizer
+from hat_jax.train.trainer import TrainState, init_train_state
+
+CONFIG = {"stage": "sft", "optim": {"lr": 0.001}, "steps": 10}
+TX = make_optimizer(OptimConfig(lr=0.1, warmup_steps=0, total_steps=10))
+
+
+def at_step(state, step):
+    return state.replace(step=jnp.asarray(step, jnp.int32))
+
+
+def toy_state(width=3, seed=0):
+    params = {"dense": {"kernel": jnp.arange(2.0 * width).reshape(2, width)}, "norm": {"weight": jnp.ones(width)}}
+    state = init_train_state(params, TX, jax.random.key(seed))
+    grads = jax.tree_util.tree_map(lambda p: 0.1 * p + 0.3, params)  # one update: non-trivial Adam moments
+    updates, opt_state = TX.update(grads, state.opt_state, params)
+    rng, _ = jax.random.split(state.rng)
+    return TrainState(jax.tree_util.tree_map(jnp.add, params, updates), opt_state, state.step + 1, rng)
+
+
+def abstract(width=3):
+    return jax.eval_shape(lambda: toy_state(width))
+
+
+def data_iterator():
+    ds = grain.MapDataset.range(40).shuffle(seed=7).map(lambda x: np.asarray([x, x * x])).batch(4)
+    return iter(ds.to_iter_dataset())
+
+
+def test_round_trip_is_exact_including_iterator_state_and_rng(tmp_path):
+    state = toy_state()
+    it = data_iterator()
+    for _ in range(3):
+        next(it)
+    checkpointer = StageCheckpointer(tmp_path, CONFIG, get_config("micro"))
+    checkpointer.save(1, state, it.get_state())
+    checkpointer.close()
+    expected_next = [next(it) for _ in range(2)]
+
+    restored, data_state, config = restore_latest(tmp_path, abstract(), config=CONFIG)
+    assert config == CONFIG and int(restored.step) == 1
+    assert jax.tree_util.tree_structure(restored) == jax.tree_util.tree_structure(state)
+    for a, b in zip(jax.tree_util.tree_leaves(restored), jax.tree_util.tree_leaves(state)):
+        if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+            a, b = jax.random.key_data(a), jax.random.key_data(b)
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    np.testing.assert_array_equal(jax.random.normal(restored.rng, (3,)), jax.random.normal(state.rng, (3,)))
+    resumed = data_iterator()
+    resumed.set_state(data_state)
+    for want in expected_next:
+        np.testing.assert_array_equal(next(resumed), want)
+
+
+def test_keeps_last_n_and_ignores_temporary_directories(tmp_path):
+    checkpointer = StageCheckpointer(tmp_path, CONFIG, max_to_keep=2, async_save=False)
+    for step in range(1, 5):
+        checkpointer.save(step, at_step(toy_state(seed=step), step), {"step": step})
+    checkpointer.close()
+    assert sorted(int(p.name) for p in tmp_path.iterdir() if p.name.isdigit()) == [3, 4]
+    # A step that was being written when the process died: Orbax's temporary name, never read.
+    (tmp_path / "5.orbax-checkpoint-tmp-1234").mkdir()
+    assert latest_step(tmp_path) == 4
+    _, data_state, _ = restore_latest(tmp_path, abstract())
+    assert data_state == {"step": 4}
+    _, data_state, _ = restore_latest(tmp_path, abstract(), step=3)
+    assert data_state == {"step": 3}
+
+
+def test_missing_and_incompatible_checkpoints_name_the_problem(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        restore_latest(tmp_path / "nope", abstract())
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="holds no complete checkpoint"):
+        restore_latest(tmp_path / "empty", abstract())
+    checkpointer = StageCheckpointer(tmp_path / "run", CONFIG)
+    checkpointer.save(4, at_step(toy_state(), 4), None)
+    checkpointer.close()
+    where = str((tmp_path / "run" / "4").resolve())
+    with pytest.raises(IncompatibleCheckpointError, match=rf"{where}.*params/dense/kernel has shape \(2, 3\), "
+                                                          r"the stage expects \(2, 5\)"):
+        restore_latest(tmp_path / "run", abstract(width=5))
+    other = dict(CONFIG, steps=20, optim={"lr": 0.002})
+    with pytest.raises(ConfigMismatchError, match=r"optim\.lr: checkpoint 0\.001 != now 0\.002; steps: checkpoint 10 != now 20"):
+        restore_latest(tmp_path / "run", abstract(), config=other)
+    state, _, stored = restore_latest(tmp_path / "run", abstract(), config=other, force=True)
+    assert stored == CONFIG and int(state.step) == 4
+
+
+def test_training_run_is_a_model_checkpoint(tmp_path):
+    config = get_config("micro")
+    params = init_params(config, jax.random.key(0))
+    checkpointer = StageCheckpointer(tmp_path, CONFIG, config)
+    for step in (2, 4):
+        checkpointer.save(step, at_step(init_train_state(params, TX, jax.random.key(step)), step), {"step": step})
+    checkpointer.close()
+    loaded_config, loaded = load_model_checkpoint(tmp_path)
+    assert loaded_config == config
+    for a, b in zip(jax.tree_util.tree_leaves(loaded), jax.tree_util.tree_leaves(params)):
+        assert np.array_equal(a, b)

@@ -1,0 +1,163 @@
+"""The SFT stage on the micro preset, through its CLI in subprocesses:
+
+- exact resume: an uninterrupted 6-step run versus a run SIGKILLed after its step-2 checkpoint and resumed
+  with --resume; final params bit-identical (np.array_equal on every leaf);
+- the loss goes down over the run; metrics files carry the documented tags with one row per step;
+- bad input: an incompatible or missing --init checkpoint, a config changed between runs, --set errors.
+The tokenizer and world data are cached in a module temp dir (HAT_JAX_CACHE) shared by the runs; the JAX
+compilation cache (tests/conftest.py) is inherited by the subprocesses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from hat_jax.model import get_config, init_params
+from hat_jax.model.checkpoint_io import load_model_checkpoint, save_model_checkpoint
+from hat_jax.train.checkpoints import ConfigMismatchError, IncompatibleCheckpointError, latest_step
+from hat_jax.train.metrics import TAGS, read_event_scalars, read_metrics
+from hat_jax.train.sft import _initial_params, apply_overrides, run_sft, sft_preset, with_hsa, with_steps
+
+# The micro architecture with a 4,096-token vocabulary (tiny's): the production prompt is then ~930 tokens
+# instead of ~2,250 with micro's 512, so rows of 1,280 tokens carry loss tokens (see hat_jax.train.sft).
+# 2 rows per step as 2 micro-batches of 1.
+RUN = ["--preset", "micro", "--steps", "6", "--hsa", "off", "--no-progress",
+       "--set", "ckpt_every=2", "--set", "log_every=1", "--set", "accum_steps=2", "--set", "data.seq_len=1280",
+       "--set", "model.vocab_size=4096", "--set", "optim.lr=0.005"]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    return {**os.environ, "HAT_JAX_CACHE": str(tmp_path_factory.mktemp("cache")), "JAX_PLATFORMS": "cpu"}
+
+
+def sft_cli(out: Path, env: dict, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "hat_jax.train.sft", "--out", str(out), *RUN, *extra],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240) -> str:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err[-4000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, env):
+    """The uninterrupted run, started in the background (it overlaps with the killed run's startup)."""
+    out = tmp_path_factory.mktemp("uninterrupted")
+    proc = sft_cli(out, env)
+    state = {"done": False}
+
+    def wait() -> Path:
+        if not state["done"]:
+            assert json.loads(finish(proc).strip().splitlines()[-1])["step"] == 6
+            state["done"] = True
+        return out
+
+    yield wait
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def test_killed_run_resumes_bit_identically(reference, tmp_path, env):
+    out = tmp_path / "killed"
+    proc = sft_cli(out, env)
+    deadline = time.time() + 240
+    while not (out / "2").is_dir():  # Orbax renames the finished step directory into place
+        assert proc.poll() is None, proc.communicate()[1][-4000:]
+        assert time.time() < deadline, "no step-2 checkpoint"
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    killed_at = latest_step(out)
+    assert killed_at in (2, 4), killed_at  # not finished: the resume below has work to do
+    finish(sft_cli(out, env, "--resume"))
+    assert latest_step(out) == 6
+    _, want = load_model_checkpoint(reference())
+    _, got = load_model_checkpoint(out)
+    leaves = jax.tree_util.tree_leaves_with_path(want)
+    assert len(leaves) == len(jax.tree_util.tree_leaves(got))
+    for (path, a), b in zip(leaves, jax.tree_util.tree_leaves(got)):
+        assert np.array_equal(np.asarray(a), np.asarray(b)), f"{jax.tree_util.keystr(path)} differs after resume"
+    # The redone steps replace the killed run's rows: one metrics row per step.
+    assert [r["step"] for r in read_metrics(out)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_loss_goes_down_and_metrics_use_the_documented_tags(reference):
+    reference_run = reference()
+    rows = read_metrics(reference_run)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    loss = [r["train/loss"] for r in rows]
+    assert np.mean(loss[-2:]) < np.mean(loss[:2]) - 0.3, loss
+    for tag in ("train/loss", "train/lb_loss", "train/total_loss", "train/grad_norm", "train/lr",
+                "train/loss_tokens", "train/tokens_per_s", "moe/expert_load_cv", "data/hsa_share"):
+        assert tag in TAGS and tag in rows[-1], tag
+    assert all(r["data/hsa_share"] == 0.0 for r in rows)  # --hsa off: original harness only
+    assert all(r["train/loss_tokens"] > 0 for r in rows)
+    events = read_event_scalars(reference_run)
+    assert [s for s, _ in events["train/loss"]] == [1, 2, 3, 4, 5, 6]
+    np.testing.assert_allclose([v for _, v in events["train/loss"]], loss, rtol=1e-6)
+    assert {p.name for p in reference_run.iterdir()} >= {"model_config.json", "tokenizer", "stage_config.json",
+                                                         "metrics.jsonl", "2", "4", "6"}
+
+
+def test_changed_config_on_resume_is_refused(reference, env, monkeypatch):
+    from hat_jax.train.sft import main
+
+    monkeypatch.setenv("HAT_JAX_CACHE", env["HAT_JAX_CACHE"])
+    argv = ["--out", str(reference()), *RUN, "--set", "optim.lr=0.01", "--resume"]
+    with pytest.raises(ConfigMismatchError, match=r"/6 was written with another stage config .*"
+                                                  r"optim\.lr: checkpoint 0\.005 != now 0\.01"):
+        main(argv)
+
+
+def test_bad_init_checkpoint_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("HAT_JAX_CACHE", str(tmp_path / "cache"))
+    other = get_config("micro", hidden_size=32)
+    save_model_checkpoint(tmp_path / "base", init_params(other, jax.random.key(0)), other)
+    config = apply_overrides(with_steps(sft_preset("micro"), 2), [f"init={tmp_path / 'base'}"])
+    with pytest.raises(IncompatibleCheckpointError, match=r"base.*lm_head/kernel has shape \(32, 512\), "
+                                                          r"the stage expects \(64, 512\)"):
+        run_sft(config, tmp_path / "out", progress=False)
+    config = apply_overrides(config, [f"init={tmp_path / 'missing'}"])
+    with pytest.raises(FileNotFoundError, match="missing"):
+        run_sft(config, tmp_path / "out2", progress=False)
+    # Same shapes, another architecture setting: named too. A matching checkpoint loads as it is.
+    micro = get_config("micro")
+    params = init_params(micro, jax.random.key(3))
+    save_model_checkpoint(tmp_path / "eps", params, micro.replace(rms_norm_eps=1e-5))
+    config = apply_overrides(config, [f"init={tmp_path / 'eps'}"])
+    with pytest.raises(IncompatibleCheckpointError, match=r"eps.*another model config: rms_norm_eps: checkpoint 1e-05"):
+        run_sft(config, tmp_path / "out3", progress=False)
+    save_model_checkpoint(tmp_path / "good", params, micro)
+    loaded = _initial_params(apply_overrides(config, [f"init={tmp_path / 'good'}"]), micro)
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree_util.tree_leaves(loaded), jax.tree_util.tree_leaves(params)))
+
+
+def test_overrides_and_switches():
+    config = apply_overrides(sft_preset("micro"), ["data.seq_len=512", "optim.lr=1", "model.vocab_size=1024",
+                                                   "data.hsa.default_p=0.25", "init=/some/dir"])
+    assert config.data.seq_len == 512 and config.optim.lr == 1.0 and isinstance(config.optim.lr, float)
+    assert config.model_config().vocab_size == 1024 and config.data.hsa.default_p == 0.25
+    assert config.init == "/some/dir"
+    assert with_hsa(config, False).harness_mode == "original" and with_hsa(config, True).harness_mode == "hsa"
+    assert with_steps(config, 7).optim.total_steps == 7
+    with pytest.raises(ValueError, match="unknown field 'seqlen' of SFTDataConfig; valid: seq_len"):
+        apply_overrides(config, ["data.seqlen=3"])
+    with pytest.raises(ValueError, match="unknown model field 'vocab'"):
+        apply_overrides(config, ["model.vocab=3"])
+    with pytest.raises(ValueError, match="accum_steps"):
+        apply_overrides(config, ["accum_steps=3"])

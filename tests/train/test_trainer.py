@@ -1,0 +1,193 @@
+"""The shared loop: token-mean accumulation, the lb coefficient, NaN stop, bf16 compute, sharded steps.
+
+Run as a script (`python test_trainer.py OUT.json`) this file is the 8-device worker of
+`test_sharded_steps_match_single_device`: XLA_FLAGS must be set before jax starts, so it runs in a
+subprocess that does two train steps of the micro model on one device and on a (2, 1, 2, 2) mesh.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hat_jax.model import Qwen3_5MoeForCausalLM, get_config, init_params
+from hat_jax.train.checkpoints import StageCheckpointer, restore_latest
+from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
+from hat_jax.train.sft import sft_loss_fn
+from hat_jax.train.trainer import (LoopConfig, NonFiniteLossError, accumulate_gradients, init_train_state,
+                                   make_train_step, moe_aux, run_stage, split_micro_batches)
+
+
+def toy_loss(params, micro, rng):
+    """loss_sum = sum(mask * (w x)^2), n = sum(mask), lb = (w - a)^2; loss and gradient NaN where
+    micro['poison'] is set."""
+    w = params["w"]
+    loss_sum = jnp.sum(micro["mask"] * (w * micro["x"]) ** 2) * jnp.where(jnp.any(micro["poison"] > 0), jnp.nan, 1.0)
+    return loss_sum, jnp.sum(micro["mask"]), {"lb_loss": (w - micro["a"][0]) ** 2}
+
+
+def toy_batch(poison=0.0):
+    # micro-batch 1: one loss token (x=1); micro-batch 2: three (x = 1, 1, 2). a = 1 and 0.
+    return {"x": jnp.asarray([[[1.0, 5.0, 5.0]], [[1.0, 1.0, 2.0]]]),
+            "mask": jnp.asarray([[[1.0, 0.0, 0.0]], [[1.0, 1.0, 1.0]]]),
+            "a": jnp.asarray([[1.0], [0.0]]), "poison": jnp.full((2, 1), poison)}
+
+
+@pytest.mark.parametrize("coef", [0.0, 0.5])
+def test_token_mean_and_lb_coefficient_by_hand(coef):
+    grads, stats = jax.jit(lambda p, b: accumulate_gradients(toy_loss, p, b, jax.random.key(0), coef))(
+        {"w": jnp.asarray(2.0)}, toy_batch())
+    # CE: (4 + 24) / 4 tokens = 7 (a mean of per-micro-batch means would give 6); d/dw = 2w * (1 + 6) / 4 = 7.
+    # lb: micro-batch losses 1 and 4 weighted by tokens 1 and 3 -> 13/4; d/dw = (1 * 2 + 3 * 4) / 4 = 3.5.
+    assert float(stats["loss"]) == pytest.approx(7.0)
+    assert float(stats["lb_loss"]) == pytest.approx(3.25)
+    assert float(stats["loss_tokens"]) == 4.0
+    assert float(stats["total_loss"]) == pytest.approx(7.0 + coef * 3.25)
+    assert float(grads["w"]) == pytest.approx(7.0 + coef * 3.5)
+
+
+def test_accumulated_gradient_equals_full_batch_micro_model():
+    config = get_config("micro")
+    params = init_params(config, jax.random.key(0))
+    loss_fn = sft_loss_fn(Qwen3_5MoeForCausalLM(config))
+    rng = np.random.default_rng(0)
+    b, t = 4, 24
+    batch = {"input_ids": rng.integers(3, config.vocab_size, (b, t)).astype(np.int32),
+             "attention_mask": np.ones((b, t), np.int32), "loss_mask": np.zeros((b, t), np.int32)}
+    batch["attention_mask"][1, 20:] = 0  # a padded row
+    for row, (lo, hi) in enumerate([(2, 23), (5, 8), (10, 24), (1, 3)]):  # unequal loss-token counts
+        batch["loss_mask"][row, lo:hi] = 1
+    batch["loss_mask"] *= batch["attention_mask"]
+    grad_fn = jax.jit(lambda p, bt: accumulate_gradients(loss_fn, p, bt, jax.random.key(1), 0.0))
+    full, full_stats = grad_fn(params, split_micro_batches(batch, 1))
+    acc, acc_stats = grad_fn(params, split_micro_batches(batch, 2))
+    assert float(full_stats["loss_tokens"]) == float(acc_stats["loss_tokens"]) == batch["loss_mask"].sum()
+    assert float(acc_stats["loss"]) == pytest.approx(float(full_stats["loss"]), abs=1e-6)
+    for (path, g_full), g_acc in zip(jax.tree_util.tree_leaves_with_path(full), jax.tree_util.tree_leaves(acc)):
+        np.testing.assert_allclose(g_acc, g_full, atol=1e-6, rtol=0, err_msg=jax.tree_util.keystr(path))
+    # moe_aux: the lb loss is hat_jax.model.moe.load_balancing_loss with the attention mask as token mask.
+    from hat_jax.model.moe import load_balancing_loss
+
+    @jax.jit
+    def lb_both_ways(p, ids, mask):
+        logits = Qwen3_5MoeForCausalLM(config).apply({"params": p}, ids, attention_mask=mask).router_logits
+        return moe_aux(logits, mask, config.num_experts_per_tok), load_balancing_loss(logits, 2, mask.reshape(-1))
+
+    aux, direct = lb_both_ways(params, batch["input_ids"], batch["attention_mask"])
+    assert float(aux["lb_loss"]) == pytest.approx(float(direct), rel=1e-6)
+    assert 0.0 <= float(aux["moe/expert_load_cv"]) < 2.0
+
+
+def test_train_step_donates_and_reports(tmp_path):
+    optim = OptimConfig(lr=0.1, warmup_steps=2, total_steps=10, clip_norm=None)
+    tx = make_optimizer(optim)
+    step_fn = make_train_step(toy_loss, tx, lb_coef=0.5, schedule=lr_schedule(optim))
+    state = init_train_state({"w": jnp.asarray(2.0)}, tx, jax.random.key(0))
+    old_w = state.params["w"]
+    state, metrics = step_fn(state, toy_batch())
+    assert old_w.is_deleted()  # the input state's buffers were donated
+    assert int(state.step) == 1 and float(metrics["lr"]) == 0.0  # warmup starts at 0
+    assert float(metrics["grad_norm"]) == pytest.approx(8.75)
+    state, metrics = step_fn(state, toy_batch())
+    assert float(metrics["lr"]) == pytest.approx(0.05)
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
+    tx = make_optimizer(OptimConfig(lr=0.1, warmup_steps=0, total_steps=10))
+    step_fn = make_train_step(toy_loss, tx)
+    state = init_train_state({"w": jnp.asarray(2.0)}, tx, jax.random.key(0))
+    seen, good = [], {}
+
+    def batches():
+        for step in range(1, 11):
+            seen.append(step)
+            yield toy_batch(poison=1.0 if step == 5 else 0.0)
+
+    def recording_step(s, b):
+        s, m = step_fn(s, b)
+        good[int(s.step)] = float(s.params["w"])
+        return s, m
+
+    checkpointer = StageCheckpointer(tmp_path, {"stage": "toy"}, async_save=False)
+    loop = LoopConfig(steps=10, log_every=1, ckpt_every=2, progress=False)
+    with pytest.raises(NonFiniteLossError, match=r"non-finite loss at step 5 .*last good checkpoint is step 4") as err:
+        run_stage(loop, state, batches(), recording_step, checkpointer=checkpointer,
+                  data_state=lambda: {"consumed": len(seen)})
+    assert err.value.step == 5 and err.value.last_checkpoint == 4 and not np.isfinite(good[5])
+    checkpointer.close()
+    assert sorted(int(p.name) for p in tmp_path.iterdir() if p.name.isdigit()) == [2, 4]
+    abstract = jax.eval_shape(lambda: init_train_state({"w": jnp.asarray(0.0)}, tx, jax.random.key(0)))
+    restored, data_state, _ = restore_latest(tmp_path, abstract)
+    assert int(restored.step) == 4 and float(restored.params["w"]) == good[4] and np.isfinite(good[4])
+    assert data_state == {"consumed": 4}
+
+
+def test_bf16_compute_keeps_fp32_grads():
+    config = get_config("micro")
+    params = init_params(config, jax.random.key(0))
+    ids = np.random.default_rng(1).integers(3, config.vocab_size, (1, 2, 16)).astype(np.int32)
+    batch = {"input_ids": ids, "attention_mask": np.ones_like(ids), "loss_mask": np.ones_like(ids)}
+    batch["loss_mask"][..., 0] = 0
+    out = {}
+    for name, dtype in (("fp32", jnp.float32), ("bf16", jnp.bfloat16)):
+        loss_fn = sft_loss_fn(Qwen3_5MoeForCausalLM(config, dtype=dtype))
+        out[name] = jax.jit(lambda p, b: accumulate_gradients(loss_fn, p, b, jax.random.key(0)))(params, batch)
+    assert all(g.dtype == jnp.float32 for g in jax.tree_util.tree_leaves(out["bf16"][0]))
+    assert float(out["bf16"][1]["loss"]) == pytest.approx(float(out["fp32"][1]["loss"]), rel=2e-2)
+
+
+# ------------------------------------------------------------------------------ 8 simulated devices
+
+def _sharded_worker(path: str) -> None:
+    from hat_jax.train.trainer import default_mesh, place_batch, state_shardings
+
+    assert jax.device_count() == 8
+    config = get_config("micro")
+    # eps = 1 keeps Adam's update ~ linear in the gradient (with a tiny eps its first step is sign(g), which
+    # turns reduction-order noise on near-zero gradients into +-lr differences).
+    tx = make_optimizer(OptimConfig(lr=1e-2, warmup_steps=0, total_steps=4, eps=1.0))
+    loss_fn = sft_loss_fn(Qwen3_5MoeForCausalLM(config))
+    rng = np.random.default_rng(0)
+    ids = rng.integers(3, config.vocab_size, (4, 20)).astype(np.int32)
+    host = split_micro_batches({"input_ids": ids, "attention_mask": np.ones_like(ids), "loss_mask": np.ones_like(ids)}, 2)
+    finals = {}
+    for name, mesh in (("single", None), ("mesh", default_mesh((2, 1, 2, 2)))):
+        state = init_train_state(init_params(config, jax.random.key(0)), tx, jax.random.key(1))
+        shardings = None
+        if mesh is not None:
+            shardings = state_shardings(state, tx, config, mesh)
+            state = jax.device_put(state, shardings)
+        step_fn = make_train_step(loss_fn, tx, lb_coef=0.01, shardings=shardings)
+        for _ in range(2):
+            state, metrics = step_fn(state, place_batch(host, mesh))
+        finals[name] = jax.device_get(state.params)
+        if mesh is not None:
+            kernel = state.params["model"]["layers_3"]["self_attn"]["q_proj"]["kernel"]
+            mu = state.opt_state[1][0].mu["model"]["layers_3"]["self_attn"]["q_proj"]["kernel"]
+            split = {"params": kernel.addressable_shards[0].data.shape != kernel.shape,
+                     "mu": mu.addressable_shards[0].data.shape != mu.shape, "sharding": str(kernel.sharding.spec)}
+    diff = max(float(np.max(np.abs(a - b))) for a, b in
+               zip(jax.tree_util.tree_leaves(finals["single"]), jax.tree_util.tree_leaves(finals["mesh"])))
+    with open(path, "w") as f:
+        json.dump({"max_abs_diff": diff, **split}, f)
+
+
+def test_sharded_steps_match_single_device(tmp_path):
+    out = tmp_path / "sharded.json"
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, __file__, str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["params"] and result["mu"], result  # params and Adam moments really are split
+    assert result["max_abs_diff"] < 1e-5, result
+
+
+if __name__ == "__main__":
+    _sharded_worker(sys.argv[1])
