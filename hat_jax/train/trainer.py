@@ -253,7 +253,8 @@ def _count_tokens(batch: Mapping[str, Any]) -> int:
     return int(np.size(batch["input_ids"])) if "input_ids" in batch else 0
 
 
-def run_stage(loop: LoopConfig, state: TrainState, batches: Iterator[Mapping[str, Any]],
+def run_stage(loop: LoopConfig, state: TrainState,
+              batches: Iterator[Mapping[str, Any]] | Callable[[TrainState], Mapping[str, Any] | None],
               step_fn: Callable[[TrainState, Mapping[str, jax.Array]], tuple[TrainState, dict]], *,
               prepare: Callable[[Mapping[str, Any]], Mapping[str, jax.Array]] = lambda b: b,
               count_tokens: Callable[[Mapping[str, Any]], int] | None = None,
@@ -263,6 +264,8 @@ def run_stage(loop: LoopConfig, state: TrainState, batches: Iterator[Mapping[str
 
     Args:
         batches: host batches (one per step); exhausting it ends the stage early (a checkpoint is written).
+            On-policy stages (OPD, RL) pass a callable instead: state -> the next host batch, built from the
+            current params (rollouts), or None to end the stage early.
         prepare: host batch -> device batch for `step_fn` (split into micro-batches, placed/sharded).
         count_tokens: host batch -> tokens processed (for train/tokens_per_s); default: attention_mask sum,
             else input_ids size, else 0 (no rate reported).
@@ -285,8 +288,10 @@ def run_stage(loop: LoopConfig, state: TrainState, batches: Iterator[Mapping[str
     try:
         for step in range(start + 1, loop.steps + 1):
             try:
-                host = next(batches)
+                host = batches(state) if callable(batches) else next(batches)
             except StopIteration:
+                host = None
+            if host is None:
                 bar.write(f"{loop.desc}: data exhausted after step {step - 1}")
                 break
             extra = batch_metrics(host) if batch_metrics else {}
