@@ -9,7 +9,9 @@ Figures:
 - world: products, categories, SKUs, intents, viewer-message templates; tools and skills of the
   production harness.
 - rejection sampling: `hat_jax.data.world_data.sft_records` (noisy oracle `DEFAULT_NOISE`, faults
-  5% error / 3% timeout / 2% empty, keep = Accuracy 1 and Effectiveness 1, 2 attempts per task).
+  5% error / 3% timeout / 2% empty, keep = Accuracy 1 and Effectiveness 1, 2 attempts per task);
+  the build time in seconds, or "read from the cache" when the records were cached by an earlier run
+  (the rates are those stored with the cached records).
 - HSA: share of records each transform touched in one sampled epoch of the SFT pipeline's HSA step
   (default `HSAConfig`, `p_hsa` 0.5, no oracle re-roll).
 - judges: agreement and Cohen's kappa with the 64 hand-labelled episodes (`hat_jax/judges/hand_labels.yaml`).
@@ -66,11 +68,22 @@ def mcp_latency(n: int) -> dict[str, dict[str, float]]:
     return out
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (every figure needs at least one task, item and call)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sft-tasks", type=int, default=2000)
-    parser.add_argument("--eval-items", type=int, default=200)
-    parser.add_argument("--mcp-calls", type=int, default=200)
+    parser.add_argument("--sft-tasks", type=_positive_int, default=2000)
+    parser.add_argument("--eval-items", type=_positive_int, default=200)
+    parser.add_argument("--mcp-calls", type=_positive_int, default=200)
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     config = world_data.WorldDataConfig(sft_tasks=args.sft_tasks, eval_items=args.eval_items)
@@ -92,7 +105,11 @@ def main(argv: list[str] | None = None) -> dict:
     stats = meta["stats"]
     report["rejection_sampling"] = {
         k: stats[k] for k in ("n_tasks", "n_attempts", "n_kept", "rejection_rate", "first_attempt_rejection_rate")
-    } | {"reject_reasons": stats["reject_reasons"], "seconds": round(time.perf_counter() - t0, 2)}
+    } | {
+        "reject_reasons": stats["reject_reasons"],
+        "from_cache": meta["from_cache"],
+        "seconds": None if meta["from_cache"] else round(time.perf_counter() - t0, 2),
+    }
     report["rl_tasks"] = len(world_data.rl_tasks(config))
     report["eval_items"] = {s: len(world_data.eval_items(s, config)) for s in suites.SUITES}
     report["hsa_transform_shares"] = transform_shares(records, {"production": harness}, SFTDataConfig())
@@ -107,7 +124,8 @@ def main(argv: list[str] | None = None) -> dict:
           f"production harness: {w['tools']} tools, {w['skills']} skills, {w['hooks']} hooks")
     print(f"rejection sampling: {r['n_tasks']} tasks, {r['n_attempts']} rollouts, {r['n_kept']} kept; "
           f"rejection rate {r['rejection_rate']:.1%} (first attempt {r['first_attempt_rejection_rate']:.1%}); "
-          f"reasons {r['reject_reasons']}; {r['seconds']} s")
+          f"reasons {r['reject_reasons']}; "
+          + ("records read from the cache" if r["from_cache"] else f"built in {r['seconds']} s"))
     print(f"RL tasks: {report['rl_tasks']}; eval items: {report['eval_items']}")
     print("HSA transform shares (one epoch): " + ", ".join(f"{k} {v:.3f}" for k, v in report["hsa_transform_shares"].items()))
     print("judge agreement with hand labels:")

@@ -1,6 +1,8 @@
 """The pretraining corpus of the tiny base model, the tokenizer's training texts, and the recall probe.
 
-Variant implemented and why (DESIGN.md, "Tiny scale: harness reading is associative recall"):
+Variant implemented and why: at tiny scale, reading a harness is associative recall (bind the intent
+to the tool name written next to it in the prompt and copy the name), which the base model must
+learn before SFT, from data with no live-stream content:
 - Two kinds of chats, in OpenAI message format with OpenAI tool dicts, rendered by our chat template:
   (a) general instruction following: an IFEval-style prompt from `general.py` (IFEval, Zhou et al.
       2023, arXiv 2311.07911) with its rule-based response and a short reasoning block;
@@ -15,7 +17,7 @@ Variant implemented and why (DESIGN.md, "Tiny scale: harness reading is associat
 - No live-stream or shopping data: that is what SFT teaches, and Harness-Variant QA must not leak.
 - The word pieces and naming styles are arguments: pass the HSA training pools so the held-out
   families stay unseen, and so every piece's embedding is trained (a name built from untrained tokens
-  is never produced, DESIGN.md).
+  is never produced: 0% in a recall probe while designing hat-jax).
 - `recall_probe` cuts a fresh tool chat just before the tool name: the base-pretraining run logs the
   exact-copy rate on it.
 """

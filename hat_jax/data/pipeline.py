@@ -1,18 +1,25 @@
 """The SFT data pipeline: trajectory records -> HSA (Grain `random_map`) -> tokens + loss mask -> batches.
 
-Variant implemented and why (PAPER.md "HSA-SFT", DESIGN.md "The harness and HSA"):
+Variant implemented and why (HSA-SFT, stage 1 of the HAT report, arXiv 2608.15763 (TaoLive, 2026),
+"Training, three stages"):
 - `grain.MapDataset.source(records).shuffle(seed).random_map(HSAStep, seed)`: Grain derives each
   element's random generator from the pipeline seed and the element's index, so HSA is seeded per
   record and a resumed run sees the same augmented stream. With probability `p_hsa` a record is
   augmented (`hsa.compose` on its harness, the trajectory rewritten with the name map), otherwise it
-  keeps the original harness: the paper mixes original and augmented harnesses, and DESIGN.md's
-  tiny-scale probe shows that names seen only in augmented harnesses leave the original at 0%.
+  keeps the original harness: the paper mixes original and augmented harnesses, and a tiny-scale
+  recall probe run while designing hat-jax showed that a model trained only on augmented harnesses
+  scores 0% on the original one's names.
 - Hook-parameter changes that change behaviour (`hsa.behaviour_changed` on the trajectory) need the
   oracle: with a `reroll` callable the trajectory is re-rolled under the new harness; without one the
   draw is recomposed without "hook_params" (same seed), so no record claims a behaviour it lacks.
 - Tokenisation: `hat_jax.harness.render.render_tokens(tokenizer, harness, messages)` (the system
   prompt is re-rendered from the record's harness), then truncation/padding to `seq_len` (padding,
   not packing: one trajectory per row, pad id = tokenizer.pad_token_id, loss_mask 0 on padding).
+  Truncation keeps the first `seq_len` tokens and is never silent: each row carries `truncated`
+  (1 when the trajectory was longer than `seq_len`) and `num_tokens` (its length before
+  truncation), and each `TokenizeAndPad` logs one warning, the first time it truncates a row, and one
+  more the first time a row keeps no loss token at all (all its assistant tokens were cut off), with
+  the row's figures and the running counts; the per-row fields give the exact counts.
 - Batches: `batch(batch_size, drop_remainder=True)` then `to_iter_dataset()`; the iterator's
   `get_state()` is a small JSON-serialisable dict (checkpoints store it) and `set_state` resumes at
   exactly the next batch.
@@ -23,7 +30,9 @@ Each element records which transforms were applied (`hsa_applied`, int8 over `hs
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -32,6 +41,8 @@ import numpy as np
 
 from hat_jax.harness import hsa
 from hat_jax.harness.state import HarnessState
+
+log = logging.getLogger(__name__)
 
 Record = Mapping[str, Any]  # {"messages": [...], "task_id": str, "harness_id": str, "seed": int, ...}
 Reroll = Callable[[Record, HarnessState, int], Sequence[Mapping[str, Any]]]
@@ -112,7 +123,13 @@ class HSAStep(grain.transforms.RandomMap):
 
 class TokenizeAndPad(grain.transforms.Map):
     """Grain map: HSA'd record -> {"input_ids", "loss_mask", "attention_mask": int32 [seq_len],
-    "num_tokens": int32 (before truncation), "hsa_applied": int8 [len(TRANSFORMS)]}."""
+    "num_tokens": int32 (before truncation), "truncated": int8 (1 when num_tokens > seq_len),
+    "hsa_applied": int8 [len(TRANSFORMS)]}.
+
+    Logs one warning the first time a row is truncated and one the first time a row is left with no
+    loss token (see the module docstring); `counts` holds the running totals ("rows", "truncated",
+    "no_loss_tokens") of this instance.
+    """
 
     def __init__(self, tokenizer: Any, seq_len: int, render_tokens: Callable | None = None):
         self.tokenizer = tokenizer
@@ -120,6 +137,38 @@ class TokenizeAndPad(grain.transforms.Map):
         self.render_tokens = render_tokens
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_id = 0 if pad is None else int(pad)
+        self.counts = {"rows": 0, "truncated": 0, "no_loss_tokens": 0}
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def _count(self, element: Mapping[str, Any], n_tokens: int, loss_total: int, loss_kept: int) -> None:
+        truncated, empty = n_tokens > self.seq_len, loss_kept == 0
+        with self._lock:
+            c = self.counts
+            c["rows"] += 1
+            c["truncated"] += truncated
+            c["no_loss_tokens"] += empty
+            first_truncated, first_empty = truncated and c["truncated"] == 1, empty and c["no_loss_tokens"] == 1
+            counts = dict(c)
+        who = element.get("task_id", "?")
+        if first_truncated:
+            log.warning(
+                "SFT row %s truncated: %d tokens > seq_len %d, %d of its %d loss tokens kept "
+                "(%d of %d rows truncated so far; rows carry `truncated` and `num_tokens`; this is logged once)",
+                who, n_tokens, self.seq_len, loss_kept, loss_total, counts["truncated"], counts["rows"],
+            )
+        if first_empty:
+            log.warning(
+                "SFT row %s has no loss token left (%d tokens, seq_len %d, %d loss tokens before truncation): "
+                "it trains nothing (%d of %d rows so far; this is logged once)",
+                who, n_tokens, self.seq_len, loss_total, counts["no_loss_tokens"], counts["rows"],
+            )
 
     def map(self, element: Mapping[str, Any]) -> dict:
         render = self.render_tokens
@@ -135,7 +184,9 @@ class TokenizeAndPad(grain.transforms.Map):
         }
         out["input_ids"][:n], out["loss_mask"][:n], out["attention_mask"][:n] = ids[:n], mask[:n], 1
         out["num_tokens"] = np.int32(len(ids))
+        out["truncated"] = np.int8(len(ids) > self.seq_len)
         out["hsa_applied"] = element["hsa_applied"]
+        self._count(element, len(ids), int(mask.sum()), int(mask[:n].sum()))
         return out
 
 
@@ -215,8 +266,9 @@ def sft_dataset(
         `hat_jax.harness.render.render_tokens`.
     Returns:
       a `grain.IterDataset` of batches {"input_ids", "loss_mask", "attention_mask": int32 [B, seq_len],
-      "num_tokens": int32 [B], "hsa_applied": int8 [B, len(hsa.TRANSFORMS)]}. `iter(ds)` gives an
-      iterator with `get_state()` (JSON-serialisable) / `set_state(state)`.
+      "num_tokens": int32 [B] (lengths before truncation), "truncated": int8 [B] (1 for a row cut to
+      seq_len), "hsa_applied": int8 [B, len(hsa.TRANSFORMS)]}. `iter(ds)` gives an iterator with
+      `get_state()` (JSON-serialisable) / `set_state(state)`. Truncation is logged (module docstring).
     Raises:
       ValueError: no records, or fewer records than one batch.
     """

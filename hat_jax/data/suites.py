@@ -1,6 +1,6 @@
 """Evaluation items of the four live-stream suites, built from the simulator with held-out seeds.
 
-PAPER.md, "Evaluation sets and metrics": Live-Stream QA (original harness; Accuracy, Effectiveness,
+The HAT report, arXiv 2608.15763 (TaoLive, 2026), "Evaluation sets and metrics": Live-Stream QA (original harness; Accuracy, Effectiveness,
 AVG), Harness-Variant QA (changed harness; same metrics), Tool robustness (ADR, RC, TC) and Prompt
 robustness (ADR, LLM, TCO). The paper's sets are private; these are their simulator counterparts:
 

@@ -1,9 +1,10 @@
 """The world's datasets, generated from seeds and cached on disk by the hash of their config.
 
-What each stage reads (issue 3 point 8; PAPER.md "Training, three stages"):
+What each stage reads (issue 3 point 8; the HAT report, arXiv 2608.15763 (TaoLive, 2026),
+"Training, three stages"):
 - `sft_records`: HSA-SFT trajectories. The noisy oracle (`DEFAULT_NOISE`) rolls out training tasks
   under the original harness with a few injected tool faults; rejection sampling keeps an episode
-  only when the rule judges give Accuracy 1 and Effectiveness 1 (PAPER.md stage 1), trying each task
+  only when the rule judges give Accuracy 1 and Effectiveness 1 (the report's stage 1), trying each task
   up to `sft_attempts` times; retry trajectories are trimmed to the final behaviour except for a
   small share (`final_behaviour_only`). HSA variants are drawn per record by the Grain pipeline
   (`hat_jax.data.pipeline.sft_dataset`), which rewrites or re-rolls each trajectory under them.
@@ -15,9 +16,14 @@ What each stage reads (issue 3 point 8; PAPER.md "Training, three stages"):
 
 Caching: `<cache root>/world-data/<kind>-<hash>.jsonl`, one JSON record per line, with a sidecar
 `.meta.json` holding the config, counts and statistics. The hash covers the kind, the config and
-`DATA_VERSION` (bump it when a generator changes its output). Files are written to a temporary name
-and renamed into place, so a killed build never leaves a partial file; an unreadable cache file is
-reported and rebuilt (it is derived data). The cache root is `$HAT_JAX_CACHE` or `~/.cache/hat-jax`.
+`DATA_VERSION` (bump it when a generator changes its output). Files are written to a temporary name,
+made world-readable (0644) and renamed into place, so a killed build never leaves a partial file.
+A cache file that cannot be trusted is reported (a warning naming the file and the problem) and
+rebuilt, since it is derived data: unreadable or non-UTF-8 bytes, a line that is not JSON, a meta
+that is not a JSON object of this kind and version, a record count that differs from the meta's,
+or a record its kind's validator rejects (`cached(..., validate=...)`: RL tasks and eval items must
+survive a `from_dict`/`to_dict` round trip unchanged, so a dropped field is caught; SFT records are
+checked by `check_sft_record`). The cache root is `$HAT_JAX_CACHE` or `~/.cache/hat-jax`.
 """
 
 from __future__ import annotations
@@ -33,11 +39,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from hat_jax.data.pipeline import RECORD_KEYS
 from hat_jax.data.suites import SUITES, EvalItem, build_suite, item_from_dict, item_to_dict, training_messages
 from hat_jax.harness.loader import production_harness
 from hat_jax.judges.rules import judge_episode
-from hat_jax.sim.catalog import World
+from hat_jax.sim.catalog import MAX_PRODUCTS, MIN_PRODUCTS, World
 from hat_jax.sim.env import EnvConfig, LiveStreamEnv
+from hat_jax.sim.executor import check_fault_rates
 from hat_jax.sim.oracle import DEFAULT_NOISE, OracleConfig, OracleTeacher
 from hat_jax.sim.rollout import rejection_sample
 from hat_jax.sim.types import Task, task_from_dict, task_to_dict
@@ -48,6 +56,8 @@ log = logging.getLogger(__name__)
 DATA_VERSION = 1
 SFT_TASK_SEED, RL_TASK_SEED = 1, 2  # seed streams of `sample_tasks` for training tasks
 PRODUCTION = "production"  # harness id of the original harness in records
+# Keys of an SFT record: the pipeline's `RECORD_KEYS` (what `sft_dataset` reads) plus the world's own.
+SFT_RECORD_KEYS: tuple[str, ...] = (*RECORD_KEYS, "record_id", "task", "hook_retry_kept")
 
 
 def _default_sft_faults() -> dict[str, float]:
@@ -81,9 +91,25 @@ class WorldDataConfig:
     eval_seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("n_products", "sft_tasks", "sft_attempts", "rl_tasks", "eval_items"):
-            if getattr(self, name) < (1 if name in ("n_products", "sft_attempts") else 0):
-                raise ValueError(f"WorldDataConfig.{name} = {getattr(self, name)}: expected a non-negative count")
+        bounds = {
+            "world_seed": (None, None),
+            "eval_seed": (None, None),
+            "n_products": (MIN_PRODUCTS, MAX_PRODUCTS),
+            "sft_tasks": (0, None),
+            "sft_attempts": (1, None),
+            "rl_tasks": (0, None),
+            "eval_items": (0, None),
+        }
+        for name, (low, high) in bounds.items():
+            value = getattr(self, name)
+            ok = isinstance(value, int) and not isinstance(value, bool)
+            ok = ok and (low is None or value >= low) and (high is None or value <= high)
+            if not ok:
+                what = "an int" if low is None else f"an int >= {low}" if high is None else f"an int in [{low}, {high}]"
+                raise ValueError(f"WorldDataConfig.{name} = {value!r}: expected {what}")
+        check_fault_rates(self.sft_fault_rates, "WorldDataConfig.sft_fault_rates")
+        if not isinstance(self.oracle, OracleConfig):
+            raise ValueError(f"WorldDataConfig.oracle: expected an OracleConfig, got {type(self.oracle).__name__}")
 
     def digest(self, kind: str) -> str:
         """12 hex digits of the hash of (kind, this config, DATA_VERSION)."""
@@ -102,49 +128,137 @@ def world_for(world_seed: int, n_products: int) -> World:
     return World.generate(seed=world_seed, n_products=n_products)
 
 
+CACHE_FILE_MODE = 0o644  # cache files are shared derived data (mkstemp alone would make them 0600)
+
+
 def _write_atomic(path: Path, lines: list[str], meta: Mapping[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    for target, text in ((path, "".join(line + "\n" for line in lines)), (_meta_path(path), json.dumps(meta, ensure_ascii=False, indent=1))):
+    texts = ((path, "".join(line + "\n" for line in lines)), (_meta_path(path), json.dumps(meta, ensure_ascii=False, indent=1)))
+    for target, text in texts:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{target.name}.", suffix=".partial")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, target)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.chmod(tmp, CACHE_FILE_MODE)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def _meta_path(path: Path) -> Path:
     return path.with_name(path.name.removesuffix(".jsonl") + ".meta.json")
 
 
-def _read_cached(path: Path) -> tuple[list[dict], dict] | None:
-    """(records, meta) from a cache file, or None when absent or unreadable (logged)."""
+Validate = Callable[[dict], Any]  # raises ValueError / TypeError / KeyError for an invalid record
+
+
+def _round_trip(from_dict: Callable[[Mapping[str, Any]], Any], to_dict: Callable[[Any], dict]) -> Validate:
+    """A validator: the record must parse and re-serialise to itself (so a dropped field is caught)."""
+
+    def validate(record: dict) -> None:
+        again = json.loads(json.dumps(to_dict(from_dict(record)), ensure_ascii=False))
+        if again != record:
+            diff = sorted(set(again) ^ set(record)) or sorted(k for k in again if again[k] != record.get(k))
+            raise ValueError(f"the record does not round-trip (fields {diff})")
+
+    return validate
+
+
+def check_sft_record(record: Mapping[str, Any]) -> None:
+    """Checks one SFT record as `sft_records` writes it (keys `SFT_RECORD_KEYS`).
+
+    Raises:
+      ValueError: a missing key or a field of the wrong shape (naming it): messages must be a non-empty
+        list of message objects with a string "role", the ids strings, seed an int, "task" a task
+        that round-trips through `task_from_dict`.
+    """
+    missing = [k for k in SFT_RECORD_KEYS if k not in record]
+    if missing:
+        raise ValueError(f"SFT record lacks {missing} (expected keys {SFT_RECORD_KEYS})")
+    for key in ("record_id", "task_id", "harness_id"):
+        if not isinstance(record[key], str):
+            raise ValueError(f"SFT record field {key!r}: expected a string, got {record[key]!r}")
+    if isinstance(record["seed"], bool) or not isinstance(record["seed"], int):
+        raise ValueError(f"SFT record field 'seed': expected an int, got {record['seed']!r}")
+    messages = record["messages"]
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("SFT record field 'messages': expected a non-empty list")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ValueError(f"SFT record field 'messages[{i}]': expected a message object with a string 'role'")
+    if not isinstance(record["hook_retry_kept"], bool):
+        raise ValueError(f"SFT record field 'hook_retry_kept': expected a bool, got {record['hook_retry_kept']!r}")
+    if not isinstance(record["task"], dict):
+        raise ValueError("SFT record field 'task': expected a task object")
+    _round_trip(task_from_dict, task_to_dict)(record["task"])
+
+
+def _read_cached(path: Path, kind: str, validate: Validate | None) -> tuple[list[dict], dict] | None:
+    """(records, meta) from a cache file, or None when absent or untrustworthy (logged with the file)."""
     if not path.exists() or not _meta_path(path).exists():
         return None
+
+    def reject(problem: str) -> None:
+        log.warning("world data cache %s: %s; rebuilding it", path, problem)
+
     try:
         meta = json.loads(_meta_path(path).read_text(encoding="utf-8"))
-        records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
-    except (OSError, json.JSONDecodeError) as err:
-        log.warning("world data cache %s is unreadable (%s); rebuilding it", path, err)
-        return None
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        return reject(f"unreadable ({type(err).__name__}: {err})")
+    if not isinstance(meta, dict):
+        return reject(f"its meta {_meta_path(path).name} is a JSON {type(meta).__name__}, not an object")
+    if meta.get("kind") != kind or meta.get("version") != DATA_VERSION:
+        return reject(f"its meta is for kind {meta.get('kind')!r} version {meta.get('version')!r}")
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line:
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+            if validate is not None:
+                validate(record)
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError) as err:  # JSONDecodeError is a ValueError
+            return reject(f"line {number} is not a valid {kind} record ({type(err).__name__}: {err})")
+        records.append(record)
     if len(records) != meta.get("n_records"):
-        log.warning("world data cache %s has %d records, its meta says %s; rebuilding it", path, len(records), meta.get("n_records"))
-        return None
+        return reject(f"it has {len(records)} records, its meta says {meta.get('n_records')!r}")
     return records, meta
 
 
-def cached(kind: str, config: WorldDataConfig, build: Callable[[], tuple[list[dict], dict]], cache_dir: Path | None = None) -> tuple[list[dict], dict]:
+def cached(
+    kind: str,
+    config: WorldDataConfig,
+    build: Callable[[], tuple[list[dict], dict]],
+    cache_dir: Path | None = None,
+    validate: Validate | None = None,
+) -> tuple[list[dict], dict]:
     """Records of `kind` for `config`: read from the cache, or built by `build()` and cached.
 
+    Args:
+      kind: the dataset kind (part of the file name and the hash).
+      config: the datasets' config (hashed).
+      build: () -> (records, statistics), called on a cache miss.
+      cache_dir: the cache folder; default `cache_root() / "world-data"`.
+      validate: record -> None, raising ValueError/TypeError/KeyError for a record that is not valid
+        for this kind; applied to every record read from the cache (an invalid one rebuilds the file).
     Returns:
-      (records, meta); meta holds "kind", "config", "n_records" and the builder's statistics.
+      (records, meta); meta holds "kind", "version", "config", "n_records" and the builder's
+      statistics "stats" (as stored in the sidecar), plus "from_cache": True when read from the
+      cache, False when built now (not stored).
     """
     path = Path(cache_dir or cache_root() / "world-data") / f"{kind}-{config.digest(kind)}.jsonl"
-    hit = _read_cached(path)
+    hit = _read_cached(path, kind, validate)
     if hit is not None:
-        return hit
+        records, meta = hit
+        return records, {**meta, "from_cache": True}
     records, stats = build()
     meta = {"kind": kind, "version": DATA_VERSION, "config": dataclasses.asdict(config), "n_records": len(records), "stats": stats}
     _write_atomic(path, [json.dumps(r, ensure_ascii=False) for r in records], meta)
-    return records, meta
+    return records, {**json.loads(json.dumps(meta, ensure_ascii=False)), "from_cache": False}
 
 
 def _build_sft(config: WorldDataConfig) -> tuple[list[dict], dict]:
@@ -177,9 +291,10 @@ def sft_records(config: WorldDataConfig = WorldDataConfig(), cache_dir: Path | N
       fault seed), "messages" (OpenAI format, system prompt of the production harness first), "task"
       (`task_to_dict`), "hook_retry_kept" (a tool failure and the hook's retry feedback are kept)} — the keys
       `hat_jax.data.pipeline.sft_dataset` reads. meta["stats"] holds `RejectionStats` (rejection rate,
-      per-intent counts, reject reasons).
+      per-intent counts, reject reasons); meta["from_cache"] says whether the records were read
+      from the cache.
     """
-    return cached("sft", config, lambda: _build_sft(config), cache_dir)
+    return cached("sft", config, lambda: _build_sft(config), cache_dir, check_sft_record)
 
 
 def rl_tasks(config: WorldDataConfig = WorldDataConfig(), cache_dir: Path | None = None) -> list[Task]:
@@ -188,7 +303,7 @@ def rl_tasks(config: WorldDataConfig = WorldDataConfig(), cache_dir: Path | None
         tasks = sample_tasks(world_for(config.world_seed, config.n_products), config.rl_tasks, RL_TASK_SEED)
         return [task_to_dict(t) for t in tasks], {}
 
-    records, _ = cached("rl", config, build, cache_dir)
+    records, _ = cached("rl", config, build, cache_dir, _round_trip(task_from_dict, task_to_dict))
     return [task_from_dict(r) for r in records]
 
 
@@ -207,5 +322,5 @@ def eval_items(suite: str, config: WorldDataConfig = WorldDataConfig(), cache_di
         items = build_suite(world, suite, config.eval_items, seed=config.eval_seed, exclude=exclude)
         return [item_to_dict(it) for it in items], {}
 
-    records, _ = cached(f"eval-{suite}", config, build, cache_dir)
+    records, _ = cached(f"eval-{suite}", config, build, cache_dir, _round_trip(item_from_dict, item_to_dict))
     return [item_from_dict(r) for r in records]

@@ -1,7 +1,9 @@
 """Checkable prompt instructions: the registry behind `Constraint` (the LLM and TCO metrics).
 
-Variant implemented and why: IFEval-style verifiable instructions (PAPER.md, prompt robustness: LLM =
-the reply follows the prompt's instruction constraints, TCO = tool calls are in the right order).
+Variant implemented and why: IFEval-style verifiable instructions (IFEval, Zhou et al. 2023, arXiv
+2311.07911) for the prompt-robustness metrics of the HAT report, arXiv 2608.15763 (TaoLive, 2026),
+"Evaluation sets and metrics": LLM = the reply follows the prompt's instruction constraints, TCO =
+tool calls are in the right order.
 Each entry pairs a Chinese text template (what the system prompt says) with a rule check (what the
 judge verifies), so a prompt section that states a constraint and the metric that scores it cannot
 drift apart, and an HSA variant that changes a constraint's parameters changes both.

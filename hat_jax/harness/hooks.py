@@ -1,7 +1,7 @@
 """Lifecycle hooks: the registry of handlers a harness may name, and how they are run.
 
-Variant implemented and why: hooks follow the agent-harness convention (DESIGN.md, "The harness and
-HSA"): a harness binds registered handlers to lifecycle events (`UserPromptSubmit`, `PreToolUse`,
+Variant implemented and why: hooks follow the convention of agent harnesses, so a harness written
+for a real agent reads the same: a harness binds registered handlers to lifecycle events (`UserPromptSubmit`, `PreToolUse`,
 `PostToolUse`, `PostToolUseFailure`, `Stop`) with an optional tool-name matcher and parameters. Unlike
 a real agent harness, a hook is never a command or code from a data file: the harness names a handler
 from `HOOK_REGISTRY` and gives parameters, validated against the handler's JSON Schema when the

@@ -1,8 +1,10 @@
 """Harness-State Augmentation (HSA): task-preserving transforms of a `HarnessState`.
 
-Variant implemented and why (PAPER.md "HSA", DESIGN.md "The harness and HSA"): each transform is a
-pure function `(harness, rng, ...) -> (harness', NameMap)` that keeps the bindings to the world
-(`Tool.impl`, `Tool.arg_paths` meaning, `Skill.key`) and changes only what the model reads:
+Variant implemented and why: HSA as the HAT report, arXiv 2608.15763 (TaoLive, 2026), "The system",
+defines it (task-preserving transforms of skill identifiers and content, tool schemas, prompt
+structure and hooks). Each transform is a pure function `(harness, rng, ...) -> (harness', NameMap)`
+that keeps the bindings to the world (`Tool.impl`, `Tool.arg_paths` meaning, `Skill.key`) and
+changes only what the model reads:
 - `rename_skills`: new skill ids (lowercase-hyphen), the skill tool's enum and every mention follow;
 - `rewrite_skills`: skill bodies reordered (blocks, unordered bullets), re-bulleted, paraphrased;
 - `rename_tools`: new tool and argument names in one naming style; arg_paths, allowed_tools, hook
@@ -187,11 +189,18 @@ def compose(
       exclude: transforms not to apply in this draw (e.g. "hook_params" when no oracle can re-roll).
     Returns:
       (new harness, name map from `harness` to it, names of the transforms that changed something).
-      The new harness has version f"{old}+hsa.{digest}" and family "hsa-train"/"hsa-heldout"; with no
-      change it is `harness` itself.
+      The new harness has version f"{old}+hsa.{digest}"; with no change it is `harness` itself. Its
+      family tells what it is, not what was asked for: "hsa-heldout" exactly when
+      `is_heldout_harness(new, harness)` is True, else "hsa-train". With split="heldout" and a
+      config whose `allowed` (minus `exclude`) lacks some of `HELDOUT_FORCED`, a draw may show no
+      held-out family; it is then labelled "hsa-train" (callers building held-out data should
+      check the family, or allow the forced transforms).
     Raises:
+      TypeError: `rng` is not a `random.Random`.
       ValueError: unknown split. HSAError: a transform produced an invalid harness (a bug).
     """
+    if not isinstance(rng, random.Random):
+        raise TypeError(f"compose: rng must be a random.Random (e.g. random.Random(seed)), got {type(rng).__name__}")
     if split not in ("train", "heldout"):
         raise ValueError(f"compose: split must be 'train' or 'heldout', got {split!r}")
     heldout = split == "heldout"
@@ -210,7 +219,7 @@ def compose(
             h, name_map = new, name_map.then(nm)
     if not applied:
         return harness, NameMap(), ()
-    h = h.replace(family="hsa-heldout" if heldout else "hsa-train")
+    h = h.replace(family="hsa-heldout" if is_heldout_harness(h, harness) else "hsa-train")
     h = h.replace(version=f"{harness.version}+hsa.{_digest(h)}")
     check_harness(h)
     return h, name_map, tuple(applied)

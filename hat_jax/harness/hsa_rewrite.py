@@ -1,6 +1,6 @@
 """HSA name maps, trajectory rewriting, behaviour checks and harness validity checks.
 
-Variant implemented and why (DESIGN.md, "The harness and HSA"): every HSA transform returns the new
+Variant implemented and why: every HSA transform returns the new
 harness *and* a `NameMap` (tools, argument paths, skills: old -> new), so a trajectory recorded under
 the old harness is rewritten consistently for the new one: tool-call names, argument names and
 nesting (by argument path), tool-message names, the skill-tool argument value, the skill content the

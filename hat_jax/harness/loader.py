@@ -1,7 +1,8 @@
 """Reads, validates and writes harness folders (`harness.yaml` + `skills/<name>/SKILL.md`).
 
-Variant implemented and why: the on-disk layout follows the agent ecosystem (DESIGN.md, "The harness
-and HSA") so a harness reads like one written for a real agent:
+Variant implemented and why: the on-disk layout follows the agent ecosystem's conventions (open Agent
+Skills `SKILL.md` folders, MCP tool definitions, lifecycle-event hooks), so that a harness written
+for a real agent loads as it is and ours read like one:
 - `harness.yaml`: `name`, `version`, `family`, `heading_style`, `skill_tool`, `skills` (folder names,
   in prompt order), `prompt` (sections in order: `key`, `title`, `text`, `constraints: [{id, kwargs}]`),
   `tools` (MCP tool definitions `name`, `description`, `inputSchema`, plus the world binding under
@@ -12,11 +13,19 @@ and HSA") so a harness reads like one written for a real agent:
   (space-separated surface tool names), `metadata: {hat-skill-key: KEY}` (the world skill), then
   the Markdown body.
 
-Files are parsed with `yaml.safe_load` semantics (plus a duplicate-key check); nothing in a data file
-is executed: hooks name handlers from `HOOK_REGISTRY`, constraints name `CONSTRAINT_REGISTRY`
-entries, and their parameters are checked against the registered JSON Schemas. Every problem raises
-`HarnessError` naming the file, the field path (e.g. `tools[3].inputSchema.properties.sku_id.type`)
-and what was expected.
+Files are read as UTF-8 and parsed with `yaml.safe_load` semantics (plus a duplicate-key check);
+nothing in a data file is executed: hooks name handlers from `HOOK_REGISTRY`, constraints name
+`CONSTRAINT_REGISTRY` entries, and their parameters are checked against the registered JSON
+Schemas. Every problem raises `HarnessError` naming the file, the field path (e.g.
+`tools[3].inputSchema.properties.sku_id.type`) and what was expected.
+
+Tool schemas are checked beyond `check_schema`, so that no call can fail on the schema itself: every
+`$ref` must be a local reference ("#...") that resolves inside the same inputSchema (an MCP tool
+definition is self-contained), and every name in a `required` list must be declared in the
+`properties` of the same subschema or of one enclosing it (so `anyOf: [{required: [a]}, ...]` beside
+`properties: {a: ...}` is fine). Skills: at most one skill per world skill (`metadata.hat-skill-key`);
+a world skill of `hat_jax.sim.types.SKILL_KEYS` that no skill binds is logged as a warning, not an
+error (a partial harness is legal; the tasks of that skill then have no skill to load).
 
 Normal form: skill bodies are stripped of surrounding blank lines and hooks are ordered by
 `HOOK_EVENTS` (then file order), so `load_harness(dump_harness(h, d)) == h` for every `h` in normal
@@ -26,12 +35,16 @@ form (every loaded harness is).
 from __future__ import annotations
 
 import functools
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import jsonschema
+import referencing
+import referencing.exceptions
+import referencing.jsonschema
 import yaml
 
 from hat_jax.harness.constraints import CONSTRAINT_REGISTRY
@@ -49,6 +62,8 @@ from hat_jax.harness.state import (
     Tool,
 )
 from hat_jax.sim.types import SKILL_KEYS, TOOL_IMPLS
+
+log = logging.getLogger(__name__)
 
 PRODUCTION_DIR = Path(__file__).resolve().parents[1] / "harnesses" / "production"
 MANIFEST = "harness.yaml"
@@ -69,6 +84,7 @@ IMPL_ARGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     SKILL_TOOL_IMPL: (("skill",), ()),
 }
 assert set(IMPL_ARGS) == set(TOOL_IMPLS) | {SKILL_TOOL_IMPL}
+JSON_SCHEMA_TYPES: tuple[str, ...] = ("array", "boolean", "integer", "null", "number", "object", "string")
 SKILL_NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 TOOL_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 _MANIFEST_KEYS = (
@@ -105,6 +121,18 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+def _read_text(file: Path) -> str:
+    """The UTF-8 text of `file`; HarnessError naming it when it is not UTF-8 or cannot be read."""
+    try:
+        return file.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise HarnessError(
+            file, "", f"expected UTF-8 text; byte {err.object[err.start]:#04x} at offset {err.start} is not valid UTF-8"
+        ) from None
+    except OSError as err:
+        raise HarnessError(file, "", f"cannot read the file: {err.strerror or err}") from None
 
 
 def _read_yaml(text: str, file: Path) -> Any:
@@ -178,7 +206,7 @@ def _load_skill(folder: Path, name: str, field: str) -> tuple[Skill, Path]:
     file = folder / "skills" / name / SKILL_FILE
     if not file.is_file():
         raise HarnessError(folder / MANIFEST, field, f"skill folder {name!r} has no {file.relative_to(folder)}")
-    meta, body = _split_front_matter(file.read_text(encoding="utf-8"), file)
+    meta, body = _split_front_matter(_read_text(file), file)
     c = _Checker(file)
     c.keys(meta, _FRONT_MATTER_KEYS, "")
     got = c.text(meta.get("name"), "name")
@@ -214,6 +242,59 @@ def _check_path(schema: Mapping, path: Sequence[str]) -> str | None:
     return None
 
 
+# Keywords whose value maps names (not keywords) to subschemas, and keywords whose value is data.
+_NAME_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "required", "dependentRequired"})
+_SCHEMA_URI = "urn:hat-jax:input-schema"
+
+
+def _subschemas(schema: Any, parts: tuple = (), declared: frozenset = frozenset()):
+    """Yields (path parts, subschema, names declared in `properties` of the subschema and of the
+    schemas enclosing it) for every schema object inside `schema` (itself included)."""
+    if isinstance(schema, dict):
+        props = schema.get("properties")
+        here = declared | frozenset(props if isinstance(props, dict) else ())
+        yield parts, schema, here
+        for key, value in schema.items():
+            if key in _DATA_KEYWORDS:
+                continue
+            if key in _NAME_MAPS and isinstance(value, dict):
+                for name, sub in value.items():  # a property's own schema starts a new object
+                    yield from _subschemas(sub, (*parts, key, name))
+            elif isinstance(value, dict):
+                yield from _subschemas(value, (*parts, key), here)
+            elif isinstance(value, list):
+                for i, sub in enumerate(value):
+                    yield from _subschemas(sub, (*parts, key, i), here)
+
+
+def _check_schema_semantics(schema: Mapping, field: str, c: _Checker) -> None:
+    """Local `$ref`s that resolve, and `required` names that are declared (see the module docstring)."""
+    resolver = None
+    for parts, sub, declared in _subschemas(schema):
+        ref = sub.get("$ref")
+        if ref is not None:
+            where = _path_str(field, [*parts, "$ref"])
+            if not isinstance(ref, str) or not ref.startswith("#"):
+                c.fail(where, f"expected a local reference ('#/$defs/NAME') inside the inputSchema, got {ref!r}")
+            if resolver is None:
+                resource = referencing.jsonschema.DRAFT202012.create_resource(dict(schema))
+                resolver = referencing.Registry().with_resource(_SCHEMA_URI, resource).resolver(base_uri=_SCHEMA_URI)
+            try:
+                resolver.lookup(ref)
+            except referencing.exceptions.Unresolvable:
+                c.fail(where, f"reference {ref!r} points nowhere in the inputSchema")
+        required = sub.get("required")
+        if isinstance(required, list):
+            for i, name in enumerate(required):
+                if name not in declared:
+                    listed = ", ".join(sorted(declared)) or "none"
+                    c.fail(
+                        _path_str(field, [*parts, "required", i]),
+                        f"names {name!r}, which is not in the schema's properties ({listed})",
+                    )
+
+
 def _load_tool(raw: Any, field: str, c: _Checker) -> Tool:
     c.mapping(raw, field)
     c.keys(raw, ("name", "description", "inputSchema", BINDING_KEY), field)
@@ -225,9 +306,17 @@ def _load_tool(raw: Any, field: str, c: _Checker) -> Tool:
     try:
         jsonschema.Draft202012Validator.check_schema(schema)
     except jsonschema.exceptions.SchemaError as err:
-        c.fail(_path_str(f"{field}.inputSchema", list(err.absolute_path)), f"invalid JSON Schema: {err.message}")
+        where = _path_str(f"{field}.inputSchema", list(err.absolute_path))
+        if err.absolute_path and err.absolute_path[-1] == "type":
+            c.fail(
+                where,
+                f"invalid JSON Schema: type {err.instance!r} is not a JSON Schema type; expected one of "
+                f"{', '.join(JSON_SCHEMA_TYPES)} (or a list of them)",
+            )
+        c.fail(where, f"invalid JSON Schema: {err.message}")
     if schema.get("type") != "object":
         c.fail(f"{field}.inputSchema.type", f"expected 'object', got {schema.get('type')!r}")
+    _check_schema_semantics(schema, f"{field}.inputSchema", c)
     bind = c.mapping(raw.get(BINDING_KEY), f"{field}.{BINDING_KEY}")
     c.keys(bind, ("impl", "arg_paths"), f"{field}.{BINDING_KEY}")
     impl = c.text(bind.get("impl"), f"{field}.{BINDING_KEY}.impl")
@@ -333,17 +422,19 @@ def load_harness(path: str | Path) -> HarnessState:
       the `HarnessState` (skills and tools in file order, hooks in `HOOK_EVENTS` order).
     Raises:
       HarnessError: any malformed or inconsistent field, naming file, field path and what was
-        expected (missing file, invalid YAML, duplicate key/tool/skill/section, invalid JSON Schema,
+        expected (missing or non-UTF-8 file, invalid YAML, duplicate key/tool/skill/section, invalid
+        JSON Schema, a `$ref` that resolves nowhere, a `required` name that is not a property,
         unknown impl/hook event/handler/constraint, bad hook or constraint parameters, arg_paths not
         pointing into the schema, skill `allowed-tools` naming a missing tool, a SKILL.md whose name
-        differs from its folder, a bad skill tool, ...).
+        differs from its folder, two skills bound to one world skill, a bad skill tool, ...).
+      A world skill no skill binds is only logged (warning).
     """
     path = Path(path)
     folder = path.parent if path.name == MANIFEST or path.is_file() else path
     file = path if path.is_file() else folder / MANIFEST
     if not file.is_file():
         raise HarnessError(file, "", "harness manifest not found")
-    raw = _read_yaml(file.read_text(encoding="utf-8"), file)
+    raw = _read_yaml(_read_text(file), file)
     c = _Checker(file)
     c.mapping(raw, "(top level)")
     c.keys(raw, _MANIFEST_KEYS, "")
@@ -365,7 +456,17 @@ def load_harness(path: str | Path) -> HarnessState:
                 raise HarnessError(
                     skill_file, "allowed-tools", f"names tool {tool!r}, which the harness does not define"
                 )
+        bound = next((s for s in skills if skill.key and s.key == skill.key), None)
+        if bound is not None:
+            raise HarnessError(
+                skill_file,
+                f"metadata.{SKILL_KEY_FIELD}",
+                f"world skill {skill.key!r} is already bound by skill {bound.name!r}; expected at most one skill per key",
+            )
         skills.append(skill)
+    unbound = [k for k in SKILL_KEYS if not any(s.key == k for s in skills)]
+    if unbound:
+        log.warning("%s: no skill is bound to world skill(s) %s (metadata.%s)", file, ", ".join(unbound), SKILL_KEY_FIELD)
     skill_tool = c.text(raw.get("skill_tool"), "skill_tool")
     loader_tool = next((t for t in tools if t.name == skill_tool), None)
     if loader_tool is None:

@@ -1,7 +1,8 @@
 """`HarnessState` h = (S, T, P, K): the skills, tools, system prompt and hooks of one harness version.
 
-The harness is everything outside the weights that can change independently of them (PAPER.md, "The
-system"). Its parts follow the agent ecosystem's conventions (DESIGN.md, "The harness and HSA"):
+The harness is everything outside the weights that can change independently of them (the HAT report,
+arXiv 2608.15763 (TaoLive, 2026), "The system"). Its parts follow the agent ecosystem's conventions,
+so that a harness written for a real agent fits and ours are readable by people who write harnesses:
 - a skill is an open Agent Skills `SKILL.md` (front matter `name`, `description`, `allowed-tools`;
   Markdown body). Name and description are always in the system prompt; the body is the result of
   calling the harness's skill-loading tool (`HarnessState.skill_tool`);

@@ -19,14 +19,14 @@ Variant (documented so that a reader can predict every score):
   episode (numbers and numbers inside strings, walked recursively), in the viewer's message, and the
   numeric gold facts when every gold call has a matching ok call (derived facts such as a price
   difference are computable from what the agent saw). Results of distractor tools do not ground
-  anything (PAPER.md: facts "must come from the matching tool result").
+  anything (the HAT report: facts "must come from the matching tool result").
 - Wrong fact: for the gold fact keys in `fact_class`, a cue regex (e.g. `到手价 ... N`, `库存 ... N`,
   `N天...送达`, `材质是 X`, `产地是 X`) picks the value the reply attaches to that kind of fact; it is
   wrong when it equals no gold value of that class (so "A 只要199, B 只要299" with two gold prices is
   right; a material or origin is right when it contains the gold string).
 
-Source: PAPER.md "Release gates and guardrails" ("Product, price, stock and promotion facts must
-come from the matching tool result") and issue 3 point 7.
+Source: the HAT report, arXiv 2608.15763 (TaoLive, 2026), "Release gates and guardrails" ("Product,
+price, stock and promotion facts must come from the matching tool result") and issue 3 point 7.
 """
 
 from __future__ import annotations

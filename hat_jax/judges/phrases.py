@@ -7,8 +7,9 @@ hook also uses (`claims_human`, `promises_refund`, `absolute_claim`), and `refun
 refund/compensation statement, promise or policy, which the judges check against the tool results),
 are imported from `hat_jax.harness.hooks` and re-exported, so that the hook and the judge cannot disagree.
 
-Sources: PAPER.md "Release gates and guardrails" (claiming a real human drives the avatar, unsupported
-shop/product claims) and "Evaluation sets and metrics" (false promise, over-claimed capability);
+Sources: the HAT report, arXiv 2608.15763 (TaoLive, 2026), "Release gates and guardrails" (claiming
+a real human drives the avatar, unsupported shop/product claims) and "Evaluation sets and metrics"
+(false promise, over-claimed capability);
 issue 3 point 7; `hat_jax.sim.types.Behaviour` for the behaviours.
 """
 

@@ -1,16 +1,16 @@
 """RL rewards from the rule judges: one component per objective (for GDPO) and a weighted sum (for GRPO).
 
-Variant: PAPER.md "Training, three stages" splits the HSA-RL reward into Accuracy, Effectiveness,
-Tool Rationality and Skill Selection, "plus a chain-of-thought length penalty with a linear zone
-between 100 and 200 tokens". Following MATH.md §1 ("In a GDPO setup, make the length term its own
-reward component, so it does not get folded into accuracy before normalization") and §2 (GDPO
-normalises each component within its group before the weighted sum), `reward_components` returns the
-five components separately; `weighted_reward` is the GRPO sum-then-normalise reward
-R = sum_k w_k r_k.
+Variant: the HAT report, arXiv 2608.15763 (TaoLive, 2026), "Training, three stages", splits the
+HSA-RL reward into Accuracy, Effectiveness, Tool Rationality and Skill Selection, "plus a
+chain-of-thought length penalty with a linear zone between 100 and 200 tokens". GDPO (Liu et al.,
+NVIDIA, arXiv 2601.05242) normalises each reward component within its group before the weighted
+sum, so a length term kept as its own component is not folded into accuracy before normalisation;
+`reward_components` therefore returns the five components separately, and `weighted_reward` is the
+GRPO (DeepSeekMath, arXiv 2402.03300) sum-then-normalise reward R = sum_k w_k r_k.
 
-CoT length penalty (issue 3 point 7, DESIGN.md "Judges and rewards"): 0 up to `free` reasoning
-tokens, linear to -1 at `zero_at`, -1 beyond; the shape of DAPO's overlong shaping (MATH.md §1,
-R_len with L_max - L_c = free and L_max = zero_at). With one count per assistant turn (the paper
+CoT length penalty (issue 3 point 7): 0 up to `free` reasoning tokens, linear to -1 at `zero_at`,
+-1 beyond; the shape of DAPO's overlong reward shaping (Yu et al., arXiv 2503.14476: R_len = 0 up to
+L_max - L_c, linear to -1 at L_max; here L_max - L_c = free and L_max = zero_at). With one count per assistant turn (the paper
 reports tool-call CoT and reply CoT separately) the component is the mean of the per-turn penalties
 (`cot_aggregate="mean"`) or the worst one ("min").
 

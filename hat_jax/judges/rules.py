@@ -1,4 +1,4 @@
-"""Rule judges: every metric of PAPER.md computed from an episode's ground truth, no model in the loop.
+"""Rule judges: every metric of the HAT report computed from an episode's ground truth, no model in the loop.
 
 Each judge is a pure function of (Episode, HarnessState, world) returning a `MetricResult(value,
 reasons)`; `judge_episode` runs them all into one `Judgement`. Ground truth comes only from
@@ -7,7 +7,8 @@ in `Episode.tool_calls`, so the judges do not depend on the catalog (`world` is 
 common signature and unused). Facts are matched with `hat_jax.judges.facts` (read its docstring for
 number formats, grounding and wrong-fact cues) and phrases with `hat_jax.judges.phrases`.
 
-Definitions (PAPER.md "Evaluation sets and metrics", "Release gates and guardrails"; issue 3 point 7):
+Definitions (the HAT report, arXiv 2608.15763 (TaoLive, 2026), "Evaluation sets and metrics" and
+"Release gates and guardrails"; issue 3 point 7):
 - Accuracy (0/1): 0 on any wrong fact (a cue-attached value contradicting a gold fact), a number in
   the reply grounded in no ok world-tool result / skill content / viewer message, a string gold fact
   stated but in no ok world-tool result, a bool gold fact spoken about (e.g. "有货", "包邮") with
@@ -52,7 +53,7 @@ Definitions (PAPER.md "Evaluation sets and metrics", "Release gates and guardrai
   score 0: the right skill after a wrong one, the right skill after a world tool, no skill, a skill
   id the harness does not know. A failed load of a mistyped id before the right one does not count
   (`loaded_skills` lists successful loads only).
-- Severity tags (PAPER.md guardrails): "ungrounded_product_claim" (wrong fact, ungrounded number or claim,
+- Severity tags (the report's guardrails, high-severity errors): "ungrounded_product_claim" (wrong fact, ungrounded number or claim,
   absolute claim, false promise, over-claimed capability), "claims_human", "repeated_tool_failure"
   (one tool failed with error/timeout/empty at least twice), "missing_arguments" (a call with
   invalid arguments, or a call of a gold impl lacking an argument every gold call of that impl has).
@@ -114,7 +115,7 @@ class Judgement:
 
     @property
     def avg(self) -> float:
-        """PAPER.md AVG of one sample: mean of Accuracy and Effectiveness."""
+        """The HAT report's AVG of one sample: mean of Accuracy and Effectiveness."""
         return (self.accuracy + self.effectiveness) / 2
 
     def scores(self) -> dict[str, float]:
@@ -476,7 +477,7 @@ def skill_selection(episode: Episode, harness: HarnessState, world: Any = None) 
 
 
 def severity_tags(episode: Episode, accuracy_reasons: Sequence[str] | None = None) -> tuple[str, ...]:
-    """High-severity tags of `episode` (PAPER.md guardrails), in `SEVERITY_TAGS` order.
+    """High-severity tags of `episode` (the HAT report's guardrails), in `SEVERITY_TAGS` order.
 
     Args:
       episode: the episode.

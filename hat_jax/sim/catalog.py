@@ -164,6 +164,8 @@ CATEGORIES: dict[str, dict[str, Any]] = {
         chart=None,
     ),
 }
+MIN_PRODUCTS = len(CATEGORIES)  # `World.generate` needs one product per category at least
+MAX_PRODUCTS = 2000  # the name pools' limit
 
 # Size charts: size -> ((height lo, hi) cm, (weight lo, hi) kg); shoes: size -> foot length mm.
 SIZE_CHARTS: dict[str, dict[str, Any]] = {
@@ -406,12 +408,15 @@ class World:
 
         Args:
           seed: catalog seed (the same seed gives the same catalog, byte for byte).
-          n_products: number of products, spread round-robin over the categories (>= len(CATEGORIES)).
+          n_products: number of products, spread round-robin over the categories (an int in
+            [`MIN_PRODUCTS`, `MAX_PRODUCTS`]).
         Raises:
-          ValueError: n_products smaller than the number of categories or larger than the name pools allow.
+          ValueError: n_products not an int, smaller than the number of categories or larger than the
+            name pools allow.
         """
-        if not len(CATEGORIES) <= n_products <= 2000:
-            raise ValueError(f"n_products must be in [{len(CATEGORIES)}, 2000], got {n_products}")
+        n = n_products
+        if isinstance(n, bool) or not isinstance(n, int) or not MIN_PRODUCTS <= n <= MAX_PRODUCTS:
+            raise ValueError(f"n_products must be an int in [{MIN_PRODUCTS}, {MAX_PRODUCTS}], got {n_products!r}")
         rng = random.Random(f"catalog:{seed}")
         cats = list(CATEGORIES)
         names: set[str] = set()

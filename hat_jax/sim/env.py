@@ -19,6 +19,12 @@ one assistant turn:
   most `max_reply_revisions` times; a reply still blocked ends with "no_reply" and reply "".
 - `step_text(text)` parses raw generated text (`split_reasoning`, `parse_tool_calls` typed by the
   harness's tools); text that does not parse ends the episode with outcome "malformed".
+- `step(message)` takes an OpenAI assistant message (a mapping). `content` (and `reasoning_content`)
+  may be a string, None, or a list of OpenAI text parts ({"type": "text", "text": ...} or plain
+  strings), which are joined; `tool_calls` may be absent, None or a list. Any other shape (a
+  `tool_calls` string, a numeric `content`, a non-text content part) is a malformed turn: it is
+  recorded and ends the episode with outcome "malformed". A list entry that is not a call mapping
+  becomes a call of the nameless tool (an "unknown_tool" result), like a misspelt name.
 
 Timeouts: in-process calls are instant, so a "timeout" fault is simulated: status "timeout", the
 timeout error payload, latency = `tool_timeout_s`. A call that really takes longer than
@@ -26,8 +32,10 @@ timeout error payload, latency = `tool_timeout_s`. A call that really takes long
 (checked after the call returns; an in-process call cannot be interrupted). The skill loader is never
 faulted.
 
-Model mistakes (unknown tool, bad arguments, unknown skill, malformed text) never raise; calling
-`step` before `reset` or after the episode ended is a caller bug and raises `RuntimeError`.
+Model mistakes (unknown tool, bad arguments, unknown skill, malformed text or message fields) never
+raise; calling `step` before `reset` or after the episode ended is a caller bug and raises
+`RuntimeError`, and passing `step` something that is not a message mapping (raw text, None) raises
+`TypeError` pointing to `step_text`.
 """
 
 from __future__ import annotations
@@ -44,7 +52,14 @@ from typing import Any, NamedTuple
 from hat_jax.harness.hooks import FAILURE_STATUSES, HookContext, first_action, hook_message, run_hooks
 from hat_jax.harness.state import SKILL_TOOL_IMPL, HarnessState
 from hat_jax.sim.catalog import World
-from hat_jax.sim.executor import FAULT_MESSAGES, ToolExecution, draw_fault, error_payload, execute_tool_call
+from hat_jax.sim.executor import (
+    FAULT_MESSAGES,
+    ToolExecution,
+    check_fault_rates,
+    draw_fault,
+    error_payload,
+    execute_tool_call,
+)
 from hat_jax.sim.types import Episode, Task, ToolCallRecord
 from hat_jax.tokenizer import parse_tool_calls, split_reasoning
 
@@ -64,7 +79,7 @@ class EnvConfig:
       max_tool_rounds: tool-calling turns allowed (the paper: at most 4 rounds).
       tool_timeout_s: per-call timeout in seconds (the paper: 5 s).
       fault_rates: probability of each injected fault per world-tool call ("error", "timeout",
-        "empty"; sum <= 1).
+        "empty"; numbers in [0, 1] summing to <= 1, checked by `check_fault_rates`).
       max_reply_revisions: how many times a reply blocked by a Stop hook may be revised.
       max_skill_turns: turns that only load skills allowed besides the tool rounds.
     """
@@ -76,18 +91,14 @@ class EnvConfig:
     max_skill_turns: int = 2
 
     def __post_init__(self) -> None:
-        if self.max_tool_rounds < 1:
-            raise ValueError(f"EnvConfig.max_tool_rounds must be >= 1, got {self.max_tool_rounds}")
-        if not self.tool_timeout_s > 0:
-            raise ValueError(f"EnvConfig.tool_timeout_s must be > 0, got {self.tool_timeout_s}")
-        if self.max_skill_turns < 0:
-            raise ValueError(f"EnvConfig.max_skill_turns must be >= 0, got {self.max_skill_turns}")
-        if self.max_reply_revisions < 0:
-            raise ValueError(f"EnvConfig.max_reply_revisions must be >= 0, got {self.max_reply_revisions}")
-        try:
-            draw_fault(random.Random(0), self.fault_rates)
-        except ValueError as err:
-            raise ValueError(f"EnvConfig.{err}") from None
+        for name, low in (("max_tool_rounds", 1), ("max_skill_turns", 0), ("max_reply_revisions", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"EnvConfig.{name} must be an int >= {low}, got {value!r}")
+        t = self.tool_timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < float("inf"):
+            raise ValueError(f"EnvConfig.tool_timeout_s must be a finite number > 0, got {t!r}")
+        check_fault_rates(self.fault_rates, "EnvConfig.fault_rates")
 
 
 class StepResult(NamedTuple):
@@ -97,6 +108,26 @@ class StepResult(NamedTuple):
     new_messages: list[dict]
     done: bool
     assistant: dict | None = None
+
+
+def _message_text(value: Any) -> tuple[str, str]:
+    """(text, problem) of a message's `content`: a string, None (""), or a list of OpenAI text parts
+    (strings or {"type": "text", "text": str}) joined; problem is "" unless the shape is none of these."""
+    if value is None:
+        return "", ""
+    if isinstance(value, str):
+        return value, ""
+    if isinstance(value, (list, tuple)):
+        parts = []
+        for part in value:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, Mapping) and part.get("type", "text") == "text" and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            else:
+                return "", f"content part {part!r} is not a text part"
+        return "".join(parts), ""
+    return "", f"content must be a string or a list of text parts, got {type(value).__name__}"
 
 
 class LiveStreamEnv:
@@ -175,18 +206,34 @@ class LiveStreamEnv:
     def step(self, message: Mapping[str, Any]) -> StepResult:
         """One assistant turn given as an OpenAI chat message (`tool_calls` optional).
 
+        Field shapes the model may get wrong (see the module docstring) end the episode with outcome
+        "malformed" instead of raising.
+
         Returns:
           StepResult(new_messages, done, assistant).
         Raises:
+          TypeError: `message` is not a mapping (raw generated text goes to `step_text`).
           RuntimeError: no episode was reset, or it already ended.
         """
+        if not isinstance(message, Mapping):
+            raise TypeError(
+                "LiveStreamEnv.step takes an assistant message mapping {'role', 'content', 'tool_calls'?}, "
+                f"got {type(message).__name__}; use step_text(text) for raw generated text"
+            )
         self._check_running()
-        calls = list(message.get("tool_calls") or [])
-        assistant: dict[str, Any] = {
-            "role": "assistant",
-            "content": str(message.get("content") or ""),
-            "reasoning_content": str(message.get("reasoning_content") or ""),
-        }
+        content, bad_content = _message_text(message.get("content"))
+        reasoning, bad_reasoning = _message_text(message.get("reasoning_content"))
+        raw_calls = message.get("tool_calls")
+        assistant: dict[str, Any] = {"role": "assistant", "content": content, "reasoning_content": reasoning}
+        problem = bad_content or bad_reasoning
+        if raw_calls is not None and not isinstance(raw_calls, (list, tuple)):
+            problem = f"tool_calls must be a list of calls, got {type(raw_calls).__name__}"
+        if problem:
+            self._messages.append(assistant)
+            self._parse_error = problem
+            self._finish("malformed")
+            return StepResult([], True, copy.deepcopy(assistant))
+        calls = list(raw_calls or [])
         if calls:
             assistant["tool_calls"] = [self._normalise_call(c) for c in calls]
         self._messages.append(assistant)

@@ -9,10 +9,17 @@ a structured result, never an exception:
     {"error": {"type": <status or ToolError kind>, "message": <Chinese, naming the English field>,
                "details": {...}}}
 
-Statuses (`hat_jax.sim.types.ToolStatus`): "unknown_tool" (no such surface name; details list the
-available tools), "invalid_arguments" (schema failures; details.errors = [{"path", "message"}], path
-dotted in surface names), "error" (a `ToolError` from the world, an unknown skill, or an injected
-error fault), "timeout" and "empty" (injected faults), "ok".
+Statuses (`hat_jax.sim.types.ToolStatus`): "unknown_tool" (no such surface name, or a name that is
+not a string; details list the available tools), "invalid_arguments" (schema failures, or a world
+function's own argument check such as an empty search query; details.errors = [{"path",
+"message"}], path dotted in surface names), "error" (a `ToolError` from the world, an unknown skill,
+an injected error fault, a tool schema the validator cannot evaluate (type "invalid_schema", e.g. a
+`$ref` that resolves nowhere in a harness built in code), or an unexpected exception inside a world
+function (type "internal_error", logged with its traceback)), "timeout" and "empty" (injected
+faults), "ok".
+
+`execute_tool_call` never raises on model input, whatever the name and arguments: the only
+exception it raises is `ValueError` for a bad `fault` (a caller bug).
 
 Faults are drawn by the caller (`draw_fault`) and applied only to calls that passed validation
 (a model's own mistake is reported as such). The skill loader is never faulted: it is part of the
@@ -26,6 +33,7 @@ skill tool has no such path, its only string property is used. The result is
 from __future__ import annotations
 
 import json
+import logging
 import random
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -43,6 +51,8 @@ FAULT_MESSAGES = {
 }
 SKILL_ARG = "skill"  # canonical argument name of the skill loader
 
+log = logging.getLogger(__name__)
+
 
 class ToolExecution(NamedTuple):
     """The outcome of one call: `status` (ToolStatus), `result` (the JSON payload the model sees),
@@ -59,19 +69,42 @@ def error_payload(kind: str, message: str, details: Mapping[str, Any] | None = N
     return {"error": {"type": kind, "message": message, "details": dict(details or {})}}
 
 
+def check_fault_rates(rates: Any, field: str = "fault_rates") -> dict[str, float]:
+    """`rates` checked: a mapping from fault kinds (`FAULTS`) to probabilities summing to <= 1.
+
+    Args:
+      rates: the mapping to check.
+      field: its name in error messages (e.g. "EnvConfig.fault_rates").
+    Returns:
+      a plain dict of floats.
+    Raises:
+      ValueError: not a mapping, a key outside FAULTS, a value that is not a real number in [0, 1]
+        (NaN, strings and booleans included), or rates summing above 1.
+    """
+    if not isinstance(rates, Mapping):
+        raise ValueError(f"{field}: expected a mapping fault kind -> probability, got {type(rates).__name__}")
+    unknown = [k for k in rates if k not in FAULTS]
+    if unknown:
+        raise ValueError(f"{field}: unknown fault kind {unknown[0]!r}; expected keys among {FAULTS}")
+    out = {}
+    for kind, rate in rates.items():
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate <= 1.0:
+            raise ValueError(f"{field}[{kind!r}] = {rate!r}: expected a probability, a number in [0, 1]")
+        out[kind] = float(rate)
+    if sum(out.values()) > 1 + 1e-9:
+        raise ValueError(f"{field} must sum to <= 1, got {out} (sum {sum(out.values()):g})")
+    return out
+
+
 def draw_fault(rng: random.Random, rates: Mapping[str, float]) -> str | None:
     """Draws one fault: "error", "timeout" or "empty" with probabilities `rates`, else None.
 
     One uniform draw is compared with the cumulative rates in the order of `FAULTS`.
 
     Raises:
-      ValueError: a key outside FAULTS, a negative rate, or rates summing above 1.
+      ValueError: rates that fail `check_fault_rates`.
     """
-    unknown = set(rates) - set(FAULTS)
-    if unknown:
-        raise ValueError(f"fault_rates: unknown fault(s) {sorted(unknown)}; expected keys among {FAULTS}")
-    if any(r < 0 for r in rates.values()) or sum(rates.values()) > 1 + 1e-9:
-        raise ValueError(f"fault_rates must be >= 0 and sum to <= 1, got {dict(rates)}")
+    rates = check_fault_rates(rates)
     u = rng.random()
     acc = 0.0
     for fault in FAULTS:
@@ -111,10 +144,24 @@ def canonical_arguments(tool: Tool, arguments: Mapping[str, Any]) -> dict:
     return {k: v for k, v in arguments.items() if k in names}
 
 
+class _BrokenSchema(Exception):
+    """The tool's own schema could not be evaluated (unresolvable `$ref`, bad regex, ...)."""
+
+
 def _schema_errors(schema: Mapping[str, Any], arguments: Any) -> list[dict]:
-    validator_cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    errors = sorted(validator_cls(schema).iter_errors(arguments), key=lambda e: [str(p) for p in e.absolute_path])
-    return [{"path": ".".join(map(str, e.absolute_path)) or "(root)", "message": e.message} for e in errors]
+    """Schema failures of `arguments` as [{"path", "message"}], sorted by path.
+
+    Raises:
+      _BrokenSchema: the validator itself failed (any exception while evaluating the schema: a
+        `$ref` pointing nowhere, an invalid regex, runaway recursion, ...). That is the harness's
+        fault, never the model's, and the caller reports it as a structured error.
+    """
+    try:
+        validator_cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        errors = sorted(validator_cls(schema).iter_errors(arguments), key=lambda e: [str(p) for p in e.absolute_path])
+        return [{"path": ".".join(map(str, e.absolute_path)) or "(root)", "message": e.message} for e in errors]
+    except Exception as err:  # noqa: BLE001 - schema machinery errors of every kind
+        raise _BrokenSchema(f"{type(err).__name__}: {err}") from err
 
 
 def _skill_name(tool: Tool, arguments: Mapping[str, Any]) -> Any:
@@ -151,7 +198,7 @@ def execute_tool_call(
     """
     if fault is not None and fault not in FAULTS:
         raise ValueError(f"fault must be one of {FAULTS} or None, got {fault!r}")
-    tool = harness.tool(name)
+    tool = harness.tool(name) if isinstance(name, str) else None
     if tool is None:
         names = [t.name for t in harness.tools]
         message = f"没有名为 {name!r} 的工具（unknown tool），可用工具：{', '.join(names)}"
@@ -163,8 +210,16 @@ def execute_tool_call(
             errors = [{"path": "(root)", "message": str(err)}]
             message = f"参数不是合法的JSON（arguments）：{err.msg}"
             return _failed("invalid_arguments", "invalid_arguments", message, {"errors": errors}, {}, tool.impl)
-    errors = _schema_errors(tool.input_schema, {} if arguments is None else arguments)
+    try:
+        errors = _schema_errors(tool.input_schema, {} if arguments is None else arguments)
+    except _BrokenSchema as err:
+        log.warning("tool %s: its inputSchema cannot be evaluated (%s)", name, err)
+        message = f"工具 {name} 的参数定义有误，无法校验参数（invalid schema）：{err}"
+        return _failed("error", "invalid_schema", message, {"reason": str(err)}, {}, tool.impl)
     if errors:
+        return _invalid(name, errors, {}, tool.impl)
+    if not isinstance(arguments, Mapping):  # a schema without "type": "object" let a non-object through
+        errors = [{"path": "(root)", "message": f"{arguments!r} is not of type 'object'"}]
         return _invalid(name, errors, {}, tool.impl)
     arguments = arguments or {}
 
@@ -193,9 +248,14 @@ def execute_tool_call(
     except ToolError as err:
         if err.kind != "invalid_arguments":
             return _failed("error", err.kind, err.message, err.details, canonical, tool.impl)
-        # canonical paths back to surface paths
+        # canonical paths back to surface paths (ToolError guarantees the errors list's shape)
         errors = [{**e, "path": ".".join(tool.arg_paths.get(e["path"], (e["path"],)))} for e in err.details["errors"]]
         return _invalid(name, errors, canonical, tool.impl)
+    except Exception as err:  # noqa: BLE001 - a bug in a world function must not escape to the model's loop
+        log.exception("tool %s (%s) raised on canonical arguments %r", name, tool.impl, canonical)
+        message = f"工具 {name} 内部错误（internal error）：{type(err).__name__}"
+        details = {"exception": f"{type(err).__name__}: {err}"}
+        return _failed("error", "internal_error", message, details, canonical, tool.impl)
     return ToolExecution("ok", result, canonical, tool.impl)
 
 

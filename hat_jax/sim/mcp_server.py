@@ -26,8 +26,14 @@ a fixed delay to every call (latency experiments).
 
 Transports: "stdio" (stdout carries JSON-RPC, so every log line goes to stderr) and the SDK's
 Streamable HTTP app served by uvicorn on `--host`/`--port` at path `/mcp`, answering plain JSON
-(`json_response=True`: no SSE framing; this server sends no progress notifications). Exit status 2
-on a bad `--harness` path or a harness that fails validation, with the reason on stderr.
+(`json_response=True`: no SSE framing; this server sends no progress notifications). For HTTP the
+server binds its socket itself before handing it to uvicorn, so "serving ..." is logged only once the
+port is bound, and a port that cannot be bound (in use, no permission) is reported as such.
+
+Exit status 2, with the reason on stderr, on bad options (argparse: `--n-products` outside
+[`MIN_PRODUCTS`, `MAX_PRODUCTS`], `--port` outside 1-65535, an unknown `--log-level`; fault rates
+that fail `check_fault_rates`), a bad `--harness` path, a harness that fails validation, or an HTTP
+port that cannot be bound.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import dataclasses
 import json
 import logging
 import random
+import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -48,8 +55,8 @@ from mcp.server import Server, ServerRequestContext
 
 from hat_jax.harness.loader import load_harness
 from hat_jax.harness.state import HarnessState
-from hat_jax.sim.catalog import World
-from hat_jax.sim.executor import FAULTS, draw_fault, execute_tool_call
+from hat_jax.sim.catalog import MAX_PRODUCTS, MIN_PRODUCTS, World
+from hat_jax.sim.executor import check_fault_rates, draw_fault, execute_tool_call
 
 logger = logging.getLogger("hat_jax.sim.mcp_server")
 
@@ -79,14 +86,8 @@ class FaultConfig:
     timeout_fault_s: float = 30.0
 
     def __post_init__(self) -> None:
-        for kind, rate in self.rates.items():
-            if kind not in FAULTS:
-                raise ValueError(f"FaultConfig.rates: unknown fault kind {kind!r}, expected one of {FAULTS}")
-            if not 0.0 <= rate <= 1.0:
-                raise ValueError(f"FaultConfig.rates[{kind!r}] = {rate}: expected a probability in [0, 1]")
-        if sum(self.rates.values()) > 1.0 + 1e-9:
-            raise ValueError(f"FaultConfig.rates sum to {sum(self.rates.values())} > 1")
-        if self.tool_delay_s < 0 or self.timeout_fault_s < 0:
+        check_fault_rates(self.rates, "FaultConfig.rates")
+        if not (self.tool_delay_s >= 0 and self.timeout_fault_s >= 0):
             raise ValueError("FaultConfig.tool_delay_s and timeout_fault_s must be >= 0")
 
 
@@ -163,38 +164,90 @@ async def serve_stdio(server: Server) -> None:
         await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
-async def serve_http(server: Server, host: str = "127.0.0.1", port: int = 8765) -> None:
-    """Serve `server` over Streamable HTTP at `http://host:port/mcp` (uvicorn, logs on stderr)."""
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket bound to (host, port) (IPv6 when `host` is an IPv6 address).
+
+    Raises:
+      OSError: the address cannot be bound (port in use, no permission, unknown host).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+async def serve_http(
+    server: Server, host: str = "127.0.0.1", port: int = 8765, sock: socket.socket | None = None
+) -> None:
+    """Serve `server` over Streamable HTTP at `http://host:port/mcp` (uvicorn, logs on stderr).
+
+    Args:
+      server: the MCP server.
+      host, port: the address (bound here with `bind_socket` unless `sock` is given).
+      sock: an already bound listening socket to serve on.
+    Raises:
+      OSError: the address cannot be bound.
+    """
     import uvicorn
 
+    sock = sock if sock is not None else bind_socket(host, port)
     app = server.streamable_http_app(streamable_http_path=HTTP_PATH, json_response=True, host=host)
     config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, log_level="warning")
     logger.info("serving MCP over HTTP at http://%s:%d%s", host, port, HTTP_PATH)
-    await uvicorn.Server(config).serve()
+    await uvicorn.Server(config).serve(sockets=[sock])
+
+
+def _int_in(low: int, high: int) -> Callable[[str], int]:
+    """An argparse `type`: an int in [low, high]."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected an integer in [{low}, {high}], got {value}")
+        return value
+
+    return parse
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m hat_jax.sim.mcp_server", description=__doc__.split("\n")[0])
     p.add_argument("--harness", required=True, help="harness.yaml file or harness directory")
     p.add_argument("--seed", type=int, required=True, help="world seed (World.generate)")
-    p.add_argument("--n-products", type=int, default=240)
+    p.add_argument(
+        "--n-products",
+        type=_int_in(MIN_PRODUCTS, MAX_PRODUCTS),
+        default=240,
+        help=f"catalog size, {MIN_PRODUCTS}-{MAX_PRODUCTS}",
+    )
     p.add_argument("--transport", choices=("stdio", "http"), default="stdio")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--port", type=_int_in(1, 65535), default=8765, help="HTTP port, 1-65535")
     p.add_argument("--fault-error", type=float, default=0.0, help="rate of injected tool errors")
     p.add_argument("--fault-timeout", type=float, default=0.0, help="rate of injected timeouts (real sleeps)")
     p.add_argument("--fault-empty", type=float, default=0.0, help="rate of injected empty results")
     p.add_argument("--fault-seed", type=int, default=0)
     p.add_argument("--tool-delay-s", type=float, default=0.0, help="sleep before every call")
     p.add_argument("--timeout-fault-s", type=float, default=30.0, help="how long an injected timeout sleeps")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument(
+        "--log-level", type=str.upper, choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"), default="INFO"
+    )
     return p.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point; returns the exit status (2 for a bad harness or bad fault options)."""
+    """Command-line entry point; returns the exit status (2 for bad options, a bad harness or an
+    HTTP port that cannot be bound; argparse itself exits with 2 on option errors)."""
     args = _parse_args(argv)
-    logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(stream=sys.stderr, level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     path = Path(args.harness)
     if not path.exists():
@@ -227,8 +280,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.transport == "stdio":
         anyio.run(serve_stdio, server)
-    else:
-        anyio.run(serve_http, server, args.host, args.port)
+        return 0
+    try:
+        sock = bind_socket(args.host, args.port)
+    except OSError as exc:
+        print(f"mcp_server: error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    anyio.run(serve_http, server, args.host, args.port, sock)
     return 0
 
 

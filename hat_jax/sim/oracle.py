@@ -1,6 +1,7 @@
 """The oracle teacher: the embedded "strong model" that writes ideal live-stream trajectories.
 
-PAPER.md stage 2: a strong teacher runs in the live-stream environment under the current harness,
+The HAT report, arXiv 2608.15763 (TaoLive, 2026), "Training, three stages", stage 1 (HSA-SFT): a
+strong teacher runs in the live-stream environment under the current harness,
 rejection sampling keeps what the judges accept, and the compact model is supervised on it. The
 oracle is that teacher for hat-jax: a `Policy` that reads the task's ground truth (intent, skill key,
 gold calls) and the *current* harness, and writes the next assistant turn.
@@ -29,7 +30,7 @@ Variant implemented and why:
 - Noise (`OracleConfig` rates, drawn once per episode): skip the skill, call a wrong tool, skip a
   tool (both then state the missing fact from the task, ungrounded), state a wrong fact, add an
   ungrounded promise, exceed the length limit. A Stop hook that blocks a noisy reply gets a clean
-  revision (the "hook forced a retry" trajectories of PAPER.md).
+  revision (the "hook forced a retry" trajectories of the HAT report).
 
 `final_behaviour_only` post-processes such trajectories for SFT (see its docstring).
 """
@@ -66,7 +67,7 @@ class OracleConfig:
       p_ungrounded_promise: add a refund/compensation promise no tool supports.
       p_over_length: pad the reply beyond the prompt's length limit.
       retry_keep_full_share: share of hook-retry trajectories that keep the full retry in
-        `final_behaviour_only` (PAPER.md: "a small share").
+        `final_behaviour_only` (the HAT report: "a small share").
       reasoning: "short" (1-2 Chinese sentences per turn) or "none" (empty reasoning).
       max_tool_rounds: tool rounds the environment allows (`EnvConfig.max_tool_rounds`).
       seed: salt for every draw (`with_seed` changes it between rejection-sampling attempts).
@@ -380,8 +381,8 @@ class OracleTeacher:
 def final_behaviour_only(episode: Episode, *, keep_full_share: float = 0.1, seed: int = 0) -> tuple[dict, ...]:
     """The episode's messages with hook-forced retries collapsed to the final correct behaviour.
 
-    PAPER.md stage 2: "for trajectories where a Hook forced a retry, most keep only the final correct
-    behaviour; a small share keeps the full retry to teach recovery". Here:
+    The HAT report, stage 1 (HSA-SFT): "for trajectories where a Hook forced a retry, most keep only
+    the final correct behaviour; a small share keeps the full retry to teach recovery". Here:
     - a failed tool call that a later turn retried with success: the failed result (with its hook
       feedback) is replaced by the successful result and the retry turn (assistant message and its
       tool messages) is dropped, provided every call in that turn is such a retry; a chain of failed

@@ -1,7 +1,8 @@
 """Rollouts of a policy in the live-stream environment, and rejection sampling over them.
 
 `rollout` runs one episode: `env.reset(task, harness, seed)`, then `policy.act` / `env.step` until
-the environment says done. `rejection_sample` is the SFT data step of HAT (PAPER.md, stage 2): roll
+the environment says done. `rejection_sample` is the SFT data step of HAT (the HAT report, arXiv
+2608.15763 (TaoLive, 2026), "Training, three stages", stage 1, HSA-SFT): roll
 the teacher out on each task, judge the episode, keep those the keep-rule accepts (by default
 Accuracy == 1 and Effectiveness == 1), retrying a rejected task up to `attempts` times with a
 re-seeded policy (`SeedablePolicy.with_seed`) so that attempts differ.

@@ -3,8 +3,10 @@
 Each function takes the `World` and canonical keyword arguments (product_id, sku_id, query,
 category, max_results, region, height_cm, weight_kg) and returns a JSON-serialisable dict with
 English keys and Chinese values. A business error the model should see (unknown product or SKU,
-region not served, a product without a size chart) raises `ToolError`; the executor turns it into a
-structured error result. Nothing here depends on a harness: harness tools bind to these functions by
+region not served, a product without a size chart) raises `ToolError`, and so does an argument that
+passes the schema but not the function's own check (a blank search query: kind "invalid_arguments"
+with details.errors naming the argument); the executor turns every `ToolError` into a structured
+error result. Nothing here depends on a harness: harness tools bind to these functions by
 `Tool.impl` and map their surface arguments to the canonical names with `Tool.arg_paths`.
 
 `WORLD_FUNCTIONS[impl]` is a `WorldFunction`: callable as `fn(world, **canonical_args)` and carrying
@@ -96,14 +98,32 @@ class ToolError(Exception):
       message: Chinese message naming the bad value.
       kind: error type for the structured result ("not_found", "not_served", "no_size_chart",
         "invalid_arguments").
-      details: extra JSON-serialisable data (e.g. the valid SKU ids).
+      details: extra JSON-serialisable data (e.g. the valid SKU ids). For kind "invalid_arguments"
+        it always holds "errors": [{"path": canonical argument name or "(root)", "message"}]; when
+        the raiser gives none, one entry {"path": "(root)", "message": message} is filled in, so
+        every invalid-arguments error has the shape the executor reports (use `ToolError.invalid`).
     """
 
     def __init__(self, message: str, kind: str = "not_found", details: Mapping[str, Any] | None = None):
         super().__init__(message)
-        self.message = message
-        self.kind = kind
+        self.message = str(message)
+        self.kind = str(kind)
         self.details = dict(details or {})
+        if self.kind == "invalid_arguments":
+            errors = self.details.get("errors")
+            if not isinstance(errors, list) or not errors:
+                errors = [{"path": "(root)", "message": self.message}]
+            self.details["errors"] = [
+                {"path": str(e.get("path", "(root)")), "message": str(e.get("message", self.message))}
+                if isinstance(e, Mapping)
+                else {"path": "(root)", "message": str(e)}
+                for e in errors
+            ]
+
+    @classmethod
+    def invalid(cls, path: str, message: str) -> ToolError:
+        """An "invalid_arguments" error about canonical argument `path` (details.errors has one entry)."""
+        return cls(message, kind="invalid_arguments", details={"errors": [{"path": path, "message": message}]})
 
 
 def _product(world: World, product_id: str):
@@ -138,7 +158,7 @@ def search_products(world: World, query: str, category: str | None = None, max_r
     """Products matching `query` (see the module docstring for the ranking), best first."""
     q = "".join(query.split()).lower()
     if not q:
-        raise ToolError("搜索关键词不能为空（query）", kind="invalid_arguments")
+        raise ToolError.invalid("query", "搜索关键词不能为空（query）")
     if category is not None and category not in world.categories:
         raise ToolError(f"没有这个类目（category={category!r}）", details={"valid_categories": list(world.categories)})
     grams = {q[i : i + 2] for i in range(len(q) - 1)} or {q}
@@ -457,8 +477,24 @@ def distractor_result(impl: str, canonical_args: Mapping[str, Any] | None = None
     return {"tool": name, **_DISTRACTOR_PAYLOADS[h % len(_DISTRACTOR_PAYLOADS)](h)}
 
 
+def _coerce_integers(impl: str, args: Mapping[str, Any]) -> dict:
+    """`args` with integral floats (5.0) turned into ints where the canonical schema says "integer".
+
+    JSON Schema counts 5.0 as an integer, and JSON text cannot tell 5 from 5.0 reliably, so a value
+    that passed validation may still be a float; the world functions take Python ints.
+    """
+    props = CANONICAL_SCHEMAS[impl]["properties"]
+    return {
+        k: int(v) if isinstance(v, float) and props.get(k, {}).get("type") == "integer" and v.is_integer() else v
+        for k, v in args.items()
+    }
+
+
 def call_world_function(world: World, impl: str, canonical_args: Mapping[str, Any]) -> dict:
     """Runs world function `impl` (or a distractor) with canonical arguments checked against its schema.
+
+    Arguments that pass the schema are passed on with integral floats of "integer" properties made
+    ints (`_coerce_integers`).
 
     Raises:
       ToolError: a business error, or arguments that fail the canonical schema (kind "invalid_arguments",
@@ -477,4 +513,4 @@ def call_world_function(world: World, impl: str, canonical_args: Mapping[str, An
             kind="invalid_arguments",
             details={"errors": listed},
         )
-    return WORLD_FUNCTIONS[impl](world, **canonical_args)
+    return WORLD_FUNCTIONS[impl](world, **_coerce_integers(impl, canonical_args))

@@ -18,7 +18,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Literal
 
-# Viewer intents (at least 12, DESIGN.md "The simulator").
+# Viewer intents (at least 12: the kinds of viewer messages a live-room avatar answers).
 INTENTS: tuple[str, ...] = (
     "product_info",  # a fact about a product: material, attributes, what it is
     "price",  # the live price of a product

@@ -77,6 +77,7 @@ def test_batches_shapes_masks_and_original_rows_exact(tok):
         "loss_mask": ((4, 4096), np.int32),
         "attention_mask": ((4, 4096), np.int32),
         "num_tokens": ((4,), np.int32),
+        "truncated": ((4,), np.int8),
         "hsa_applied": ((4, len(hsa.TRANSFORMS)), np.int8),
     }
     ids, mask = render_tokens(tok, H, RECORDS[1]["messages"])
@@ -85,12 +86,35 @@ def test_batches_shapes_masks_and_original_rows_exact(tok):
     np.testing.assert_array_equal(b["input_ids"][1, :n], ids)
     np.testing.assert_array_equal(b["loss_mask"][1, :n], mask)
     assert (b["input_ids"][1, n:] == tok.pad_token_id).all() and not b["loss_mask"][1, n:].any()
-    assert b["attention_mask"][1].sum() == n and not b["hsa_applied"].any()
+    assert b["attention_mask"][1].sum() == n and not b["hsa_applied"].any() and not b["truncated"].any()
 
 
 def test_truncation_keeps_seq_len(tok):
     b = next(iter(P.sft_dataset(RECORDS, HARNESSES, tok, cfg(p_hsa=0.0, seq_len=64))))
     assert b["input_ids"].shape == (4, 64) and (b["num_tokens"] > 64).all() and b["attention_mask"].all()
+
+
+def test_truncation_is_flagged_per_row_and_logged_once(tok, caplog):
+    lengths = [len(render_tokens(tok, H, r["messages"])[0]) for r in RECORDS]
+    prompt = min(len(render_tokens(tok, H, r["messages"][:2])[0]) for r in RECORDS)  # system + user: no loss token
+    seq_len = sorted(lengths)[6]  # rows longer than the 7th shortest are cut
+    with caplog.at_level("WARNING", logger="hat_jax.data.pipeline"):
+        batches = list(P.sft_dataset(RECORDS, HARNESSES, tok, cfg(p_hsa=0.0, shuffle=False, seq_len=seq_len)))
+    truncated = np.concatenate([b["truncated"] for b in batches])
+    num_tokens = np.concatenate([b["num_tokens"] for b in batches])
+    assert truncated.dtype == np.int8 and truncated.shape == (12,)
+    np.testing.assert_array_equal(num_tokens, lengths)
+    np.testing.assert_array_equal(truncated, [n > seq_len for n in lengths])
+    assert truncated.sum() == sum(n > seq_len for n in lengths) > 0
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and f"> seq_len {seq_len}" in warnings[0] and "(1 of " in warnings[0]
+    # cut before the first assistant token: the row trains nothing, which is logged too
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hat_jax.data.pipeline"):
+        b = next(iter(P.sft_dataset(RECORDS, HARNESSES, tok, cfg(p_hsa=0.0, seq_len=prompt - 5))))
+    assert b["truncated"].all() and not b["loss_mask"].any()
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 2 and "has no loss token left" in warnings[1]
 
 
 def test_hsa_records_are_consistent_and_deterministic():

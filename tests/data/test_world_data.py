@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -25,7 +26,9 @@ def test_sft_records_are_rejection_sampled_and_cached(tmp_path):
     assert len(files) == 2 and not any(f.endswith(".partial") for f in files)
     # A second call reads the cache: same records, no rebuild.
     again, meta2 = world_data.sft_records(SMALL, cache_dir=tmp_path)
-    assert again == records and meta2 == json.loads(json.dumps(meta))
+    assert meta["from_cache"] is False and meta2["from_cache"] is True
+    assert again == records and {**meta2, "from_cache": False} == meta
+    assert all((p.stat().st_mode & 0o777) == 0o644 for p in tmp_path.iterdir())  # readable by others
     # The records feed the Grain pipeline's HSA step as they are.
     out = list(hsa_dataset(records[:8], {"production": production_harness()}, SFTDataConfig(batch_size=2, p_hsa=1.0)))
     assert len(out) == 8 and all(o["hsa_applied"].any() for o in out)
@@ -56,5 +59,74 @@ def test_eval_items_are_disjoint_from_training(tmp_path):
 
 
 def test_config_validation():
-    with pytest.raises(ValueError, match="sft_attempts"):
-        world_data.WorldDataConfig(sft_attempts=0)
+    for field, value, expected in [
+        ("sft_attempts", 0, "WorldDataConfig.sft_attempts = 0: expected an int >= 1"),
+        ("sft_tasks", -1, "WorldDataConfig.sft_tasks = -1: expected an int >= 0"),
+        ("sft_tasks", 2.5, "WorldDataConfig.sft_tasks = 2.5: expected an int >= 0"),
+        ("rl_tasks", "10", "WorldDataConfig.rl_tasks = '10': expected an int >= 0"),
+        ("n_products", 3, r"WorldDataConfig.n_products = 3: expected an int in \[10, 2000\]"),
+        ("world_seed", None, "WorldDataConfig.world_seed = None: expected an int"),
+        ("sft_fault_rates", {"error": float("nan")}, r"WorldDataConfig.sft_fault_rates\['error'\] = nan"),
+        ("oracle", {}, "WorldDataConfig.oracle: expected an OracleConfig"),
+    ]:
+        with pytest.raises(ValueError, match=expected):
+            world_data.WorldDataConfig(**{field: value})
+
+
+@pytest.mark.parametrize(
+    "case, corrupt, problem",
+    [
+        ("non-utf8", lambda p, m: p.write_bytes(p.read_bytes()[:40] + b"\xff\xfe" + p.read_bytes()[40:]), "unreadable"),
+        ("meta a list", lambda p, m: m.write_text("[1, 2]"), "is a JSON list, not an object"),
+        ("empty object line", lambda p, m: _replace_line(p, 0, "{}"), "line 1 is not a valid rl record"),
+        ("list line", lambda p, m: _replace_line(p, 1, "[]"), "line 2 is not a valid rl record"),
+        ("NaN line", lambda p, m: _replace_line(p, 2, "NaN"), "line 3 is not a valid rl record"),
+        ("dropped field", lambda p, m: _drop_field(p, 3, "gold_calls"), "line 4 is not a valid rl record"),
+    ],
+)
+def test_untrustworthy_cache_files_are_reported_and_rebuilt(tmp_path, caplog, case, corrupt, problem):
+    config = dataclasses.replace(SMALL, rl_tasks=5)
+    tasks = world_data.rl_tasks(config, cache_dir=tmp_path)
+    path = next(tmp_path.glob("rl-*.jsonl"))
+    corrupt(path, world_data._meta_path(path))
+    with caplog.at_level("WARNING", logger="hat_jax.data.world_data"):
+        assert world_data.rl_tasks(config, cache_dir=tmp_path) == tasks
+    assert str(path) in caplog.text and problem in caplog.text and "rebuilding it" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hat_jax.data.world_data"):
+        assert world_data.rl_tasks(config, cache_dir=tmp_path) == tasks  # the rebuilt file is trusted again
+    assert not caplog.text
+
+
+def test_sft_records_are_checked_on_read(tmp_path, caplog):
+    records, _ = world_data.sft_records(dataclasses.replace(SMALL, sft_tasks=4), cache_dir=tmp_path)
+    for r in records:
+        world_data.check_sft_record(r)
+    for bad, expected in [
+        ({k: v for k, v in records[0].items() if k != "seed"}, "lacks ['seed']"),
+        ({**records[0], "messages": []}, "'messages': expected a non-empty list"),
+        ({**records[0], "messages": [{"content": "hi"}]}, "'messages[0]'"),
+        ({**records[0], "seed": "7"}, "'seed': expected an int"),
+        ({**records[0], "task": {**records[0]["task"], "intent": "dance"}}, "intent 'dance'"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(expected)):
+            world_data.check_sft_record(bad)
+    path = next(tmp_path.glob("sft-*.jsonl"))
+    _drop_field(path, 0, "hook_retry_kept")
+    with caplog.at_level("WARNING", logger="hat_jax.data.world_data"):
+        again, meta = world_data.sft_records(dataclasses.replace(SMALL, sft_tasks=4), cache_dir=tmp_path)
+    assert again == records and meta["from_cache"] is False and "line 1 is not a valid sft record" in caplog.text
+
+
+def _replace_line(path, index, text):
+    lines = path.read_text(encoding="utf-8").splitlines()
+    lines[index] = text
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _drop_field(path, index, field):
+    lines = path.read_text(encoding="utf-8").splitlines()
+    record = json.loads(lines[index])
+    del record[field]
+    lines[index] = json.dumps(record, ensure_ascii=False)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")

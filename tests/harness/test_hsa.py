@@ -300,6 +300,18 @@ def test_heldout_families_never_in_train_always_in_heldout():
     assert {p.lower() for p in heldout_pieces} <= train_pieces  # held-out = new combinations of seen pieces
 
 
+def test_family_says_what_the_harness_is_and_rng_must_be_a_random():
+    with pytest.raises(TypeError, match="rng must be a random.Random"):
+        hsa.compose(H, 0)
+    rewrite_only = hsa.HSAConfig(allowed=("rewrite_skills",))  # no forced held-out transform allowed
+    new, _, applied = hsa.compose(H, random.Random(0), rewrite_only, split="heldout")
+    assert applied == ("rewrite_skills",) and not hsa.is_heldout_harness(new, H) and new.family == "hsa-train"
+    new, _, _ = hsa.compose(H, random.Random(0), split="heldout")
+    assert hsa.is_heldout_harness(new, H) and new.family == "hsa-heldout"
+    families = {hsa.compose(H, random.Random(seed), split="train")[0].family for seed in range(50)}
+    assert families == {"hsa-train"}
+
+
 def test_every_world_name_has_train_and_heldout_combinations():
     for impl in (*V.TOOL_NOUNS, "distractor"):
         assert V._split_combos(impl, False) and V._split_combos(impl, True), impl

@@ -146,7 +146,26 @@ BAD_MANIFESTS = [
         "schema type",
         _set(["tools", 3, "inputSchema", "properties", "sku_id", "type"], "strin"),
         "tools[3].inputSchema.properties.sku_id.type",
-        "invalid JSON Schema",
+        "invalid JSON Schema: type 'strin' is not a JSON Schema type; "
+        "expected one of array, boolean, integer, null, number, object, string",
+    ),
+    (
+        "ref to nowhere",
+        _set(["tools", 3, "inputSchema", "properties", "sku_id"], {"$ref": "#/$defs/sku"}),
+        "tools[3].inputSchema.properties.sku_id.$ref",
+        "reference '#/$defs/sku' points nowhere in the inputSchema",
+    ),
+    (
+        "remote ref",
+        _set(["tools", 3, "inputSchema", "properties", "sku_id"], {"$ref": "https://example.com/sku.json"}),
+        "tools[3].inputSchema.properties.sku_id.$ref",
+        "expected a local reference",
+    ),
+    (
+        "required not a property",
+        _set(["tools", 3, "inputSchema", "required"], ["sku_id", "sku"]),
+        "tools[3].inputSchema.required[1]",
+        "names 'sku', which is not in the schema's properties (sku_id)",
     ),
     (
         "schema not object",
@@ -330,3 +349,60 @@ def test_yaml_is_never_executed_and_duplicate_keys_are_errors(tmp_path):
 def test_missing_manifest(tmp_path):
     with pytest.raises(HarnessError, match="harness manifest not found"):
         load_harness(tmp_path)
+
+
+def test_a_local_ref_that_resolves_loads_and_validates_calls(tmp_path, world):
+    from hat_jax.sim.executor import execute_tool_call
+
+    def mutate(m):
+        schema = m["tools"][3]["inputSchema"]
+        schema["$defs"] = {"sku": {"type": "string"}}
+        schema["properties"]["sku_id"] = {"$ref": "#/$defs/sku"}
+
+    h = load_harness(_write(tmp_path, mutate))
+    assert h.tools[3].input_schema["properties"]["sku_id"] == {"$ref": "#/$defs/sku"}
+    ex = execute_tool_call(world, h, h.tools[3].name, {"sku_id": 5})
+    assert ex.status == "invalid_arguments" and ex.result["error"]["details"]["errors"][0]["path"] == "sku_id"
+
+
+def test_required_may_name_an_enclosing_schemas_property(tmp_path):
+    def mutate(m):
+        schema = m["tools"][5]["inputSchema"]  # estimate_shipping: product_id, region
+        schema["anyOf"] = [{"required": ["product_id"]}, {"required": ["region"]}]
+
+    assert load_harness(_write(tmp_path, mutate)).tools[5].input_schema["anyOf"][1] == {"required": ["region"]}
+    bad = _write(tmp_path / "b", _set(["tools", 5, "inputSchema", "anyOf"], [{"required": ["city"]}]))
+    with pytest.raises(HarnessError) as info:
+        load_harness(bad)
+    assert info.value.field == "tools[5].inputSchema.anyOf[0].required[0]" and "'city'" in info.value.expected
+
+
+def test_non_utf8_files_are_harness_errors_naming_the_file(tmp_path):
+    folder = _write(tmp_path)
+    manifest = folder / "harness.yaml"
+    manifest.write_bytes(b"name: \xff\xfe\n")
+    with pytest.raises(HarnessError) as info:
+        load_harness(folder)
+    assert info.value.file == str(manifest) and "expected UTF-8 text; byte 0xff at offset 6" in info.value.expected
+    folder = _write(tmp_path / "b")
+    skill = folder / "skills" / "logistics" / "SKILL.md"
+    skill.write_bytes(skill.read_bytes().replace("物流".encode(), "物流".encode("gbk"), 1))
+    with pytest.raises(HarnessError) as info:
+        load_harness(folder)
+    assert info.value.file == str(skill) and "expected UTF-8 text" in info.value.expected
+
+
+def test_one_skill_per_world_skill_and_a_warning_for_unbound_keys(tmp_path, caplog):
+    text = (PRODUCTION_DIR / "skills" / "size-advice" / "SKILL.md").read_text(encoding="utf-8")
+    folder = _write(tmp_path, skill="size-advice", skill_text=text.replace("size_advice", "logistics"))
+    with pytest.raises(HarnessError) as info:  # size-advice now claims logistics; logistics comes next
+        load_harness(folder)
+    assert info.value.file == str(folder / "skills" / "logistics" / "SKILL.md")
+    assert info.value.field == "metadata.hat-skill-key"
+    assert "world skill 'logistics' is already bound by skill 'size-advice'" in info.value.expected
+    # A harness without a size skill is legal (partial), and the loader says so.
+    folder = _write(tmp_path / "b", skill="size-advice", skill_text=text.replace("hat-skill-key: size_advice", ""))
+    with caplog.at_level("WARNING", logger="hat_jax.harness.loader"):
+        h = load_harness(folder)
+    assert h.skill("size-advice").key == ""
+    assert "no skill is bound to world skill(s) size_advice" in caplog.text

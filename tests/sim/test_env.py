@@ -214,3 +214,64 @@ def test_empty_reply_and_misuse(world, harness, task):
         EnvConfig(max_tool_rounds=0)
     with pytest.raises(ValueError, match="fault_rates"):
         EnvConfig(fault_rates={"error": 0.9, "timeout": 0.9})
+
+
+def test_fault_rates_and_limits_are_checked_with_the_field_named():
+    for rates, expected in [
+        ({"error": float("nan")}, r"fault_rates\['error'\] = nan: expected a probability"),
+        ({"error": "0.1"}, r"fault_rates\['error'\] = '0.1'"),
+        ({"error": True}, r"fault_rates\['error'\] = True"),
+        ({"crash": 0.1}, "unknown fault kind 'crash'"),
+        ({"error": 0.6, "empty": 0.6}, "sum to <= 1"),
+        ([0.1], "expected a mapping"),
+    ]:
+        with pytest.raises(ValueError, match=expected):
+            EnvConfig(fault_rates=rates)
+    with pytest.raises(ValueError, match="EnvConfig.max_tool_rounds must be an int >= 1, got '4'"):
+        EnvConfig(max_tool_rounds="4")
+    with pytest.raises(ValueError, match="EnvConfig.tool_timeout_s"):
+        EnvConfig(tool_timeout_s=float("nan"))
+    assert EnvConfig(fault_rates={"error": 1, "timeout": 0}).fault_rates == {"error": 1, "timeout": 0}
+
+
+def test_step_misuse_and_malformed_message_fields(world, harness, task):
+    env = LiveStreamEnv(world)
+    env.reset(task, harness)
+    for bad in ("好的宝宝", None):
+        with pytest.raises(TypeError, match="step_text"):
+            env.step(bad)
+    # content as OpenAI text parts is joined
+    r = env.step({"role": "assistant", "content": [{"type": "text", "text": "宝宝，"}, "这款188.9元"]})
+    assert r.done and env.episode().outcome == "replied" and env.episode().reply == "宝宝，这款188.9元"
+    # tool_calls as a string is malformed (not one call per character); so is numeric content
+    for message in (
+        {"role": "assistant", "content": "", "tool_calls": "get_price"},
+        {"role": "assistant", "content": 42},
+        {"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": "x"}}]},
+    ):
+        env.reset(task, harness)
+        r = env.step(message)
+        ep = env.episode()
+        assert r.done and r.new_messages == [] and ep.outcome == "malformed" and ep.tool_calls == ()
+        assert ep.messages[-1]["role"] == "assistant" and isinstance(ep.messages[-1]["content"], str)
+
+
+def test_fuzzed_tool_calls_never_raise_out_of_step(world, harness, task):
+    from test_executor import ODD_VALUES
+
+    cfg = EnvConfig(max_tool_rounds=1000, max_skill_turns=1000, fault_rates={"error": 0.1, "timeout": 0.1, "empty": 0.1})
+    env = LiveStreamEnv(world, cfg)
+    env.reset(task, harness)
+    statuses = set()
+    for tool in harness.tools:
+        for prop in tool.input_schema["properties"]:
+            for value in ODD_VALUES:
+                r = env.step(call(tool.name, **{prop: value}))
+                assert not r.done and len(r.new_messages) == 1
+                statuses.add(env.episode().tool_calls[-1].status)
+    odd_calls = [None, 5, "get_price", [], {"function": None}, {"function": {"name": None, "arguments": "{"}}]
+    r = env.step({"role": "assistant", "content": "", "tool_calls": odd_calls})
+    assert [c.status for c in env.episode().tool_calls[-len(odd_calls):]] == ["unknown_tool"] * len(odd_calls)
+    assert {"ok", "invalid_arguments"} <= statuses and "internal_error" not in {
+        c.result.get("error", {}).get("type") for c in env.episode().tool_calls
+    }

@@ -1,5 +1,6 @@
 """execute_tool_call: lookup, schema validation, arg-path mapping, skills, faults, business errors."""
 
+import json
 import random
 
 import pytest
@@ -143,3 +144,142 @@ def test_draw_fault():
         draw_fault(rng, {"crash": 0.1})
     with pytest.raises(ValueError, match="sum"):
         draw_fault(rng, {"error": 0.8, "empty": 0.5})
+
+
+# --- nothing the model writes escapes as an exception -----------------------------------------
+
+ODD_VALUES = [
+    "",
+    "   ",
+    "\x00",
+    "x" * 5000,
+    10**30,
+    -(10**30),
+    -5,
+    0,
+    2.0,
+    1e308,
+    float("nan"),
+    float("inf"),
+    True,
+    None,
+    [],
+    ["P0001"],
+    {},
+    {"a": {"b": {"c": None}}},
+]
+
+
+def test_empty_search_query_is_a_structured_invalid_arguments_error(world, prod):
+    for query in ("", "   "):
+        ex = execute_tool_call(world, prod, "search_products", {"query": query})
+        assert ex.status == "invalid_arguments" and ex.canonical_args == {"query": query}
+        assert ex.result["error"]["details"]["errors"] == [{"path": "query", "message": "搜索关键词不能为空（query）"}]
+    # the canonical path is reported at the surface path of a renamed, nested tool
+    search = Tool(
+        "find",
+        "搜",
+        {"type": "object", "properties": {"q": {"type": "object", "properties": {"text": {"type": "string"}}}}},
+        impl="search_products",
+        arg_paths={"query": ("q", "text")},
+    )
+    h = HarnessState("t", "0", "find", (), (search,), ())
+    ex = execute_tool_call(world, h, "find", {"q": {"text": " "}})
+    assert ex.status == "invalid_arguments" and ex.result["error"]["details"]["errors"][0]["path"] == "q.text"
+
+
+def test_integral_float_for_an_integer_argument_is_used_as_an_int(world, prod):
+    ex = execute_tool_call(world, prod, "search_products", {"query": "连衣裙", "max_results": 2.0})
+    assert ex.status == "ok" and len(ex.result["products"]) == 2  # JSON Schema counts 2.0 as an integer
+    assert execute_tool_call(world, prod, "search_products", {"query": "连衣裙", "max_results": 2.5}).status == (
+        "invalid_arguments"
+    )
+
+
+def test_every_tool_error_shape_and_world_bug_becomes_a_structured_result(world, prod, monkeypatch):
+    from hat_jax.sim import tools as T
+
+    def install(fn):
+        monkeypatch.setitem(T.WORLD_FUNCTIONS, "get_price", T.WorldFunction("get_price", fn, {}, ""))
+
+    def no_details(world, product_id):
+        raise T.ToolError("坏了", kind="invalid_arguments")
+
+    install(no_details)
+    ex = execute_tool_call(world, prod, "get_price", {"product_id": "P0001"})
+    assert ex.status == "invalid_arguments"
+    assert ex.result["error"]["details"]["errors"] == [{"path": "(root)", "message": "坏了"}]
+
+    def odd_details(world, product_id):
+        raise T.ToolError("坏了", kind="invalid_arguments", details={"errors": [3, {"path": "product_id"}]})
+
+    install(odd_details)
+    ex = execute_tool_call(world, prod, "get_price", {"product_id": "P0001"})
+    assert ex.result["error"]["details"]["errors"] == [
+        {"path": "(root)", "message": "3"},
+        {"path": "product_id", "message": "坏了"},
+    ]
+
+    def bug(world, product_id):
+        raise ZeroDivisionError("division by zero")
+
+    install(bug)
+    ex = execute_tool_call(world, prod, "get_price", {"product_id": "P0001"})
+    assert ex.status == "error" and ex.result["error"]["type"] == "internal_error"
+    assert ex.result["error"]["details"] == {"exception": "ZeroDivisionError: division by zero"}
+
+
+def test_a_schema_the_validator_cannot_evaluate_is_a_structured_error(world):
+    broken = Tool(
+        "get_stock",
+        "库存",
+        {"type": "object", "properties": {"sku_id": {"$ref": "#/$defs/nowhere"}}, "required": ["sku_id"]},
+        impl="get_stock",
+        arg_paths={"sku_id": ("sku_id",)},
+    )
+    h = HarnessState("t", "0", "get_stock", (), (broken,), ())
+    ex = execute_tool_call(world, h, "get_stock", {"sku_id": "P0001-黑色-M"})
+    assert ex.status == "error" and ex.result["error"]["type"] == "invalid_schema" and ex.canonical_args == {}
+    assert "nowhere" in ex.result["error"]["details"]["reason"]
+
+
+def test_a_tool_name_that_is_not_a_string_is_an_unknown_tool(world, prod):
+    for name in (None, 5, ["get_price"], {"name": "get_price"}):
+        assert execute_tool_call(world, prod, name, {"product_id": "P0001"}).status == "unknown_tool"
+
+
+def _fuzz_harnesses(prod):
+    from hat_jax.harness import hsa
+
+    yield prod
+    for seed in range(3):  # renamed, nested and distractor arguments too
+        yield hsa.compose(prod, random.Random(seed), hsa.HSAConfig(default_p=1.0))[0]
+
+
+def _place(path, value, base):
+    out = json.loads(json.dumps(base))
+    node = out
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
+    return out
+
+
+def test_fuzzed_arguments_never_raise_out_of_the_executor(world, prod):
+    from hat_jax.harness.hsa_rewrite import leaf_paths
+
+    seen = set()
+    for h in _fuzz_harnesses(prod):
+        for tool in h.tools:
+            valid = {}  # a valid call to start from: every leaf set to a plausible value
+            for path in leaf_paths(tool.input_schema):
+                valid = _place(path, "P0001", valid)
+            for args in [None, [], "", "[]", "null", "5", "{", 7, ["a"], {"x": {"y": 1}}]:
+                seen.add(execute_tool_call(world, h, tool.name, args).status)
+            for path in leaf_paths(tool.input_schema):
+                for value in ODD_VALUES:
+                    ex = execute_tool_call(world, h, tool.name, _place(path, value, valid))
+                    assert ex.result.get("error", {}).get("type") != "internal_error", (tool.name, path, value, ex)
+                    json.dumps(ex.result, ensure_ascii=False)  # the payload is always JSON
+                    seen.add(ex.status)
+    assert {"ok", "error", "invalid_arguments"} <= seen

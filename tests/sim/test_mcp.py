@@ -18,6 +18,7 @@ from hat_jax.harness.loader import load_harness
 from hat_jax.sim.catalog import World
 from hat_jax.sim.executor import execute_tool_call
 from hat_jax.sim.mcp_client import SyncToolClient, ToolClient, measure_roundtrip, server_command
+from hat_jax.sim import mcp_server
 from hat_jax.sim.mcp_server import FaultConfig, tool_result
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,6 +112,37 @@ def test_malformed_harness_exits_2_naming_the_file(tmp_path):
     assert "harness.yaml" in proc.stderr and proc.stdout == ""
 
 
+@pytest.mark.parametrize(
+    "option, value, expected",
+    [
+        ("--n-products", "3", "--n-products: expected an integer in [10, 2000], got 3"),
+        ("--n-products", "many", "--n-products: expected an integer, got 'many'"),
+        ("--port", "0", "--port: expected an integer in [1, 65535], got 0"),
+        ("--port", "70000", "--port: expected an integer in [1, 65535], got 70000"),
+    ],
+)
+def test_out_of_range_options_are_argparse_errors(capsys, option, value, expected):
+    with pytest.raises(SystemExit) as info:
+        mcp_server.main(["--harness", str(PRODUCTION), "--seed", "0", option, value])
+    assert info.value.code == 2 and expected in capsys.readouterr().err
+
+
+def test_nan_fault_rate_exits_2(capsys):
+    assert mcp_server.main(["--harness", str(PRODUCTION), "--seed", "0", "--fault-error", "nan"]) == 2
+    assert "FaultConfig.rates['error'] = nan" in capsys.readouterr().err
+
+
+def test_a_port_in_use_exits_2_with_a_clear_message(capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        argv = ["--harness", str(PRODUCTION), "--seed", "0", "--transport", "http", "--port", str(port)]
+        assert mcp_server.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "in use" in err and "serving" not in err
+
+
 def test_connecting_to_a_server_that_exits_raises_connection_error(tmp_path, errlog):
     with pytest.raises(ConnectionError, match="cannot connect"):
         SyncToolClient(server_command(tmp_path / "missing", SEED), cwd=str(REPO), errlog=errlog)
@@ -146,6 +178,14 @@ def test_invalid_arguments_give_an_error_outcome_with_the_structured_error(stdio
     leaf = tool.arg_paths["product_id"][-1]
     assert out.result["error"]["type"] == "invalid_arguments"
     assert out.result["error"]["details"]["errors"] == [{"path": "(root)", "message": f"'{leaf}' is a required property"}]
+
+
+def test_an_empty_search_query_is_a_structured_invalid_arguments_error(stdio, harness, world):
+    tool = harness.tool_by_impl("search_products")
+    out = stdio.call_tool(tool.name, surface_args(tool, {"query": "  "}), timeout_s=3.0)
+    assert out.status == "error" and out.tool_status == "invalid_arguments"
+    assert out.result == execute_tool_call(world, harness, tool.name, surface_args(tool, {"query": "  "})).result
+    assert out.result["error"]["details"]["errors"] == [{"path": "query", "message": "搜索关键词不能为空（query）"}]
 
 
 def test_unknown_tool_gives_an_error_outcome(stdio, harness):
