@@ -216,7 +216,8 @@ def _render_record(record: dict) -> str:
     return render_chat(render_messages(h, record["messages"]), h.openai_tools())
 
 
-def _tokenizer_from_init(init: str | None) -> Path | None:
+def tokenizer_from_checkpoint(init: str | None) -> Path | None:
+    """The tokenizer folder that comes with a checkpoint (`<ckpt>/tokenizer` or its parent's), or None."""
     if init is None:
         return None
     root = Path(init)
@@ -238,7 +239,7 @@ def sft_tokenizer(config: SFTConfig, records: Sequence[dict], out_dir: Path):
 
     vocab = config.model_config().vocab_size
     target = out_dir / "tokenizer"
-    source = target if (target / "tokenizer.json").is_file() else _tokenizer_from_init(config.init)
+    source = target if (target / "tokenizer.json").is_file() else tokenizer_from_checkpoint(config.init)
     if source is None:
         key = json.dumps({"v": TOKENIZER_VERSION, "vocab": vocab, "texts": config.tokenizer_texts,
                           "world": config.world.digest("sft")}, sort_keys=True)
@@ -278,27 +279,42 @@ def sft_loss_fn(model: Qwen3_5MoeForCausalLM):
     return loss_fn
 
 
-def _initial_params(config: SFTConfig, model_config):
-    if config.init is None:
-        return init_params(model_config, jax.random.key(config.seed))
+def load_init_params(path: str | Path, model_config, what: str = "SFT init"):
+    """Params of the checkpoint `path` (a model checkpoint or a stage's run dir), checked against the stage's
+    `model_config` and cast to its param dtypes (fp32 training). Shared by the stages (RL init/reference).
+
+    Args:
+        path: checkpoint directory. model_config: the architecture the stage expects.
+        what: how the messages name the checkpoint (e.g. "SFT init", "RL reference").
+    Raises:
+        FileNotFoundError: `path` does not exist.
+        IncompatibleCheckpointError: unreadable params, another shape (names the first bad leaf) or another
+            model config (lists the differing fields).
+    """
     from hat_jax.model.checkpoint_io import load_model_checkpoint
 
-    path = Path(config.init)
+    path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"SFT init checkpoint {str(path)!r} does not exist")
+        raise FileNotFoundError(f"{what} checkpoint {str(path)!r} does not exist")
     try:
         stored_config, params = load_model_checkpoint(path)
     except ValueError as err:
-        raise ckpt.IncompatibleCheckpointError(f"SFT init checkpoint {str(path)!r}: {err}") from err
+        raise ckpt.IncompatibleCheckpointError(f"{what} checkpoint {str(path)!r}: {err}") from err
     expected = params_shapes(model_config)
     ckpt.check_compatible(str(path), "params", params, expected, check_dtype=False)  # names the first bad leaf
     fields = [f.name for f in dataclasses.fields(model_config) if f.name != "extra"]
     diff = [f"{f}: checkpoint {getattr(stored_config, f)!r} != stage {getattr(model_config, f)!r}"
             for f in fields if getattr(stored_config, f) != getattr(model_config, f)]
     if diff:
-        raise ckpt.IncompatibleCheckpointError(f"SFT init checkpoint {str(path)!r} has another model config: "
+        raise ckpt.IncompatibleCheckpointError(f"{what} checkpoint {str(path)!r} has another model config: "
                                                + "; ".join(diff[:8]))
     return jax.tree_util.tree_map(lambda p, e: jnp.asarray(p, e.dtype), params, expected)  # train in fp32
+
+
+def _initial_params(config: SFTConfig, model_config):
+    if config.init is None:
+        return init_params(model_config, jax.random.key(config.seed))
+    return load_init_params(config.init, model_config, "SFT init")
 
 
 def run_sft(config: SFTConfig, out_dir: str | Path, *, resume: bool = False, force: bool = False,
