@@ -90,7 +90,7 @@ from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
 from hat_jax.train.rollout_tokens import encode, sample_completions
 from hat_jax.train.sft import COMPUTE_DTYPES, apply_overrides, tokenizer_from_checkpoint, with_steps
 from hat_jax.train.trainer import (LoopConfig, TrainState, default_mesh, init_train_state, make_train_step, moe_aux,
-                                   place_batch, run_stage, split_micro_batches, state_shardings)
+                                   place_batch, place_state, run_stage, split_micro_batches, state_shardings)
 
 log = logging.getLogger(__name__)
 PROMPT_SOURCES = ("general", "tulu")
@@ -525,9 +525,7 @@ def run_opd(config: OPDConfig, out_dir: str | Path, *, resume: bool = False, for
         log.info("resumed %s at step %d", out, existing)
     else:
         state = init_train_state(params, optimizer, jax.random.fold_in(jax.random.key(config.seed), 1))
-    # Committed placement: the step's outputs are committed, so uncommitted inputs (a fresh optimizer count,
-    # a restored step/rng) would make step 2 compile the train step a second time.
-    state = jax.device_put(state, shardings if shardings is not None else jax.devices()[0])
+    state = place_state(state, shardings)
 
     (out / "stage_config.json").write_text(json.dumps(cfg_json, indent=1, sort_keys=True) + "\n")
     dtype = COMPUTE_DTYPES[config.compute_dtype]

@@ -56,7 +56,10 @@ class OptimConfig:
 
 
 def lr_schedule(config: OptimConfig) -> optax.Schedule:
-    """step -> learning rate (see the module docstring)."""
+    """step -> learning rate (see the module docstring). When the warmup spans the whole run
+    (warmup_steps == total_steps, e.g. a short run of a preset), there is no cosine part: a linear warmup."""
+    if config.warmup_steps == config.total_steps:
+        return optax.linear_schedule(0.0, config.lr, config.warmup_steps)
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0, peak_value=config.lr, warmup_steps=config.warmup_steps,
         decay_steps=config.total_steps, end_value=config.lr * config.min_lr_ratio)

@@ -57,7 +57,7 @@ from hat_jax.train.losses import masked_token_ce_sum
 from hat_jax.train.metrics import MetricsWriter
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
 from hat_jax.train.trainer import (LoopConfig, TrainState, default_mesh, init_train_state, make_train_step, moe_aux,
-                                   place_batch, run_stage, split_micro_batches, state_shardings)
+                                   place_batch, place_state, run_stage, split_micro_batches, state_shardings)
 
 log = logging.getLogger(__name__)
 TOKENIZER_VERSION = 1
@@ -361,8 +361,7 @@ def run_sft(config: SFTConfig, out_dir: str | Path, *, resume: bool = False, for
         log.info("resumed %s at step %d", out, existing)
     else:
         state = init_train_state(params, optimizer, jax.random.fold_in(jax.random.key(config.seed), 1))
-        if shardings is not None:
-            state = jax.device_put(state, shardings)
+    state = place_state(state, shardings)
 
     (out / "stage_config.json").write_text(json.dumps(cfg_json, indent=1, sort_keys=True) + "\n")
     model = Qwen3_5MoeForCausalLM(model_config, dtype=COMPUTE_DTYPES[config.compute_dtype])

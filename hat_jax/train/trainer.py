@@ -85,6 +85,16 @@ def init_train_state(params, optimizer: optax.GradientTransformation, rng: jax.A
     return TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32), rng)
 
 
+def place_state(state: TrainState, shardings: TrainState | None = None) -> TrainState:
+    """`state` committed to devices: placed by `shardings` (a mesh run), else on the first device.
+
+    Every stage calls this on a fresh or restored state before its first step. A train step's outputs
+    are committed arrays; uncommitted inputs (a fresh optimizer count, a restored step or rng) would give
+    the jitted step a different cache key at step 1 than at step 2, compiling it twice.
+    """
+    return jax.device_put(state, shardings if shardings is not None else jax.devices()[0])
+
+
 def moe_aux(router_logits: jax.Array, attention_mask: jax.Array | None, top_k: int) -> dict[str, jax.Array]:
     """MoE auxiliaries of one forward, padding excluded.
 

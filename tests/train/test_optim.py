@@ -48,3 +48,9 @@ def test_bad_config_is_named():
         OptimConfig(warmup_steps=20, total_steps=10)
     with pytest.raises(ValueError, match="min_lr_ratio"):
         OptimConfig(min_lr_ratio=2.0)
+
+
+def test_warmup_over_the_whole_run_is_a_linear_warmup():
+    """A run as short as its warmup (e.g. `--steps 5` on a preset with 5 warmup steps) has no cosine part."""
+    schedule = lr_schedule(OptimConfig(lr=1.0, warmup_steps=4, total_steps=4))
+    assert [float(schedule(i)) for i in range(5)] == [0.0, 0.25, 0.5, 0.75, 1.0]
