@@ -16,7 +16,6 @@ Every run uses one set of shapes (4 rows of 192 tokens) so the sampler, teacher 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import random
 import signal

@@ -191,3 +191,24 @@ def test_sharded_steps_match_single_device(tmp_path):
 
 if __name__ == "__main__":
     _sharded_worker(sys.argv[1])
+
+
+def test_run_stage_with_a_batch_function_of_the_state(tmp_path):
+    """On-policy stages pass `batches(state)`: it sees the state after the previous update (rollouts from the
+    current params), its None ends the stage early, and the final checkpoint is still written."""
+    tx = make_optimizer(OptimConfig(lr=0.1, warmup_steps=0, total_steps=10, clip_norm=None))
+    step_fn = make_train_step(toy_loss, tx, donate=False)
+    state = init_train_state({"w": jnp.asarray(2.0)}, tx, jax.random.key(0))
+    seen = []
+
+    def batches(s):
+        seen.append((int(s.step), float(s.params["w"])))
+        return None if int(s.step) == 3 else toy_batch()
+
+    checkpointer = StageCheckpointer(tmp_path, {"stage": "toy"}, async_save=False)
+    loop = LoopConfig(steps=10, log_every=1, ckpt_every=100, progress=False)
+    final = run_stage(loop, state, batches, step_fn, checkpointer=checkpointer)
+    checkpointer.close()
+    assert [s for s, _ in seen] == [0, 1, 2, 3] and int(final.step) == 3
+    assert len({w for _, w in seen}) == 4  # a new w at every call: the function got the updated state
+    assert sorted(int(p.name) for p in tmp_path.iterdir() if p.name.isdigit()) == [3]

@@ -1,0 +1,468 @@
+"""The HSA-RL stage: GRPO / GDPO / Dr.GRPO on decomposed judge rewards over multi-turn simulator rollouts.
+
+Run (from a stage's run dir or a model checkpoint that has a `tokenizer/` folder next to it):
+
+    python -m hat_jax.train.rl --preset micro|tiny --init CKPT --out DIR [--steps N] [--harness original|hsa]
+        [--resume [--force]] [--set key.path=value ...]
+
+One RL step (a batch function for `hat_jax.train.trainer.run_stage`, called with the current state):
+1. Tasks: `tasks_per_step` distinct tasks of `rl_tasks(config.world)` drawn by numpy's generator seeded
+   with (seed, step). Harness (the stage switch, issue point 5): "original" = the production harness;
+   "hsa" = `compose(production, random.Random(s), config.hsa, "train")` per task, s derived from
+   (seed, step, task index) (`numpy.random.SeedSequence`); the env runs and the judges score under it.
+2. Rollouts: `hat_jax.train.rollout.rollout_batch` with the *current* params (pi_old = the sampler),
+   G = `group_size` episodes per task (same faults within a group), at most `max_turns` model turns of
+   `max_new_tokens` each, `env.max_tool_rounds` tool rounds (paper: 4), sequences capped at `seq_len`; rng
+   fold_in(fold_in(key(seed), 2), step). Everything a step draws depends on (seed, step) and the params
+   only, so a resumed run repeats the killed one exactly; the checkpoint's data_state is just
+   {"rl_step": n} (informational).
+   Sampling: temperature (default 1.0) and top_p (default 1.0 = off). The sampler's logprobs are
+   log_softmax(logits / T) *before* top-p truncation (`hat_jax.model.sampler`), and the trainer recomputes
+   exactly that, so with top_p < 1 the tokens come from the truncated distribution while the ratio's
+   denominator is the untruncated one: an off-policy mismatch (TRL #6789) that this stage does not
+   correct (no TIS/MIS); keep top_p = 1 for on-policy RL.
+3. Rewards (`hat_jax.judges`): `judge_episode(episode, harness)` and `reward_components` -> Accuracy,
+   Effectiveness, Tool Rationality, Skill Selection and the CoT length penalty (0 up to `reward.cot_free`
+   = 100 reasoning tokens, linear to -1 at `reward.cot_zero_at` = 200; mean over the episode's turns).
+   Reasoning tokens are counted per sampled turn from `RolloutBatch.turn_texts` (the text after the
+   `<think>\\n` generation prompt up to `</think>`, all of it for a turn cut while thinking; re-tokenised
+   with the stage's tokenizer), so a truncated last turn is counted too.
+4. Advantages (`hat_jax.train.advantages`, MATH.md sections 1-2), `estimator`:
+   "grpo" (weighted sum, then group normalisation, sample std + 1e-6; DeepSeekMath arXiv 2402.03300 eq. 3),
+   "gdpo" (each component normalised in its group, weighted sum, batch normalisation, eps 1e-4; arXiv
+   2601.05242), "dr_grpo" (weighted sum minus the group mean, no std; arXiv 2503.20783). Weights:
+   `reward.weights` (components missing there weigh 0). A zero-variance or single-sample group gives 0.
+   A NaN/inf component drops the sample: advantage 0 *and* action mask zeroed (it adds no token and no
+   sequence to any normaliser), counted in data/invalid_samples.
+5. Update (`hat_jax.train.rl_loss`): per token max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high))
+   + beta k3(logp, logp_ref) (DAPO clip-higher 0.2 / 0.28, arXiv 2503.14476; k3 in the loss as GRPO, only
+   with beta > 0: the reference, default the init checkpoint, is then forwarded once per step), aggregated
+   by `aggregation` ("token-mean" DAPO / verl default, "seq-mean-token-mean" GRPO, "seq-mean-token-sum-norm"
+   Dr.GRPO with L_max = min(max_turns * max_new_tokens, seq_len)), plus lb_coef x the MoE load-balancing loss.
+   `routing_replay` (R3, arXiv 2510.11370) records the sampling-time top-k expert ids and forces them in
+   the training forward; gate weights come from the live router logits. `ppo_epochs` x `ppo_minibatches`
+   optimizer updates per rollout batch (default 1 x 1: one on-policy update, ratio = 1 up to numerics);
+   the learning-rate schedule counts updates, so `with_steps` sets total_steps = steps x epochs x minibatches.
+
+Logged every step (tags fixed across runs, `hat_jax.train.metrics`): reward/<component> (raw mean over
+valid samples) and reward/<component>_norm (std over valid samples of the component after per-group
+normalisation with the estimator's eps, or the centring alone for dr_grpo: 0 when the component never
+varies inside a group; for GDPO it is what enters the sum), reward/total and reward/total_norm (the same
+for the weighted total, i.e. GRPO's advantage), adv/mean, adv/std, adv/abs_max, adv/zero_frac (valid
+samples with advantage exactly 0), rollout/reasoning_len (mean reasoning tokens per sampled turn),
+rollout/tokens (sampled tokens in the step), rollout/tokens_per_s (generation rate), rollout/turns,
+rollout/truncated_frac, rollout/seq_len, rollout/outcome_<name> (shares of `OUTCOMES`), time/generation_s,
+time/env_s (environment + judges + rewards), time/tokenize_s, time/ref_s, time/rollout_s, time/train_s
+(the jitted update, compilation included on a process's first step), data/invalid_samples, and from the
+loss: train/loss etc., policy/clip_frac(_low/_high), policy/ratio_mean, policy/ratio_max, policy/entropy,
+kl/approx, kl/k3 (beta > 0), moe/expert_load_cv.
+
+The model config and the tokenizer come from --init (`<init>/tokenizer` or its parent's, copied to
+`<out>/tokenizer`); `--out` is the `StageCheckpointer` root and TensorBoard run directory, as for SFT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from hat_jax.data.world_data import WorldDataConfig, rl_tasks, world_for
+from hat_jax.harness.hsa import HSAConfig, compose
+from hat_jax.judges.rewards import RewardConfig
+from hat_jax.model.params import params_shapes
+from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
+from hat_jax.sim.env import EnvConfig
+from hat_jax.train import checkpoints as ckpt
+from hat_jax.train.advantages import get_advantage_estimator
+from hat_jax.train.losses import check_aggregation
+from hat_jax.train.metrics import MetricsWriter
+from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
+from hat_jax.train.rl_loss import BATCH_KEYS, make_ref_logprobs, make_rl_train_step, rl_loss_fn
+from hat_jax.train.rl_rewards import host_batch, judge_rewards
+from hat_jax.train.sft import COMPUTE_DTYPES, apply_overrides, load_init_params, tokenizer_from_checkpoint
+from hat_jax.train.trainer import (LoopConfig, TrainState, default_mesh, init_train_state, place_batch, place_state, run_stage,
+                                   split_micro_batches, state_shardings)
+
+log = logging.getLogger(__name__)
+HARNESS_MODES = ("original", "hsa")
+
+
+def _rl_faults() -> dict[str, float]:
+    return {"error": 0.05, "timeout": 0.03, "empty": 0.02}  # as the SFT world's rollouts
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+    """One HSA-RL stage (its hash is checked on resume). See the module docstring for what each option does.
+
+    Attributes:
+      init: checkpoint to start from (required; a stage run dir or model checkpoint, with a tokenizer).
+      ref: frozen reference for the k3 KL (None = init); loaded only when beta > 0.
+      world: the world's datasets (RL tasks). harness_mode: "original" or "hsa". hsa: `compose` settings.
+      env: episode limits (max_tool_rounds = 4) and fault rates.
+      tasks_per_step, group_size: tasks per step and G episodes per task (N = their product rows).
+      steps: RL steps (rollout batches). temperature, top_p: sampling. max_new_tokens: per turn.
+      max_turns: model turns per episode. seq_len: cap on an episode's tokens.
+      rollout_bucket: prompt/sequence padding bucket of the rollouts; train_bucket: the update's T is rounded up
+        to a multiple of it (capped at seq_len), fewer shapes = fewer compilations.
+      estimator: "grpo" | "gdpo" | "dr_grpo". reward: weights and the CoT penalty shape.
+      eps_low, eps_high: clip range. beta: k3 KL coefficient. aggregation: loss aggregation mode.
+      routing_replay: force sampling-time expert ids in the update. optim: AdamW + schedule.
+      lb_coef: MoE load-balancing coefficient. ppo_epochs, ppo_minibatches: updates per rollout batch.
+      accum_steps: micro-batches per minibatch. compute_dtype: "float32" | "bfloat16" (rollouts and update).
+      log_every, ckpt_every, max_to_keep, seed, mesh: as `SFTConfig`.
+    """
+
+    init: str | None = None
+    ref: str | None = None
+    world: WorldDataConfig = WorldDataConfig(sft_tasks=0, eval_items=0)
+    harness_mode: str = "hsa"
+    hsa: HSAConfig = HSAConfig()
+    env: EnvConfig = EnvConfig(fault_rates=_rl_faults())
+    tasks_per_step: int = 8
+    group_size: int = 8
+    steps: int = 100
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    max_turns: int = 8
+    seq_len: int = 4096
+    rollout_bucket: int = 64
+    train_bucket: int = 256
+    estimator: str = "grpo"
+    reward: RewardConfig = RewardConfig()
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    beta: float = 0.0
+    aggregation: str = "token-mean"
+    routing_replay: bool = False
+    optim: OptimConfig = OptimConfig(lr=1e-5, warmup_steps=0, total_steps=100, min_lr_ratio=1.0)
+    lb_coef: float = 0.001
+    ppo_epochs: int = 1
+    ppo_minibatches: int = 1
+    accum_steps: int = 1
+    compute_dtype: str = "float32"
+    log_every: int = 1
+    ckpt_every: int = 10
+    max_to_keep: int = 3
+    seed: int = 0
+    mesh: tuple[int, int, int, int] | None = None
+
+    def __post_init__(self):
+        get_advantage_estimator(self.estimator)      # ValueError listing the valid names
+        check_aggregation(self.aggregation)
+        if self.harness_mode not in HARNESS_MODES:
+            raise ValueError(f"RLConfig.harness_mode = {self.harness_mode!r}; valid: {', '.join(HARNESS_MODES)}")
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"RLConfig.compute_dtype = {self.compute_dtype!r}; valid: {sorted(COMPUTE_DTYPES)}")
+        for name in ("tasks_per_step", "group_size", "steps", "max_new_tokens", "max_turns", "rollout_bucket",
+                     "train_bucket", "ppo_epochs", "ppo_minibatches", "accum_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RLConfig.{name} = {getattr(self, name)}: expected >= 1")
+        rows, split = self.tasks_per_step * self.group_size, self.ppo_minibatches * self.accum_steps
+        if rows % split:
+            raise ValueError(f"RLConfig: tasks_per_step x group_size = {rows} rows must be a multiple of "
+                             f"ppo_minibatches x accum_steps = {split}")
+        if not 0 < self.temperature or not 0 < self.top_p <= 1:
+            raise ValueError(f"RLConfig: temperature ({self.temperature}) > 0 and top_p ({self.top_p}) in (0, 1]")
+        if self.beta < 0 or self.eps_low < 0 or self.eps_high < 0:
+            raise ValueError(f"RLConfig: beta ({self.beta}), eps_low, eps_high must be >= 0")
+
+    @property
+    def max_len(self) -> int:
+        """L_max of the Dr.GRPO aggregation: the generation budget of an episode."""
+        return min(self.max_turns * self.max_new_tokens, self.seq_len)
+
+    def to_json(self) -> dict:
+        return json.loads(json.dumps(dataclasses.asdict(self), default=str))
+
+
+RL_PRESETS: dict[str, RLConfig] = {
+    # Tests: a 4,096-token vocabulary keeps the production prompt near 1,000-1,400 tokens (1,850 under HSA).
+    "micro": RLConfig(world=WorldDataConfig(sft_tasks=0, rl_tasks=16, eval_items=0), tasks_per_step=2,
+                      group_size=2, steps=3, max_new_tokens=16, max_turns=2, seq_len=2048, rollout_bucket=256,
+                      train_bucket=2048, optim=OptimConfig(lr=1e-3, total_steps=3, min_lr_ratio=1.0),
+                      log_every=1, ckpt_every=1),
+    # CPU experiments.
+    "tiny": RLConfig(world=WorldDataConfig(sft_tasks=0, rl_tasks=400, eval_items=0), tasks_per_step=4,
+                     group_size=4, steps=30, max_new_tokens=128, max_turns=6, seq_len=3072, rollout_bucket=128,
+                     train_bucket=512, optim=OptimConfig(lr=2e-5, total_steps=30, min_lr_ratio=1.0),
+                     accum_steps=4, log_every=1, ckpt_every=10),
+}
+
+
+def rl_preset(name: str) -> RLConfig:
+    if name not in RL_PRESETS:
+        raise ValueError(f"unknown RL preset {name!r}; valid: {', '.join(RL_PRESETS)}")
+    return RL_PRESETS[name]
+
+
+def with_steps(config: RLConfig, steps: int) -> RLConfig:
+    """`steps`, and the schedule's end at steps x ppo_epochs x ppo_minibatches updates (warmup capped)."""
+    updates = steps * config.ppo_epochs * config.ppo_minibatches
+    optim = dataclasses.replace(config.optim, total_steps=updates, warmup_steps=min(config.optim.warmup_steps, updates))
+    return dataclasses.replace(config, steps=steps, optim=optim)
+
+
+def apply_rl_overrides(config: RLConfig, assignments: Sequence[str]) -> RLConfig:
+    """`key.path=value` overrides (`hat_jax.train.sft.apply_overrides`); the model comes from --init.
+
+    Raises:
+        ValueError: malformed assignment, unknown field (lists the valid ones), a `model.*` key.
+    """
+    for item in assignments:
+        if item.split("=", 1)[0].strip().startswith("model."):
+            raise ValueError(f"--set {item}: the RL stage's model is the --init checkpoint's; no model.* overrides")
+    return apply_overrides(config, assignments)
+
+
+# ---------------------------------------------------------------------------------------------- the batches
+
+def step_task_indices(n_tasks: int, config: RLConfig, step: int) -> np.ndarray:
+    """The step's `tasks_per_step` distinct task indices, from (seed, step) only."""
+    return np.random.default_rng([config.seed, step]).choice(n_tasks, config.tasks_per_step, replace=False)
+
+
+def step_harnesses(production, config: RLConfig, step: int, n: int) -> list:
+    """One harness per task of the step: the production one, or its HSA composition seeded by (seed, step, i)."""
+    if config.harness_mode == "original":
+        return [production] * n
+    seeds = [int(np.random.SeedSequence([config.seed, step, i]).generate_state(1)[0]) for i in range(n)]
+    return [compose(production, random.Random(s), config.hsa, "train")[0] for s in seeds]
+
+
+class RLBatches:
+    """The on-policy batch function: `batches(state) -> host batch` for step state.step + 1 (module docstring).
+
+    The host batch holds the device keys of `hat_jax.train.rl_loss` and "_metrics" (the step's reward /
+    advantage / rollout / time scalars, reported through `run_stage`'s batch_metrics).
+    """
+
+    def __init__(self, config: RLConfig, model_config, tokenizer, ref_params=None, dtype=None):
+        from hat_jax.harness.loader import production_harness
+
+        self.config, self.model_config, self.tokenizer = config, model_config, tokenizer
+        self.tasks = rl_tasks(config.world)
+        if len(self.tasks) < config.tasks_per_step:
+            raise ValueError(f"RLConfig.tasks_per_step = {config.tasks_per_step} but world.rl_tasks gives only "
+                             f"{len(self.tasks)} tasks")
+        self.world = world_for(config.world.world_seed, config.world.n_products)
+        self.production = production_harness()
+        self.dtype = dtype if dtype is not None else COMPUTE_DTYPES[config.compute_dtype]
+        self.ref_params = ref_params
+        self.ref_fn = None
+        if config.beta > 0:
+            self.ref_fn = make_ref_logprobs(Qwen3_5MoeForCausalLM(model_config, dtype=self.dtype), config.temperature)
+        self.last_step = 0
+
+    def rollout(self, params, step: int):
+        """(RolloutBatch, harnesses) of step `step` under `params`."""
+        from hat_jax.model.sampler import SamplingConfig
+        from hat_jax.train.rollout import rollout_batch
+
+        c = self.config
+        idx = step_task_indices(len(self.tasks), c, step)
+        tasks = [self.tasks[i] for i in idx]
+        harnesses = step_harnesses(self.production, c, step, len(tasks))
+        sampling = SamplingConfig(temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens)
+        rng = jax.random.fold_in(jax.random.fold_in(jax.random.key(c.seed), 2), step)
+        batch = rollout_batch(params, self.model_config, self.tokenizer, self.world, tasks, harnesses, c.env,
+                              sampling, c.group_size, rng, max_turns=c.max_turns, record_expert_ids=c.routing_replay,
+                              seq_len=c.seq_len, dtype=self.dtype, bucket=c.rollout_bucket)
+        return batch, harnesses
+
+    def __call__(self, state: TrainState) -> dict:
+        step = int(jax.device_get(state.step)) + 1
+        t0 = time.perf_counter()
+        rollout, harnesses = self.rollout(state.params, step)
+        t1 = time.perf_counter()
+        components, counts = judge_rewards(rollout, harnesses, self.tokenizer, self.config.reward)
+        t_env = time.perf_counter() - t1
+        batch, metrics = host_batch(rollout, components, counts, self.config, pad_id=int(self.tokenizer.pad_token_id),
+                                    ref_fn=self.ref_fn, ref_params=self.ref_params)
+        stats = rollout.stats
+        metrics.update({"time/generation_s": stats["generation_s"], "time/env_s": stats["env_s"] + t_env,
+                        "time/tokenize_s": stats["tokenizer_s"], "time/rollout_s": t1 - t0})
+        batch["_metrics"] = metrics
+        self.last_step = step
+        return batch
+
+
+# ---------------------------------------------------------------------------------------------- the stage
+
+def _init_model_config(init: str | None):
+    from hat_jax.model.checkpoint_io import resolve_checkpoint
+    from hat_jax.model.hf_io import read_hf_config
+
+    if init is None:
+        raise ValueError("RLConfig.init: the RL stage needs an init checkpoint (--init)")
+    path = Path(init)
+    if not path.exists():
+        raise FileNotFoundError(f"RL init checkpoint {str(path)!r} does not exist")
+    try:
+        _, config_path = resolve_checkpoint(path)
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"RL init checkpoint {str(path)!r}: {err}") from err
+    try:
+        return read_hf_config(config_path)
+    except ValueError as err:
+        raise ckpt.IncompatibleCheckpointError(f"RL init checkpoint {str(path)!r}: {err}") from err
+
+
+def stage_tokenizer(init: str | None, out: Path, vocab_size: int):
+    """`<out>/tokenizer` (a resumed run), else the init checkpoint's copied there; loaded.
+
+    Raises:
+        FileNotFoundError: neither exists (names the init checkpoint).
+        ValueError: more tokens than the model's vocab_size.
+    """
+    from hat_jax.tokenizer import load_tokenizer
+
+    target = out / "tokenizer"
+    if not (target / "tokenizer.json").is_file():
+        source = tokenizer_from_checkpoint(init)
+        if source is None:
+            raise FileNotFoundError(f"RL init checkpoint {init!r} has no tokenizer (expected <init>/tokenizer or "
+                                    f"<init>/../tokenizer with a tokenizer.json)")
+        tmp = Path(tempfile.mkdtemp(dir=out, prefix=".tokenizer."))
+        shutil.copytree(source, tmp, dirs_exist_ok=True)
+        os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
+    tok = load_tokenizer(target)
+    if len(tok) > vocab_size:
+        raise ValueError(f"tokenizer {str(target)!r} has {len(tok)} tokens, more than the model's vocab_size "
+                         f"{vocab_size}")
+    return tok
+
+
+def run_rl(config: RLConfig, out_dir: str | Path, *, resume: bool = False, force: bool = False,
+           progress: bool = True) -> TrainState:
+    """Runs the RL stage into `out_dir` (module docstring); returns the final state.
+
+    Raises:
+        FileExistsError: out_dir holds checkpoints and resume is False. FileNotFoundError: missing init/ref or
+        tokenizer. ckpt.IncompatibleCheckpointError / ConfigMismatchError. NonFiniteLossError.
+    """
+    from hat_jax.model.checkpoint_io import CONFIG_FILE
+    from hat_jax.model.hf_io import read_hf_config
+
+    out = Path(out_dir).resolve()
+    existing = ckpt.latest_step(out)
+    if existing is not None and not resume:
+        raise FileExistsError(f"{str(out)!r} already holds checkpoints (latest step {existing}); pass --resume "
+                              f"to continue, or choose a new --out")
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_json = config.to_json()
+    if existing is None:
+        model_config = _init_model_config(config.init)
+        params = load_init_params(config.init, model_config, "RL init")
+    else:
+        model_config, params = read_hf_config(out / CONFIG_FILE), None
+    ref_params = None
+    if config.beta > 0:
+        ref_params = load_init_params(config.ref or config.init, model_config, "RL reference")
+    tokenizer = stage_tokenizer(config.init, out, model_config.vocab_size)
+    batches = RLBatches(config, model_config, tokenizer, ref_params)
+
+    optimizer = make_optimizer(config.optim)
+    mesh = default_mesh(config.mesh)
+    abstract = jax.eval_shape(lambda: init_train_state(params_shapes(model_config), optimizer, jax.random.key(0)))
+    shardings = state_shardings(abstract, optimizer, model_config, mesh) if mesh is not None else None
+    if shardings is not None:
+        abstract = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                          abstract, shardings)
+    resume_step = None
+    if existing is not None:
+        state, _, _ = ckpt.restore_latest(out, abstract, config=cfg_json, force=force)
+        resume_step = existing
+        log.info("resumed %s at step %d", out, existing)
+    else:
+        state = init_train_state(params, optimizer, jax.random.fold_in(jax.random.key(config.seed), 1))
+    state = place_state(state, shardings)
+
+    (out / "stage_config.json").write_text(json.dumps(cfg_json, indent=1, sort_keys=True) + "\n")
+    model = Qwen3_5MoeForCausalLM(model_config, dtype=COMPUTE_DTYPES[config.compute_dtype])
+    loss_fn = rl_loss_fn(model, temperature=config.temperature, eps_low=config.eps_low, eps_high=config.eps_high,
+                         beta=config.beta, aggregation=config.aggregation, max_len=config.max_len,
+                         routing_replay=config.routing_replay)
+    train_step = make_rl_train_step(loss_fn, optimizer, accum_steps=config.accum_steps, epochs=config.ppo_epochs,
+                                    minibatches=config.ppo_minibatches, lb_coef=config.lb_coef,
+                                    schedule=lr_schedule(config.optim), shardings=shardings)
+
+    def step_fn(state, batch):
+        t0 = time.perf_counter()
+        state, metrics = train_step(state, batch)
+        metrics = dict(jax.block_until_ready(metrics))
+        metrics["time/train_s"] = time.perf_counter() - t0
+        return state, metrics
+
+    checkpointer = ckpt.StageCheckpointer(out, cfg_json, model_config, max_to_keep=config.max_to_keep)
+    writer = MetricsWriter(out, resume_step=resume_step)
+    if resume_step is None:
+        writer.text("config/rl", "```\n" + json.dumps(cfg_json, indent=1, sort_keys=True) + "\n```")
+    split = config.ppo_minibatches * config.accum_steps
+    keys = (*BATCH_KEYS, "ref_logprobs", "expert_ids")
+
+    def prepare(host):
+        return place_batch(split_micro_batches({k: v for k, v in host.items() if k in keys}, split), mesh)
+
+    loop = LoopConfig(config.steps, config.log_every, config.ckpt_every, desc=f"rl[{config.harness_mode}]",
+                      progress=progress)
+    try:
+        state = run_stage(loop, state, batches, step_fn, prepare=prepare, checkpointer=checkpointer,
+                          data_state=lambda: {"rl_step": batches.last_step}, writer=writer,
+                          batch_metrics=lambda host: host["_metrics"])
+    finally:
+        checkpointer.close()
+        writer.close()
+    return state
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m hat_jax.train.rl", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="micro", help=f"RL preset: {', '.join(RL_PRESETS)}")
+    parser.add_argument("--init", required=True, help="checkpoint to start from (a stage run dir or model checkpoint "
+                                                      "with a tokenizer/ folder)")
+    parser.add_argument("--out", required=True, help="run directory (checkpoints, metrics, tokenizer)")
+    parser.add_argument("--steps", type=int, help="RL steps (also the schedule's end)")
+    parser.add_argument("--harness", choices=HARNESS_MODES, help="original or HSA-perturbed harnesses")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    parser.add_argument("--force", action="store_true", help="resume even if the stage config changed")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config field, e.g. estimator=gdpo, group_size=8, reward.cot_free=50")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    config = rl_preset(args.preset)
+    if args.harness is not None:
+        config = dataclasses.replace(config, harness_mode=args.harness)
+    config = dataclasses.replace(config, init=str(Path(args.init).resolve()))
+    config = apply_rl_overrides(config, args.set)
+    if args.steps is not None:  # after --set: the schedule counts steps x ppo_epochs x ppo_minibatches updates
+        config = with_steps(config, args.steps)
+    state = run_rl(config, args.out, resume=args.resume, force=args.force, progress=not args.no_progress)
+    print(json.dumps({"run_dir": str(Path(args.out).resolve()), "step": int(jax.device_get(state.step))}))
+    return 0
+
+
+if __name__ == "__main__":
+    from hat_jax.train.trainer import NonFiniteLossError
+
+    try:
+        sys.exit(main())
+    except (NonFiniteLossError, ckpt.ConfigMismatchError, ckpt.IncompatibleCheckpointError, FileExistsError,
+            FileNotFoundError, ValueError) as err:
+        print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,148 @@
+"""Host side of one HSA-RL step after the rollouts: judge rewards, reasoning-token counts, advantages, the
+invalid-sample drop, the padded host batch and the step's reward / advantage / rollout metrics.
+
+What each piece implements is described in `hat_jax.train.rl`'s module docstring (steps 3 and 4, and the
+metric list); the math is `hat_jax.train.advantages` (GRPO / GDPO / Dr.GRPO) and `hat_jax.judges.rewards`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from hat_jax.judges.rewards import COMPONENTS, RewardConfig, reward_components
+from hat_jax.judges.rules import judge_episode
+from hat_jax.tokenizer import split_reasoning
+from hat_jax.train.advantages import GDPO_EPS, GRPO_EPS, compute_advantages, group_normalise
+from hat_jax.train.rollout_tokens import encode, round_up
+
+OUTCOMES = ("replied", "no_reply", "round_limit", "malformed")     # `hat_jax.sim.types.Episode.outcome`
+NORM_EPS = {"grpo": GRPO_EPS, "gdpo": GDPO_EPS, "dr_grpo": None}    # the estimator's group normalisation
+EOS_TEXT = "<|im_end|>"
+
+
+def turn_reasoning(text: str) -> str:
+    """The reasoning of one sampled turn: the generation prompt ends with `<think>\\n`, so the sampled text is
+    reasoning up to `</think>` (all of it when the turn was cut while thinking)."""
+    return split_reasoning("<think>\n" + text.replace(EOS_TEXT, ""))[0]
+
+
+def reasoning_counts(turn_texts: Sequence[str], tokenizer: Any) -> list[int]:
+    """Reasoning tokens (re-tokenised with `tokenizer`) of each sampled turn of one episode."""
+    return [len(encode(tokenizer, r)) if (r := turn_reasoning(t)) else 0 for t in turn_texts]
+
+
+def judge_rewards(rollout, harnesses: Sequence[Any], tokenizer: Any,
+                  config: RewardConfig) -> tuple[dict[str, np.ndarray], list[list[int]]]:
+    """Judges every episode under its task's harness and returns its reward components.
+
+    Args:
+        rollout: a `RolloutBatch` (group_ids index `harnesses`). harnesses: one per task.
+        tokenizer: counts reasoning tokens. config: the CoT penalty shape.
+    Returns:
+        ({component: float32 [N]} in `COMPONENTS` order, reasoning tokens per sampled turn of each episode).
+    """
+    comps = {k: np.zeros(len(rollout.episodes), np.float32) for k in COMPONENTS}
+    counts = []
+    for n, episode in enumerate(rollout.episodes):
+        harness = harnesses[int(rollout.group_ids[n])]
+        turns = reasoning_counts(rollout.turn_texts[n], tokenizer)
+        values = reward_components(judge_episode(episode, harness), turns, config)
+        for k in COMPONENTS:
+            comps[k][n] = values[k]
+        counts.append(turns)
+    return comps, counts
+
+
+def _pad(x: np.ndarray, t: int, value) -> np.ndarray:
+    if x.shape[1] == t:
+        return x
+    out = np.full((x.shape[0], t) + x.shape[2:], value, x.dtype)
+    out[:, :x.shape[1]] = x
+    return out
+
+
+def _mean(x: np.ndarray) -> float:
+    return float(np.mean(x)) if x.size else float("nan")
+
+
+def _norm_std(x: np.ndarray, valid: np.ndarray, group_ids: np.ndarray, eps) -> float:
+    z = np.asarray(group_normalise(jnp.asarray(np.where(valid, x, 0.0), jnp.float32), jnp.asarray(valid),
+                                   jnp.asarray(group_ids), eps))
+    return float(np.std(z[valid])) if valid.any() else float("nan")
+
+
+def host_batch(rollout, components: Mapping[str, np.ndarray], counts: Sequence[Sequence[int]], config, *,
+               pad_id: int = 0, ref_fn: Callable | None = None, ref_params=None) -> tuple[dict, dict[str, float]]:
+    """The update's host batch and the step's metrics (`hat_jax.train.rl` module docstring).
+
+    Args:
+        rollout: the step's `RolloutBatch` [N, T]. components: {name: [N]} (NaN/inf allowed: dropped samples).
+        counts: reasoning tokens per turn of each episode. config: the `RLConfig`.
+        pad_id: input_ids padding. ref_fn, ref_params: `make_ref_logprobs` and the frozen reference (beta > 0).
+    Returns:
+        (batch, metrics): batch has input_ids, attention_mask, action_mask (x valid), old_logprobs [N, T'],
+        advantages [N] float32, ref_logprobs [N, T'] (with ref_fn), expert_ids [N, L, T', k] (routing replay);
+        T' = T rounded up to config.train_bucket (at most config.seq_len).
+    """
+    n_rows, t = rollout.input_ids.shape
+    gid = np.asarray(rollout.group_ids)
+    weights = [float(config.reward.weights.get(k, 0.0)) for k in COMPONENTS]
+    comps = {k: np.asarray(components[k], np.float32) for k in COMPONENTS}
+    adv = compute_advantages(config.estimator, comps, gid, weights)
+    valid = np.asarray(adv.valid, bool)
+    advantages = np.asarray(adv.advantages, np.float32)
+
+    t_train = max(t, min(round_up(t, config.train_bucket), config.seq_len))
+    batch = {
+        "input_ids": _pad(rollout.input_ids, t_train, pad_id),
+        "attention_mask": _pad(rollout.attention_mask, t_train, 0),
+        "action_mask": _pad(rollout.action_mask * valid[:, None].astype(np.int32), t_train, 0),
+        "old_logprobs": _pad(rollout.old_logprobs, t_train, 0.0),
+        "advantages": advantages,
+    }
+    if config.routing_replay:
+        ids = np.transpose(rollout.expert_ids, (1, 0, 2, 3))                         # [N, L, T, k]
+        padded = np.broadcast_to(np.arange(ids.shape[-1], dtype=np.int32), ids.shape[:2] + (t_train, ids.shape[-1]))
+        padded = np.array(padded)
+        padded[:, :, :t] = ids
+        batch["expert_ids"] = padded
+    t_ref = 0.0
+    if ref_fn is not None:
+        t0 = time.perf_counter()
+        rows = n_rows // (config.ppo_minibatches * config.accum_steps)
+        parts = [np.asarray(ref_fn(ref_params, batch["input_ids"][i:i + rows], batch["attention_mask"][i:i + rows]))
+                 for i in range(0, n_rows, rows)]
+        batch["ref_logprobs"] = np.concatenate(parts).astype(np.float32)
+        t_ref = time.perf_counter() - t0
+
+    eps = NORM_EPS[config.estimator]
+    metrics: dict[str, float] = {}
+    for k in COMPONENTS:
+        metrics[f"reward/{k}"] = _mean(comps[k][valid])
+        metrics[f"reward/{k}_norm"] = _norm_std(comps[k], valid, gid, eps)
+    total = np.asarray(adv.rewards, np.float32)
+    metrics["reward/total"] = _mean(total[valid])
+    metrics["reward/total_norm"] = _norm_std(total, valid, gid, eps)
+    a = advantages[valid]
+    metrics.update({"adv/mean": _mean(a), "adv/std": float(np.std(a)) if a.size else float("nan"),
+                    "adv/abs_max": float(np.max(np.abs(a))) if a.size else float("nan"),
+                    "adv/zero_frac": _mean((a == 0).astype(np.float32)),
+                    "data/invalid_samples": float(n_rows - valid.sum())})
+    stats = rollout.stats
+    turns = [c for episode in counts for c in episode]
+    metrics.update({"rollout/reasoning_len": _mean(np.asarray(turns, np.float32)),
+                    "rollout/tokens": float(stats["tokens_generated"]),
+                    "rollout/tokens_per_s": float(stats["tokens_per_s"]),
+                    "rollout/turns": float(stats["mean_turns"]),
+                    "rollout/truncated_frac": float(stats["truncated"]) / n_rows,
+                    "rollout/seq_len": _mean(np.asarray(stats["seq_lens"], np.float32)),
+                    "time/ref_s": t_ref})
+    outcomes = dict(stats["outcomes"])
+    for name in sorted(set(OUTCOMES) | set(outcomes)):
+        metrics[f"rollout/outcome_{name}"] = outcomes.get(name, 0) / n_rows
+    return batch, metrics
