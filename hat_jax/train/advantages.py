@@ -1,4 +1,5 @@
-"""Group-relative advantages for HSA-RL: GRPO, GDPO and Dr.GRPO (../shared/MATH.md sections 1 and 2).
+"""Group-relative advantages for HSA-RL: GRPO, GDPO and Dr.GRPO (the HAT report, arXiv 2608.15763 (TaoLive, 2026),
+"Training, three stages", stage 3: GRPO / GDPO on decomposed rewards; sources per estimator below).
 
 Inputs are K reward components per sample (HAT: accuracy, effectiveness, tool rationality, skill
 selection, CoT length penalty), weights w_k and a group id per sample (the task it was sampled for;
@@ -10,8 +11,9 @@ same-group matrix, so nothing depends on the number of groups and everything is 
 - GDPO (Liu et al. 2026, arXiv 2601.05242; NVlabs/GDPO; TRL `multi_objective_aggregation`):
       A_k = (r_k - mean_group r_k) / (std_group r_k + eps);   A_sum = sum_k w_k A_k;
       A = (A_sum - mean_batch A_sum) / (std_batch A_sum + eps)
-  GDPO keeps reward combinations apart that GRPO's sum maps to the same advantage (MATH.md's G = 2
-  example). With K = 1 these steps are still applied (NVlabs falls back to GRPO then; pick "grpo").
+  GDPO keeps reward combinations apart that GRPO's sum maps to the same advantage (the GDPO paper's
+  G = 2 binary-reward example; also ms-swift PRs #7348 / #7365). With K = 1 these steps are still applied
+  (NVlabs falls back to GRPO then; pick "grpo").
 - Dr.GRPO (Liu et al. 2025, arXiv 2503.20783; Tunix `compute_drgrpo_advantages`):
       A = R - mean_group R   (no std division; pair with aggregation "seq-mean-token-sum-norm").
 
@@ -22,7 +24,7 @@ Conventions:
 - A group (or, for GDPO step 3, the batch) whose valid values are all equal, or that has fewer than 2
   valid samples (a single-completion group), gives advantage exactly 0: the normalisation is skipped,
   not evaluated (mean-subtraction in float32 can leave ~1e-9 residues that eps would not tame).
-  A GDPO component constant within a group thus drops out for that group only (MATH.md section 2).
+  A GDPO component constant within a group thus drops out for that group only (GDPO, arXiv 2601.05242).
 - NaN (or inf) reward components: the sample is invalid. It is reported (`valid`, `num_invalid`,
   `num_invalid_per_component`), gets advantage 0 and is left out of every group and batch statistic;
   its value is never replaced by a number. This is stricter than TRL, which ignores a NaN component per

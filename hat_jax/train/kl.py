@@ -1,4 +1,5 @@
-"""On-policy distillation losses: reverse KL from the student to a frozen teacher (../shared/MATH.md section 3).
+"""On-policy distillation losses: reverse KL from the student to a frozen teacher (the HAT report, arXiv 2608.15763
+(TaoLive, 2026), "Training, three stages", stage 2: general OPD, teacher = the base before SFT).
 
 The target is the per-token reverse KL along student samples, KL_t = KL(pi_s(.|c_t) || pi_T(.|c_t)),
 c_t = (x, y_<t), y ~ pi_s (GKD with lambda = 1 and the reverse-KL end of JSD(beta); Agarwal et al. 2024,
@@ -23,7 +24,8 @@ arXiv 2306.13649). Two losses, named in `OPD_LOSSES`:
   only approximation is that contexts were sampled from pi_old (no gradient through the sampling).
   Not top-k truncated (verl #5041 found truncated reverse KL unstable).
 
-Both use the sampler temperature in every logprob (MATH.md section 3, "Temperature"). The teacher side
+Both use the sampler temperature in every logprob (as marin's `compute_logprobs` divides logits by
+`batch.temperature`; top-p/top-k truncation would bias the ratio, TRL #6789). The teacher side
 is always held out of the gradient.
 """
 

@@ -4,14 +4,15 @@ Conventions (.plan/TRAIN_CONTRACT.md): sequences are [B, T] right-padded; per-to
 with `input_ids`, entry t refers to token t, which the logits at position t-1 predict; entry 0 is 0 and
 every mask is 0 at t = 0.
 
-What is here, and which variant each function implements (../shared/MATH.md section 1):
+What is here, and which variant each function implements (GRPO objective: Shao et al. 2024, DeepSeekMath,
+arXiv 2402.03300, eq. 3; the reference code named per item):
 - `token_logprobs` / `token_logprobs_chunked`: log pi(token_t | tokens_<t) at a sampling temperature;
   the chunked one streams the vocabulary through a running logsumexp so [B, T, V] never exists.
 - `masked_token_ce_sum`: (sum of masked token NLL, token count); the trainer divides the sum over all
   micro-batches by the total count, which is token-mean over the whole accumulated batch.
 - `k3_kl`: Schulman's k3 estimator of KL(pi_theta || pi_ref) per token (DeepSeekMath GRPO, Tunix
   `low_var_kl`), unclamped.
-- `aggregate`: the loss aggregation modes of MATH.md's table: "token-mean" (DAPO, verl default),
+- `aggregate`: the loss aggregation modes of verl/TRL/Tunix: "token-mean" (DAPO, arXiv 2503.14476; verl default),
   "seq-mean-token-mean" (original GRPO, Tunix default), "seq-mean-token-sum-norm" (Dr.GRPO, Liu et al.
   2025, arXiv 2503.20783: a constant normaliser B * L_max).
 - `clipped_policy_loss`: the PPO/GRPO clipped importance-ratio surrogate (DeepSeekMath eq. 3) with
@@ -52,8 +53,8 @@ def token_logprobs(logits: jax.Array, input_ids: jax.Array, temperature: float |
     Args:
         logits: [B, T, V] any float dtype (computed in float32).
         input_ids: [B, T] int32.
-        temperature: the sampler temperature (> 0); logits are divided by it (MATH.md section 3,
-            "Temperature": both policies' logprobs must use the sampling temperature).
+        temperature: the sampler temperature (> 0); logits are divided by it (both policies'
+            logprobs must use the sampling temperature, as marin's `compute_logprobs`; TRL #6789).
     Returns:
         [B, T] float32: entry 0 = 0, entry t = log_softmax(logits[:, t-1] / temperature)[input_ids[:, t]].
     """
@@ -164,7 +165,8 @@ def masked_token_ce_sum(logits: jax.Array, input_ids: jax.Array, loss_mask: jax.
     """Summed token cross-entropy over `loss_mask` and the token count (SFT, issue point 2).
 
     Token-mean across micro-batches: sum the first value over micro-batches and divide by the sum of
-    the second (never average per-micro-batch means; MATH.md section 1, "Gradient accumulation").
+    the second (never average per-micro-batch means; DAPO's token-mean, arXiv 2503.14476, over the global batch as
+    verl's default and TRL's `dapo` loss compute it).
 
     Args:
         logits: [B, T, V]; input_ids: [B, T] int32; loss_mask: [B, T] 0/1 (assistant tokens).
@@ -187,7 +189,8 @@ def masked_token_ce_sum_chunked(hidden: jax.Array, lm_head_kernel: jax.Array, in
 
 
 def k3_kl(logprobs: jax.Array, ref_logprobs: jax.Array) -> jax.Array:
-    """Schulman's k3 per-token estimator of KL(pi_theta || pi_ref) (MATH.md section 1, "Per-token KL").
+    """Schulman's k3 per-token estimator of KL(pi_theta || pi_ref) (J. Schulman, "Approximating KL divergence",
+    2020; in the loss as DeepSeekMath GRPO, arXiv 2402.03300).
 
     k3 = r - 1 - log r with r = pi_ref / pi_theta = exp(ref_logprobs - logprobs), on tokens sampled
     from pi_theta: unbiased for the KL, >= 0, lower variance than k1 = logprobs - ref_logprobs. Used by
@@ -203,7 +206,7 @@ def k3_kl(logprobs: jax.Array, ref_logprobs: jax.Array) -> jax.Array:
 def aggregate(per_token: jax.Array, mask: jax.Array, mode: str, max_len: int | None = None,
               total_tokens: jax.Array | float | None = None,
               total_sequences: jax.Array | float | None = None) -> jax.Array:
-    """Reduce a per-token loss L [N, T] over mask m [N, T] to a scalar (MATH.md section 1 table).
+    """Reduce a per-token loss L [N, T] over mask m [N, T] to a scalar (verl `agg_loss` modes; TRL `loss_type`).
 
     - "token-mean":              sum_{i,t} m L / sum_{i,t} m                    (DAPO; verl default)
     - "seq-mean-token-mean":     1/N sum_i [ sum_t m L / sum_t m ]              (GRPO original; Tunix)

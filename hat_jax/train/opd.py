@@ -6,8 +6,9 @@ Run (the HAT chain passes the SFT run as --init and the pre-SFT base as --teache
     python -m hat_jax.train.opd --preset micro|tiny --init CKPT [--teacher CKPT] --out DIR [--steps N]
         [--loss sampled|exact] [--resume [--force]] [--set prompts_per_step=8 --set optim.lr=1e-4 ...]
 
-Objective (issue 4 point 3; ../shared/MATH.md section 3): GKD with lambda = 1 and the reverse-KL end
-(Agarwal et al. 2024), KL_t = KL(pi_s(.|c_t) || pi_T(.|c_t)) on the student's sampled completions, as
+Objective (issue 4 point 3; the HAT report, arXiv 2608.15763 (TaoLive, 2026), "Training, three stages",
+stage 2): GKD with lambda = 1 and the reverse-KL end (Agarwal et al. 2024, arXiv 2306.13649),
+KL_t = KL(pi_s(.|c_t) || pi_T(.|c_t)) on the student's sampled completions, as
 `hat_jax.train.kl` implements it (its docstring states both estimators, their sources and their biases):
 - "sampled" (default; Thinking Machines' OPD, K. Lu 2025, tinker-cookbook; marin's JAX
   `sampled_token_reverse_kl_opd_loss`): `sampled_reverse_kl_loss`, per-token advantage
@@ -60,13 +61,10 @@ are functions of (seed, step) and the restored params).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import logging
 import os
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -85,12 +83,14 @@ from hat_jax.train import checkpoints as ckpt
 from hat_jax.train.kl import OPD_LOSSES, check_opd_loss, exact_reverse_kl, sampled_reverse_kl_loss
 from hat_jax.train.losses import (check_aggregation, masked_mean, running_logsumexp, token_logprobs,
                                   token_logprobs_chunked, vocab_chunk_logits)
-from hat_jax.train.metrics import MetricsWriter
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
 from hat_jax.train.rollout_tokens import encode, sample_completions
-from hat_jax.train.sft import COMPUTE_DTYPES, apply_overrides, tokenizer_from_checkpoint, with_steps
-from hat_jax.train.trainer import (LoopConfig, TrainState, default_mesh, init_train_state, make_train_step, moe_aux,
-                                   place_batch, place_state, run_stage, split_micro_batches, state_shardings)
+from hat_jax.train.sft import tokenizer_from_checkpoint, with_steps
+from hat_jax.train.stage import (COMPUTE_DTYPES, StageRun, add_out_steps, add_resume_force, add_set_progress,
+                                 apply_overrides, cli, config_json, finish_main, parse_stage_args, run_options,
+                                 stage_parser)
+from hat_jax.train.trainer import (LoopConfig, TrainState, default_mesh, make_train_step, moe_aux, place_batch,
+                                   split_micro_batches)
 
 log = logging.getLogger(__name__)
 PROMPT_SOURCES = ("general", "tulu")
@@ -180,7 +180,7 @@ class OPDConfig:
         return self.prompts_per_step * self.samples_per_prompt
 
     def to_json(self) -> dict:
-        return json.loads(json.dumps(dataclasses.asdict(self), default=str))
+        return config_json(self)
 
 
 OPD_PRESETS: dict[str, OPDConfig] = {
@@ -205,13 +205,10 @@ def opd_preset(name: str) -> OPDConfig:
 
 
 def apply_opd_overrides(config: OPDConfig, assignments: Sequence[str]) -> OPDConfig:
-    """`key.path=value` assignments (`hat_jax.train.sft.apply_overrides`); the model is the init's, so
+    """`key.path=value` assignments (`hat_jax.train.stage.apply_overrides`); the model is the init's, so
     `model.*` keys are refused."""
-    for item in assignments:
-        if item.split("=", 1)[0].strip().startswith("model."):
-            raise ValueError(f"--set {item!r}: the OPD student's architecture is its --init checkpoint's; "
-                             "model fields cannot be overridden")
-    return apply_overrides(config, assignments)
+    return apply_overrides(config, assignments, no_model="--set {item!r}: the OPD student's architecture is its "
+                                                         "--init checkpoint's; model fields cannot be overridden")
 
 
 # ---------------------------------------------------------------------------------------------- loss
@@ -490,12 +487,9 @@ def run_opd(config: OPDConfig, out_dir: str | Path, *, resume: bool = False, for
         raise ValueError("OPDConfig.init: the student checkpoint is required (--init)")
     if config.teacher is None:
         config = dataclasses.replace(config, teacher=config.init)
-    out = Path(out_dir).resolve()
-    existing = ckpt.latest_step(out)
-    if existing is not None and not resume:
-        raise FileExistsError(f"{str(out)!r} already holds checkpoints (latest step {existing}); pass --resume "
-                              f"to continue, or choose a new --out")
-    if existing is None:
+    run = StageRun("opd", out_dir, config.to_json(), resume=resume, force=force, logger=log)
+    out = run.out
+    if run.existing is None:
         model_config, params = load_checkpoint(config.init, "student init")
     else:
         model_config, params = _checkpoint_config(config.init, "student init"), None
@@ -507,32 +501,18 @@ def run_opd(config: OPDConfig, out_dir: str | Path, *, resume: bool = False, for
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = opd_tokenizer(config, model_config.vocab_size, out)
     pool = prompt_pool(config, tokenizer)
-    cfg_json = config.to_json()
 
     optimizer = make_optimizer(config.optim)
     mesh = default_mesh(config.mesh)
-    abstract = jax.eval_shape(lambda: init_train_state(params_shapes(model_config), optimizer, jax.random.key(0)))
-    shardings = state_shardings(abstract, optimizer, model_config, mesh) if mesh is not None else None
-    if shardings is not None:
-        abstract = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                                          abstract, shardings)
+    state, _ = run.start(model_config, optimizer, mesh, params, config.seed)
+    if run.shardings is not None:
         teacher_params = jax.device_put(teacher_params, logical_to_mesh(params_logical_axes(teacher_config),
                                                                         teacher_params, mesh))
-    resume_step = None
-    if existing is not None:
-        state, _, _ = ckpt.restore_latest(out, abstract, config=cfg_json, force=force)
-        resume_step = existing
-        log.info("resumed %s at step %d", out, existing)
-    else:
-        state = init_train_state(params, optimizer, jax.random.fold_in(jax.random.key(config.seed), 1))
-    state = place_state(state, shardings)
-
-    (out / "stage_config.json").write_text(json.dumps(cfg_json, indent=1, sort_keys=True) + "\n")
     dtype = COMPUTE_DTYPES[config.compute_dtype]
     model = Qwen3_5MoeForCausalLM(model_config, dtype=dtype)
     teacher_model = Qwen3_5MoeForCausalLM(teacher_config, dtype=dtype)
     train_step = make_train_step(opd_loss_fn(model, config), optimizer, lb_coef=config.lb_coef,
-                                 schedule=lr_schedule(config.optim), shardings=shardings)
+                                 schedule=lr_schedule(config.optim), shardings=run.shardings)
     batches = OPDBatches(config, model_config, tokenizer, pool, teacher_params, teacher_model, generate_fn)
     teacher_kernel = teacher_params["lm_head"]["kernel"]
     keys = EXACT_KEYS if config.loss == "exact" else SAMPLED_KEYS
@@ -550,35 +530,20 @@ def run_opd(config: OPDConfig, out_dir: str | Path, *, resume: bool = False, for
         metrics["time/train_s"] = time.perf_counter() - t0
         return state, metrics
 
-    checkpointer = ckpt.StageCheckpointer(out, cfg_json, model_config, max_to_keep=config.max_to_keep)
-    writer = MetricsWriter(out, resume_step=resume_step)
-    if resume_step is None:
-        writer.text("config/opd", "```\n" + json.dumps(cfg_json, indent=1, sort_keys=True) + "\n```")
     loop = LoopConfig(config.steps, config.log_every, config.ckpt_every, desc=f"opd[{config.loss}]", progress=progress)
-    try:
-        state = run_stage(loop, state, batches, step_fn, prepare=prepare, checkpointer=checkpointer,
-                          writer=writer, batch_metrics=lambda host: host["stats"])
-    finally:
-        checkpointer.close()
-        writer.close()
-    return state
+    return run.run(loop, state, batches, step_fn, max_to_keep=config.max_to_keep, prepare=prepare,
+                   batch_metrics=lambda host: host["stats"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hat_jax.train.opd", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="micro", help=f"OPD preset: {', '.join(OPD_PRESETS)}")
+    parser = stage_parser("opd", __doc__, f"OPD preset: {', '.join(OPD_PRESETS)}")
     parser.add_argument("--init", required=True, help="student checkpoint (model checkpoint or a stage's run dir)")
     parser.add_argument("--teacher", help="frozen teacher checkpoint (default: --init; in HAT: the pre-SFT base)")
-    parser.add_argument("--out", required=True, help="run directory (checkpoints, metrics, tokenizer)")
-    parser.add_argument("--steps", type=int, help="optimizer steps (also the cosine schedule's end)")
+    add_out_steps(parser)
     parser.add_argument("--loss", choices=OPD_LOSSES, help="reverse-KL loss: sampled-token estimator or exact")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
-    parser.add_argument("--force", action="store_true", help="resume even if the stage config changed")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config field, e.g. prompts_per_step=8, optim.lr=1e-4, clip_eps=0.2")
-    parser.add_argument("--no-progress", action="store_true")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    add_resume_force(parser)
+    add_set_progress(parser, "prompts_per_step=8, optim.lr=1e-4, clip_eps=0.2")
+    args = parse_stage_args(parser, argv)
     config = opd_preset(args.preset)
     if args.steps is not None:
         config = with_steps(config, args.steps)
@@ -588,17 +553,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.loss is not None:
         changes["loss"] = args.loss
     config = apply_opd_overrides(dataclasses.replace(config, **changes), args.set)
-    state = run_opd(config, args.out, resume=args.resume, force=args.force, progress=not args.no_progress)
-    print(json.dumps({"run_dir": str(Path(args.out).resolve()), "step": int(jax.device_get(state.step))}))
-    return 0
+    return finish_main(args, run_opd(config, args.out, **run_options(args)))
 
 
 if __name__ == "__main__":
-    from hat_jax.train.trainer import NonFiniteLossError
-
-    try:
-        sys.exit(main())
-    except (NonFiniteLossError, ckpt.ConfigMismatchError, ckpt.IncompatibleCheckpointError, FileExistsError,
-            FileNotFoundError, ValueError) as err:
-        print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
-        sys.exit(2)
+    cli(main)

@@ -27,7 +27,7 @@ One RL step (a batch function for `hat_jax.train.trainer.run_stage`, called with
    Reasoning tokens are counted per sampled turn from `RolloutBatch.turn_texts` (the text after the
    `<think>\\n` generation prompt up to `</think>`, all of it for a turn cut while thinking; re-tokenised
    with the stage's tokenizer), so a truncated last turn is counted too.
-4. Advantages (`hat_jax.train.advantages`, MATH.md sections 1-2), `estimator`:
+4. Advantages (`hat_jax.train.advantages`; the HAT report, arXiv 2608.15763, "Training, three stages"), `estimator`:
    "grpo" (weighted sum, then group normalisation, sample std + 1e-6; DeepSeekMath arXiv 2402.03300 eq. 3),
    "gdpo" (each component normalised in its group, weighted sum, batch normalisation, eps 1e-4; arXiv
    2601.05242), "dr_grpo" (weighted sum minus the group mean, no std; arXiv 2503.20783). Weights:
@@ -63,14 +63,11 @@ The model config and the tokenizer come from --init (`<init>/tokenizer` or its p
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import logging
 import os
 import random
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -82,19 +79,19 @@ import numpy as np
 from hat_jax.data.world_data import WorldDataConfig, rl_tasks, world_for
 from hat_jax.harness.hsa import HSAConfig, compose
 from hat_jax.judges.rewards import RewardConfig
-from hat_jax.model.params import params_shapes
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.sim.env import EnvConfig
 from hat_jax.train import checkpoints as ckpt
 from hat_jax.train.advantages import get_advantage_estimator
 from hat_jax.train.losses import check_aggregation
-from hat_jax.train.metrics import MetricsWriter
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
 from hat_jax.train.rl_loss import BATCH_KEYS, make_ref_logprobs, make_rl_train_step, rl_loss_fn
 from hat_jax.train.rl_rewards import host_batch, judge_rewards
-from hat_jax.train.sft import COMPUTE_DTYPES, apply_overrides, load_init_params, tokenizer_from_checkpoint
-from hat_jax.train.trainer import (LoopConfig, TrainState, default_mesh, init_train_state, place_batch, place_state, run_stage,
-                                   split_micro_batches, state_shardings)
+from hat_jax.train.sft import load_init_params, tokenizer_from_checkpoint
+from hat_jax.train.stage import (COMPUTE_DTYPES, StageRun, add_out_steps, add_resume_force, add_set_progress,
+                                 apply_overrides, cli, config_json, finish_main, parse_stage_args, run_options,
+                                 stage_parser)
+from hat_jax.train.trainer import LoopConfig, TrainState, default_mesh, place_batch, split_micro_batches
 
 log = logging.getLogger(__name__)
 HARNESS_MODES = ("original", "hsa")
@@ -187,7 +184,7 @@ class RLConfig:
         return min(self.max_turns * self.max_new_tokens, self.seq_len)
 
     def to_json(self) -> dict:
-        return json.loads(json.dumps(dataclasses.asdict(self), default=str))
+        return config_json(self)
 
 
 RL_PRESETS: dict[str, RLConfig] = {
@@ -218,15 +215,13 @@ def with_steps(config: RLConfig, steps: int) -> RLConfig:
 
 
 def apply_rl_overrides(config: RLConfig, assignments: Sequence[str]) -> RLConfig:
-    """`key.path=value` overrides (`hat_jax.train.sft.apply_overrides`); the model comes from --init.
+    """`key.path=value` overrides (`hat_jax.train.stage.apply_overrides`); the model comes from --init.
 
     Raises:
         ValueError: malformed assignment, unknown field (lists the valid ones), a `model.*` key.
     """
-    for item in assignments:
-        if item.split("=", 1)[0].strip().startswith("model."):
-            raise ValueError(f"--set {item}: the RL stage's model is the --init checkpoint's; no model.* overrides")
-    return apply_overrides(config, assignments)
+    return apply_overrides(config, assignments, no_model="--set {item}: the RL stage's model is the --init "
+                                                         "checkpoint's; no model.* overrides")
 
 
 # ---------------------------------------------------------------------------------------------- the batches
@@ -358,14 +353,10 @@ def run_rl(config: RLConfig, out_dir: str | Path, *, resume: bool = False, force
     from hat_jax.model.checkpoint_io import CONFIG_FILE
     from hat_jax.model.hf_io import read_hf_config
 
-    out = Path(out_dir).resolve()
-    existing = ckpt.latest_step(out)
-    if existing is not None and not resume:
-        raise FileExistsError(f"{str(out)!r} already holds checkpoints (latest step {existing}); pass --resume "
-                              f"to continue, or choose a new --out")
+    run = StageRun("rl", out_dir, config.to_json(), resume=resume, force=force, logger=log)
+    out = run.out
     out.mkdir(parents=True, exist_ok=True)
-    cfg_json = config.to_json()
-    if existing is None:
+    if run.existing is None:
         model_config = _init_model_config(config.init)
         params = load_init_params(config.init, model_config, "RL init")
     else:
@@ -378,28 +369,14 @@ def run_rl(config: RLConfig, out_dir: str | Path, *, resume: bool = False, force
 
     optimizer = make_optimizer(config.optim)
     mesh = default_mesh(config.mesh)
-    abstract = jax.eval_shape(lambda: init_train_state(params_shapes(model_config), optimizer, jax.random.key(0)))
-    shardings = state_shardings(abstract, optimizer, model_config, mesh) if mesh is not None else None
-    if shardings is not None:
-        abstract = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                                          abstract, shardings)
-    resume_step = None
-    if existing is not None:
-        state, _, _ = ckpt.restore_latest(out, abstract, config=cfg_json, force=force)
-        resume_step = existing
-        log.info("resumed %s at step %d", out, existing)
-    else:
-        state = init_train_state(params, optimizer, jax.random.fold_in(jax.random.key(config.seed), 1))
-    state = place_state(state, shardings)
-
-    (out / "stage_config.json").write_text(json.dumps(cfg_json, indent=1, sort_keys=True) + "\n")
+    state, _ = run.start(model_config, optimizer, mesh, params, config.seed)
     model = Qwen3_5MoeForCausalLM(model_config, dtype=COMPUTE_DTYPES[config.compute_dtype])
     loss_fn = rl_loss_fn(model, temperature=config.temperature, eps_low=config.eps_low, eps_high=config.eps_high,
                          beta=config.beta, aggregation=config.aggregation, max_len=config.max_len,
                          routing_replay=config.routing_replay)
     train_step = make_rl_train_step(loss_fn, optimizer, accum_steps=config.accum_steps, epochs=config.ppo_epochs,
                                     minibatches=config.ppo_minibatches, lb_coef=config.lb_coef,
-                                    schedule=lr_schedule(config.optim), shardings=shardings)
+                                    schedule=lr_schedule(config.optim), shardings=run.shardings)
 
     def step_fn(state, batch):
         t0 = time.perf_counter()
@@ -408,10 +385,6 @@ def run_rl(config: RLConfig, out_dir: str | Path, *, resume: bool = False, force
         metrics["time/train_s"] = time.perf_counter() - t0
         return state, metrics
 
-    checkpointer = ckpt.StageCheckpointer(out, cfg_json, model_config, max_to_keep=config.max_to_keep)
-    writer = MetricsWriter(out, resume_step=resume_step)
-    if resume_step is None:
-        writer.text("config/rl", "```\n" + json.dumps(cfg_json, indent=1, sort_keys=True) + "\n```")
     split = config.ppo_minibatches * config.accum_steps
     keys = (*BATCH_KEYS, "ref_logprobs", "expert_ids")
 
@@ -420,31 +393,19 @@ def run_rl(config: RLConfig, out_dir: str | Path, *, resume: bool = False, force
 
     loop = LoopConfig(config.steps, config.log_every, config.ckpt_every, desc=f"rl[{config.harness_mode}]",
                       progress=progress)
-    try:
-        state = run_stage(loop, state, batches, step_fn, prepare=prepare, checkpointer=checkpointer,
-                          data_state=lambda: {"rl_step": batches.last_step}, writer=writer,
-                          batch_metrics=lambda host: host["_metrics"])
-    finally:
-        checkpointer.close()
-        writer.close()
-    return state
+    return run.run(loop, state, batches, step_fn, max_to_keep=config.max_to_keep, prepare=prepare,
+                   data_state=lambda: {"rl_step": batches.last_step}, batch_metrics=lambda host: host["_metrics"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hat_jax.train.rl", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="micro", help=f"RL preset: {', '.join(RL_PRESETS)}")
+    parser = stage_parser("rl", __doc__, f"RL preset: {', '.join(RL_PRESETS)}")
     parser.add_argument("--init", required=True, help="checkpoint to start from (a stage run dir or model checkpoint "
                                                       "with a tokenizer/ folder)")
-    parser.add_argument("--out", required=True, help="run directory (checkpoints, metrics, tokenizer)")
-    parser.add_argument("--steps", type=int, help="RL steps (also the schedule's end)")
+    add_out_steps(parser, steps_help="RL steps (also the schedule's end)")
     parser.add_argument("--harness", choices=HARNESS_MODES, help="original or HSA-perturbed harnesses")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
-    parser.add_argument("--force", action="store_true", help="resume even if the stage config changed")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config field, e.g. estimator=gdpo, group_size=8, reward.cot_free=50")
-    parser.add_argument("--no-progress", action="store_true")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    add_resume_force(parser)
+    add_set_progress(parser, "estimator=gdpo, group_size=8, reward.cot_free=50")
+    args = parse_stage_args(parser, argv)
     config = rl_preset(args.preset)
     if args.harness is not None:
         config = dataclasses.replace(config, harness_mode=args.harness)
@@ -452,17 +413,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = apply_rl_overrides(config, args.set)
     if args.steps is not None:  # after --set: the schedule counts steps x ppo_epochs x ppo_minibatches updates
         config = with_steps(config, args.steps)
-    state = run_rl(config, args.out, resume=args.resume, force=args.force, progress=not args.no_progress)
-    print(json.dumps({"run_dir": str(Path(args.out).resolve()), "step": int(jax.device_get(state.step))}))
-    return 0
+    return finish_main(args, run_rl(config, args.out, **run_options(args)))
 
 
 if __name__ == "__main__":
-    from hat_jax.train.trainer import NonFiniteLossError
-
-    try:
-        sys.exit(main())
-    except (NonFiniteLossError, ckpt.ConfigMismatchError, ckpt.IncompatibleCheckpointError, FileExistsError,
-            FileNotFoundError, ValueError) as err:
-        print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
-        sys.exit(2)
+    cli(main)

@@ -19,9 +19,9 @@ so sum(loss_sum) / sum(n) is exactly `hat_jax.train.losses.aggregate` of the who
 total_sequences = S), not a mean of micro-batch means (tested for each mode).
 
 Policy forward: `Qwen3_5MoeForCausalLM` on the whole conversation, logits divided by the sampling
-temperature (`token_logprobs(..., temperature)`, MATH.md section 3 "Temperature"; the sampler records
+temperature (`token_logprobs(..., temperature)`, as marin's `compute_logprobs`; the sampler records
 log_softmax(logits / T) before top-k/top-p). With routing replay (R3; Ma et al. 2025, arXiv 2510.11370;
-MATH.md section 5) the recorded sampling-time expert ids are forced in every MoE layer
+NVIDIA/Megatron-LM#4168) the recorded sampling-time expert ids are forced in every MoE layer
 (`hat_jax.model.moe.route`: ids replaced, gate weights = renormalised softmax of the *live* router logits
 at those ids, so the router still gets gradients); the load-balancing loss and `moe/expert_load_cv` are
 computed from the live router logits.

@@ -5,7 +5,8 @@ Run (from a fresh init, or from a checkpoint with --init, e.g. the base or a pre
     python -m hat_jax.train.sft --preset micro --out runs/sft --steps 20 [--hsa on|off] [--init CKPT]
         [--resume [--force]] [--set data.seq_len=3072 --set optim.lr=1e-3 ...]
 
-Objective (DESIGN.md "Training", issue 4 point 2): per micro-batch `masked_token_ce_sum(logits, input_ids,
+Objective (the HAT report, arXiv 2608.15763 (TaoLive, 2026), "Training, three stages", stage 1 HSA-SFT; issue 4
+point 2): per micro-batch `masked_token_ce_sum(logits, input_ids,
 loss_mask)` (`hat_jax.train.losses`; loss_mask = 1 on assistant-generated tokens only, as
 `hat_jax.harness.render.render_tokens` marks them), summed over the accumulated micro-batches and divided by
 the total number of loss tokens (`hat_jax.train.trainer`), plus lb_coef x the MoE load-balancing loss
@@ -30,14 +31,12 @@ the TensorBoard run directory (`hat_jax.train.metrics`); `load_model_checkpoint(
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
 import logging
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -54,14 +53,15 @@ from hat_jax.model.params import init_params, params_shapes
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.train import checkpoints as ckpt
 from hat_jax.train.losses import masked_token_ce_sum
-from hat_jax.train.metrics import MetricsWriter
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
-from hat_jax.train.trainer import (LoopConfig, TrainState, default_mesh, init_train_state, make_train_step, moe_aux,
-                                   place_batch, place_state, run_stage, split_micro_batches, state_shardings)
+from hat_jax.train.stage import (COMPUTE_DTYPES, StageRun, add_out_steps, add_resume_force, add_set_progress,
+                                 apply_overrides, cli, config_json, finish_main, parse_stage_args, run_options,
+                                 stage_parser)
+from hat_jax.train.trainer import (LoopConfig, TrainState, default_mesh, make_train_step, moe_aux, place_batch,
+                                   split_micro_batches)
 
 log = logging.getLogger(__name__)
 TOKENIZER_VERSION = 1
-COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 DEVICE_KEYS = ("input_ids", "attention_mask", "loss_mask")
 
 
@@ -117,7 +117,7 @@ class SFTConfig:
         return get_config(self.preset, **dict(self.model_overrides))
 
     def to_json(self) -> dict:
-        return json.loads(json.dumps(dataclasses.asdict(self), default=str))
+        return config_json(self)
 
 
 def _world(n_tasks: int) -> WorldDataConfig:
@@ -156,53 +156,6 @@ def with_hsa(config: SFTConfig, on: bool) -> SFTConfig:
     """The stage switch: 'off' -> p_hsa 0 (original harness); 'on' -> the preset's p_hsa (0.5 if it had 0)."""
     p = (config.data.p_hsa or 0.5) if on else 0.0
     return dataclasses.replace(config, data=dataclasses.replace(config.data, p_hsa=p))
-
-
-def _parse_value(text: str, current: Any) -> Any:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        value = text
-    if isinstance(value, list):  # config sequences are tuples (hashable, frozen)
-        value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
-    if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    return value
-
-
-def apply_overrides(config: SFTConfig, assignments: Sequence[str]) -> SFTConfig:
-    """`key.path=value` assignments (JSON values, else strings); `model.<field>=v` adds a model override.
-
-    Raises:
-        ValueError: malformed assignment or unknown field (lists the valid ones).
-    """
-    for item in assignments:
-        if "=" not in item:
-            raise ValueError(f"--set {item!r}: expected key=value")
-        key, text = item.split("=", 1)
-        parts = key.strip().split(".")
-        if parts[0] == "model" and len(parts) == 2:
-            valid = [f.name for f in dataclasses.fields(type(config.model_config()))]
-            if parts[1] not in valid:
-                raise ValueError(f"--set {key}: unknown model field {parts[1]!r}; valid: {', '.join(valid)}")
-            current = getattr(config.model_config(), parts[1])
-            overrides = dict(config.model_overrides)
-            overrides[parts[1]] = _parse_value(text, current)
-            config = dataclasses.replace(config, model_overrides=tuple(sorted(overrides.items())))
-            continue
-        config = _replace_path(config, parts, text, key)
-    return config
-
-
-def _replace_path(obj: Any, parts: list[str], text: str, key: str) -> Any:
-    if not dataclasses.is_dataclass(obj):
-        raise ValueError(f"--set {key}: {type(obj).__name__} has no fields")
-    names = [f.name for f in dataclasses.fields(obj)]
-    if parts[0] not in names:
-        raise ValueError(f"--set {key}: unknown field {parts[0]!r} of {type(obj).__name__}; valid: {', '.join(names)}")
-    current = getattr(obj, parts[0])
-    value = _replace_path(current, parts[1:], text, key) if len(parts) > 1 else _parse_value(text, current)
-    return dataclasses.replace(obj, **{parts[0]: value})
 
 
 # ---------------------------------------------------------------------------------------------- tokenizer
@@ -329,16 +282,12 @@ def run_sft(config: SFTConfig, out_dir: str | Path, *, resume: bool = False, for
         ckpt.ConfigMismatchError / IncompatibleCheckpointError: see `hat_jax.train.checkpoints`.
         NonFiniteLossError: a NaN/inf loss (the last good checkpoint stays on disk).
     """
-    out = Path(out_dir).resolve()
-    existing = ckpt.latest_step(out)
-    if existing is not None and not resume:
-        raise FileExistsError(f"{str(out)!r} already holds checkpoints (latest step {existing}); pass --resume "
-                              f"to continue, or choose a new --out")
+    run = StageRun("sft", out_dir, config.to_json(), resume=resume, force=force, logger=log)
+    out = run.out
     out.mkdir(parents=True, exist_ok=True)
     model_config = config.model_config()
-    cfg_json = config.to_json()
 
-    params = _initial_params(config, model_config) if existing is None else None  # fail fast on a bad --init
+    params = _initial_params(config, model_config) if run.existing is None else None  # fail fast on a bad --init
     records, _ = sft_records(config.world)
     tokenizer = sft_tokenizer(config, records, out)
     from hat_jax.harness.loader import production_harness
@@ -348,29 +297,12 @@ def run_sft(config: SFTConfig, out_dir: str | Path, *, resume: bool = False, for
 
     optimizer = make_optimizer(config.optim)
     mesh = default_mesh(config.mesh)
-    abstract = jax.eval_shape(lambda: init_train_state(params_shapes(model_config), optimizer, jax.random.key(0)))
-    shardings = state_shardings(abstract, optimizer, model_config, mesh) if mesh is not None else None
-    if shardings is not None:
-        abstract = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                                          abstract, shardings)
-    resume_step = None
-    if existing is not None:
-        state, data_state, _ = ckpt.restore_latest(out, abstract, config=cfg_json, force=force)
+    state, data_state = run.start(model_config, optimizer, mesh, params, config.seed)
+    if run.existing is not None:
         batches.set_state(data_state)
-        resume_step = existing
-        log.info("resumed %s at step %d", out, existing)
-    else:
-        state = init_train_state(params, optimizer, jax.random.fold_in(jax.random.key(config.seed), 1))
-    state = place_state(state, shardings)
-
-    (out / "stage_config.json").write_text(json.dumps(cfg_json, indent=1, sort_keys=True) + "\n")
     model = Qwen3_5MoeForCausalLM(model_config, dtype=COMPUTE_DTYPES[config.compute_dtype])
     step_fn = make_train_step(sft_loss_fn(model), optimizer, lb_coef=config.lb_coef,
-                              schedule=lr_schedule(config.optim), shardings=shardings)
-    checkpointer = ckpt.StageCheckpointer(out, cfg_json, model_config, max_to_keep=config.max_to_keep)
-    writer = MetricsWriter(out, resume_step=resume_step)
-    if resume_step is None:
-        writer.text("config/sft", "```\n" + json.dumps(cfg_json, indent=1, sort_keys=True) + "\n```")
+                              schedule=lr_schedule(config.optim), shardings=run.shardings)
 
     def prepare(host):
         return place_batch(split_micro_batches(host, config.accum_steps, DEVICE_KEYS), mesh)
@@ -380,29 +312,18 @@ def run_sft(config: SFTConfig, out_dir: str | Path, *, resume: bool = False, for
 
     loop = LoopConfig(config.steps, config.log_every, config.ckpt_every, desc=f"sft[{config.harness_mode}]",
                       progress=progress)
-    try:
-        state = run_stage(loop, state, batches, step_fn, prepare=prepare, checkpointer=checkpointer,
-                          data_state=batches.get_state, writer=writer, batch_metrics=hsa_share)
-    finally:
-        checkpointer.close()
-        writer.close()
-    return state
+    return run.run(loop, state, batches, step_fn, max_to_keep=config.max_to_keep, prepare=prepare,
+                   data_state=batches.get_state, batch_metrics=hsa_share)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hat_jax.train.sft", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="micro", help=f"SFT preset: {', '.join(SFT_PRESETS)}")
-    parser.add_argument("--out", required=True, help="run directory (checkpoints, metrics, tokenizer)")
-    parser.add_argument("--steps", type=int, help="optimizer steps (also the cosine schedule's end)")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
-    parser.add_argument("--force", action="store_true", help="resume even if the stage config changed")
+    parser = stage_parser("sft", __doc__, f"SFT preset: {', '.join(SFT_PRESETS)}")
+    add_out_steps(parser)
+    add_resume_force(parser)
     parser.add_argument("--init", help="checkpoint to start from (model checkpoint or a stage's run dir)")
     parser.add_argument("--hsa", choices=("on", "off"), help="harness perturbation: on (HSA) or off (original)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config field, e.g. data.seq_len=3072, optim.lr=1e-3, model.vocab_size=1024")
-    parser.add_argument("--no-progress", action="store_true")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    add_set_progress(parser, "data.seq_len=3072, optim.lr=1e-3, model.vocab_size=1024")
+    args = parse_stage_args(parser, argv)
     config = sft_preset(args.preset)
     if args.steps is not None:
         config = with_steps(config, args.steps)
@@ -411,17 +332,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.init is not None:
         config = dataclasses.replace(config, init=str(Path(args.init).resolve()))
     config = apply_overrides(config, args.set)
-    state = run_sft(config, args.out, resume=args.resume, force=args.force, progress=not args.no_progress)
-    print(json.dumps({"run_dir": str(Path(args.out).resolve()), "step": int(jax.device_get(state.step))}))
-    return 0
+    return finish_main(args, run_sft(config, args.out, **run_options(args)))
 
 
 if __name__ == "__main__":
-    from hat_jax.train.trainer import NonFiniteLossError
-
-    try:
-        sys.exit(main())
-    except (NonFiniteLossError, ckpt.ConfigMismatchError, ckpt.IncompatibleCheckpointError, FileExistsError,
-            FileNotFoundError, ValueError) as err:
-        print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
-        sys.exit(2)
+    cli(main)

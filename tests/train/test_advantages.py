@@ -43,9 +43,9 @@ def test_gdpo_single_component_group_then_batch_norm():
     np.testing.assert_allclose(out.advantages[:3], [2.0, -1.0, -1.0], rtol=1e-3)
 
 
-def test_math_md_g2_example_grpo_collapses_gdpo_separates():
-    # MATH.md section 2: G = 2, two binary components. Group 0 rollouts (0,0), (1,0): totals {0, 1};
-    # group 1 rollouts (0,0), (1,1): totals {0, 2}.
+def test_gdpo_g2_example_grpo_collapses_gdpo_separates():
+    # The GDPO paper's example (arXiv 2601.05242; ms-swift PR #7348): G = 2, two binary components.
+    # Group 0 rollouts (0,0), (1,0): totals {0, 1}; group 1 rollouts (0,0), (1,1): totals {0, 2}.
     comps = {"accuracy": jnp.array([0.0, 1.0, 0.0, 1.0]), "effectiveness": jnp.array([0.0, 0.0, 0.0, 1.0])}
     gids = contiguous_group_ids(2, 2)
     grpo = grpo_advantages(comps, gids).advantages

@@ -1,0 +1,226 @@
+"""Starting, resuming and finishing one training stage's run, shared by SFT, OPD and RL; and their common CLI.
+
+A stage run lives in one directory (`--out`): the `StageCheckpointer` root (checkpoints, model_config.json,
+tokenizer/), the TensorBoard run directory (`hat_jax.train.metrics`) and `stage_config.json`. `StageRun`
+is that directory's life cycle, in the order every stage uses it:
+
+1. `StageRun(name, out_dir, config_json, resume=..., force=...)`: refuses a directory that already holds
+   checkpoints unless resuming (FileExistsError, message names the latest step); `existing` is its latest
+   checkpoint step or None (a fresh start). The stage then loads its init, tokenizer and data.
+2. `start(model_config, optimizer, mesh, params, seed)`: the abstract train state and its shardings (on a
+   mesh), then either the latest checkpoint restored (its config hash checked, `force` overrides) or a
+   fresh `init_train_state(params, optimizer, fold_in(key(seed), 1))`; committed once with `place_state`;
+   `stage_config.json` written. Returns (state, data_state); `shardings` is kept for the train step.
+3. `run(loop, state, batches, step_fn, ...)`: `run_stage` with the stage's `StageCheckpointer` and
+   `MetricsWriter` (a fresh run logs its config as the text `config/<name>`), both closed on any exit.
+
+The CLI part: the arguments every stage takes (`--preset`, `--out`, `--steps`, `--resume`, `--force`,
+`--set`, `--no-progress`), `--set key.path=value` overrides (`apply_overrides`), the JSON line a finished
+run prints and the `__main__` error handler (exit 2 with `error: <type>: <message>` on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from hat_jax.model.params import params_shapes
+from hat_jax.train import checkpoints as ckpt
+from hat_jax.train.metrics import MetricsWriter
+from hat_jax.train.trainer import (LoopConfig, NonFiniteLossError, TrainState, init_train_state, place_state,
+                                   run_stage, state_shardings)
+
+COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+CLI_ERRORS = (NonFiniteLossError, ckpt.ConfigMismatchError, ckpt.IncompatibleCheckpointError, FileExistsError,
+              FileNotFoundError, ValueError)
+
+
+def config_json(config) -> dict:
+    """A stage config (a frozen dataclass) as plain JSON data (what is hashed and written)."""
+    return json.loads(json.dumps(dataclasses.asdict(config), default=str))
+
+
+# ---------------------------------------------------------------------------------------------- the run
+
+class StageRun:
+    """One stage's run directory, from the resume check to the closed checkpointer (module docstring).
+
+    Args:
+      name: the stage ("sft", "opd", "rl"): the TensorBoard text tag `config/<name>`.
+      out_dir: the run directory (resolved). cfg_json: the stage config as JSON (`config_json`).
+      resume: continue from the latest checkpoint (a fresh start when there is none). force: resume despite
+        a stage-config hash mismatch. logger: where "resumed <out> at step <n>" is logged (the stage's).
+    Raises:
+      FileExistsError: out_dir already holds checkpoints and resume is False.
+    """
+
+    def __init__(self, name: str, out_dir: str | Path, cfg_json: dict, *, resume: bool = False, force: bool = False,
+                 logger: logging.Logger | None = None):
+        self.name, self.cfg_json, self.force = name, cfg_json, force
+        self.log = logger or logging.getLogger(__name__)
+        self.out = Path(out_dir).resolve()
+        self.existing = ckpt.latest_step(self.out)
+        if self.existing is not None and not resume:
+            raise FileExistsError(f"{str(self.out)!r} already holds checkpoints (latest step {self.existing}); pass "
+                                  f"--resume to continue, or choose a new --out")
+        self.shardings = None
+        self.model_config = None
+
+    def start(self, model_config, optimizer, mesh, params, seed: int) -> tuple[TrainState, Any]:
+        """(state, data_state): the restored latest checkpoint (data_state its stored data state) or a fresh
+        state from `params` (data_state None), placed on `mesh`; writes `<out>/stage_config.json`.
+
+        Raises:
+          ckpt.ConfigMismatchError / IncompatibleCheckpointError: see `hat_jax.train.checkpoints`.
+        """
+        self.model_config = model_config
+        abstract = jax.eval_shape(lambda: init_train_state(params_shapes(model_config), optimizer, jax.random.key(0)))
+        self.shardings = state_shardings(abstract, optimizer, model_config, mesh) if mesh is not None else None
+        if self.shardings is not None:
+            abstract = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                              abstract, self.shardings)
+        data_state = None
+        if self.existing is not None:
+            state, data_state, _ = ckpt.restore_latest(self.out, abstract, config=self.cfg_json, force=self.force)
+            self.log.info("resumed %s at step %d", self.out, self.existing)
+        else:
+            state = init_train_state(params, optimizer, jax.random.fold_in(jax.random.key(seed), 1))
+        state = place_state(state, self.shardings)
+        (self.out / "stage_config.json").write_text(json.dumps(self.cfg_json, indent=1, sort_keys=True) + "\n")
+        return state, data_state
+
+    def run(self, loop: LoopConfig, state: TrainState, batches, step_fn, *, max_to_keep: int,
+            prepare: Callable[[Mapping[str, Any]], Mapping[str, jax.Array]],
+            data_state: Callable[[], Any] = lambda: None,
+            batch_metrics: Callable[[Mapping[str, Any]], dict] | None = None) -> TrainState:
+        """`run_stage` with this run's checkpointer and metrics writer (closed on any exit); the final state."""
+        checkpointer = ckpt.StageCheckpointer(self.out, self.cfg_json, self.model_config, max_to_keep=max_to_keep)
+        writer = MetricsWriter(self.out, resume_step=self.existing)
+        if self.existing is None:
+            writer.text(f"config/{self.name}", "```\n" + json.dumps(self.cfg_json, indent=1, sort_keys=True) + "\n```")
+        try:
+            return run_stage(loop, state, batches, step_fn, prepare=prepare, checkpointer=checkpointer,
+                             data_state=data_state, writer=writer, batch_metrics=batch_metrics)
+        finally:
+            checkpointer.close()
+            writer.close()
+
+
+# ---------------------------------------------------------------------------------------------- --set overrides
+
+def parse_value(text: str, current: Any) -> Any:
+    """A --set value: JSON (lists become tuples, an int for a float field a float), else the string."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = text
+    if isinstance(value, list):  # config sequences are tuples (hashable, frozen)
+        value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+    if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    return value
+
+
+def apply_overrides(config, assignments: Sequence[str], *, no_model: str | None = None):
+    """`key.path=value` assignments (JSON values, else strings); `model.<field>=v` adds a model override.
+
+    Args:
+      no_model: for a stage whose model is its --init checkpoint's: `model.*` keys are refused with this
+        message, formatted with `item` (the whole assignment).
+    Raises:
+        ValueError: malformed assignment or unknown field (lists the valid ones), a refused `model.*` key.
+    """
+    if no_model is not None:
+        for item in assignments:
+            if item.split("=", 1)[0].strip().startswith("model."):
+                raise ValueError(no_model.format(item=item))
+    for item in assignments:
+        if "=" not in item:
+            raise ValueError(f"--set {item!r}: expected key=value")
+        key, text = item.split("=", 1)
+        parts = key.strip().split(".")
+        if parts[0] == "model" and len(parts) == 2:
+            valid = [f.name for f in dataclasses.fields(type(config.model_config()))]
+            if parts[1] not in valid:
+                raise ValueError(f"--set {key}: unknown model field {parts[1]!r}; valid: {', '.join(valid)}")
+            current = getattr(config.model_config(), parts[1])
+            overrides = dict(config.model_overrides)
+            overrides[parts[1]] = parse_value(text, current)
+            config = dataclasses.replace(config, model_overrides=tuple(sorted(overrides.items())))
+            continue
+        config = _replace_path(config, parts, text, key)
+    return config
+
+
+def _replace_path(obj: Any, parts: list[str], text: str, key: str) -> Any:
+    if not dataclasses.is_dataclass(obj):
+        raise ValueError(f"--set {key}: {type(obj).__name__} has no fields")
+    names = [f.name for f in dataclasses.fields(obj)]
+    if parts[0] not in names:
+        raise ValueError(f"--set {key}: unknown field {parts[0]!r} of {type(obj).__name__}; valid: {', '.join(names)}")
+    current = getattr(obj, parts[0])
+    value = _replace_path(current, parts[1:], text, key) if len(parts) > 1 else parse_value(text, current)
+    return dataclasses.replace(obj, **{parts[0]: value})
+
+
+# ---------------------------------------------------------------------------------------------- the CLI
+
+def stage_parser(module: str, doc: str, preset_help: str) -> argparse.ArgumentParser:
+    """The parser of `python -m hat_jax.train.<module>` (description: the docstring's first paragraph) with --preset."""
+    parser = argparse.ArgumentParser(prog=f"python -m hat_jax.train.{module}", description=doc.split("\n\n")[0])
+    parser.add_argument("--preset", default="micro", help=preset_help)
+    return parser
+
+
+def add_out_steps(parser: argparse.ArgumentParser,
+                  steps_help: str = "optimizer steps (also the cosine schedule's end)") -> None:
+    parser.add_argument("--out", required=True, help="run directory (checkpoints, metrics, tokenizer)")
+    parser.add_argument("--steps", type=int, help=steps_help)
+
+
+def add_resume_force(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    parser.add_argument("--force", action="store_true", help="resume even if the stage config changed")
+
+
+def add_set_progress(parser: argparse.ArgumentParser, examples: str) -> None:
+    """--set KEY=VALUE (repeatable; `examples` goes into the help) and --no-progress."""
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help=f"override a config field, e.g. {examples}")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def parse_stage_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parsed arguments; logging set up at INFO for the run."""
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    return args
+
+
+def run_options(args: argparse.Namespace) -> dict:
+    """resume / force / progress keyword arguments of a stage's run function."""
+    return {"resume": args.resume, "force": args.force, "progress": not args.no_progress}
+
+
+def finish_main(args: argparse.Namespace, state: TrainState) -> int:
+    """Prints the run's JSON line ({"run_dir", "step"}) and returns exit status 0."""
+    print(json.dumps({"run_dir": str(Path(args.out).resolve()), "step": int(jax.device_get(state.step))}))
+    return 0
+
+
+def cli(main: Callable[[], int]) -> None:
+    """Exits with main()'s status; a stage error exits 2 with `error: <type>: <message>` on stderr."""
+    try:
+        sys.exit(main())
+    except CLI_ERRORS as err:
+        print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
+        sys.exit(2)
