@@ -88,13 +88,16 @@ def reward_components(
       config: penalty shape and aggregation.
     Returns:
       {"accuracy", "effectiveness", "tool_rationality", "skill_selection": in [0, 1];
-       "cot_length": in [-1, 0]}.
+       "cot_length": in [-1, 0]}. The accuracy component is 0 for an episode that stayed silent
+      without cause (`Judgement.silent_without_cause`): the judge's Accuracy says no wrong fact was
+      stated, but a policy must not learn that silence earns the accuracy reward (seen in a tiny RL run:
+      81% of episodes ended without a reply at Accuracy 0.875).
     """
     counts = [reasoning_tokens] if isinstance(reasoning_tokens, int) else list(reasoning_tokens)
     pens = [cot_length_penalty(n, config.cot_free, config.cot_zero_at) for n in counts] or [0.0]
     cot = min(pens) if config.cot_aggregate == "min" else sum(pens) / len(pens)
     return {
-        "accuracy": float(judgement.accuracy),
+        "accuracy": 0.0 if judgement.silent_without_cause else float(judgement.accuracy),
         "effectiveness": float(judgement.effectiveness),
         "tool_rationality": float(judgement.tool_rationality),
         "skill_selection": float(judgement.skill_selection),

@@ -17,8 +17,9 @@ Definitions (the HAT report, arXiv 2608.15763 (TaoLive, 2026), "Evaluation sets 
   copied from the returned policy is grounded, "我保证给你全额退款" never is), an absolute claim
   (`absolute_claim`), claiming a human drives the avatar (`claims_human`), an over-claimed
   capability (`overclaims_capability`), or no valid reply because the episode was cut (outcome
-  "malformed" / "round_limit"). A deliberate "no_reply" claims nothing and keeps accuracy 1 (the
-  paper's conservative fallback).
+  "malformed" / "round_limit" / "truncated"). A deliberate "no_reply" claims nothing and keeps
+  accuracy 1 (the paper's conservative fallback); the RL reward does not pay for that silence
+  unless the fallback was due (`hat_jax.judges.rewards.reward_components`).
 - Effectiveness (0/0.5/1): 1 when every checkable gold fact is stated and the behaviour is right;
   0.5 when on intent but partial (some facts; a wrong value given for a gold fact's cue, which
   answers the question asked and is Accuracy's to penalise; the behaviour's partial form: decline
@@ -78,7 +79,7 @@ METRICS: tuple[str, ...] = (
 )
 _FAILED = ("error", "timeout", "empty")
 _BAD = ("invalid_arguments", "unknown_tool")
-_CUT = ("malformed", "round_limit")
+_CUT = ("malformed", "round_limit", "truncated")
 
 
 class MetricResult(NamedTuple):
@@ -98,6 +99,8 @@ class Judgement:
       rc_fraction, tool_rationality: in [0, 1].
       severity: high-severity tags (`SEVERITY_TAGS` order).
       reasons: (metric, reason) for every failed check.
+      silent_without_cause: the episode ended with no public reply although no gold tool call failed
+        (the paper's "no public reply" fallback was not due); the RL reward does not pay Accuracy for it.
     """
 
     accuracy: int
@@ -112,6 +115,7 @@ class Judgement:
     skill_selection: int
     severity: tuple[str, ...] = ()
     reasons: tuple[tuple[str, str], ...] = ()
+    silent_without_cause: bool = False
 
     @property
     def avg(self) -> float:
@@ -532,4 +536,5 @@ def judge_episode(episode: Episode, harness: HarnessState, world: Any = None) ->
         rc=int(results["rc"].value), rc_fraction=float(frac), tc=int(results["tc"].value), llm=int(results["llm"].value),
         tco=int(results["tco"].value), tool_rationality=float(results["tool_rationality"].value),
         skill_selection=int(results["skill_selection"].value), severity=severity, reasons=reasons,
+        silent_without_cause=not _has_reply(episode) and not failed_gold_calls(episode),
     )

@@ -133,7 +133,8 @@ class Episode:
       hook_events: (event, handler, outcome) for every hook that fired, e.g.
         ("PostToolUseFailure", "retry_on_tool_error", "retry 1/2").
       outcome: "replied", "no_reply" (the agent gave up or a hook suppressed the reply),
-        "round_limit" (tools requested after the last round) or "malformed" (unparseable output).
+        "round_limit" (tools requested after the last round), "malformed" (unparseable output) or
+        "truncated" (a model rollout cut by its token or turn budget before the environment ended it).
       seed: the environment's fault-injection seed (replaying the episode with it repeats its faults).
     """
 
@@ -144,7 +145,7 @@ class Episode:
     reply: str = ""
     loaded_skills: tuple[str, ...] = ()
     hook_events: tuple[tuple[str, str, str], ...] = ()
-    outcome: Literal["replied", "no_reply", "round_limit", "malformed"] = "replied"
+    outcome: Literal["replied", "no_reply", "round_limit", "malformed", "truncated"] = "replied"
     seed: int = 0
 
 

@@ -20,7 +20,7 @@ from hat_jax.tokenizer import split_reasoning
 from hat_jax.train.advantages import GDPO_EPS, GRPO_EPS, compute_advantages, group_normalise
 from hat_jax.train.rollout_tokens import encode, round_up
 
-OUTCOMES = ("replied", "no_reply", "round_limit", "malformed")     # `hat_jax.sim.types.Episode.outcome`
+OUTCOMES = ("replied", "no_reply", "round_limit", "malformed", "truncated")  # `hat_jax.sim.types.Episode.outcome`
 NORM_EPS = {"grpo": GRPO_EPS, "gdpo": GDPO_EPS, "dr_grpo": None}    # the estimator's group normalisation
 EOS_TEXT = "<|im_end|>"
 

@@ -21,9 +21,9 @@ Variant implemented and why:
   `<|im_end|>` (max_new_tokens reached: the partial text is NOT given to the environment), when its
   sequence reaches the `seq_len` cap (sampled tokens past the cap are dropped; likewise not given to
   the environment), when the environment's next turn would not leave room for one sampled token, or
-  after `max_turns` model turns. A cut episode's `Episode` is `env.episode()` at that point: outcome
-  "no_reply" (the env's value while running), its last partial turn absent from the messages (it is
-  in `turn_texts`). A sequence always ends with a sampled token, never with environment text.
+  after `max_turns` model turns. A cut episode's `Episode` is `env.episode()` at that point with
+  outcome "truncated" (the judges score it as a cut episode: Accuracy 0, no reply), its last partial
+  turn absent from the messages (it is in `turn_texts`). A sequence always ends with a sampled token, never with environment text.
 - Routing replay (R3; Ma et al. 2025, "Stabilizing MoE RL by aligning training and inference
   routers"), `record_expert_ids=True`: `expert_ids[l, n, t]` are the top-k experts token t was routed
   to in layer l *at sampling time*: sampled tokens from the decode step that fed them back, prompt
@@ -251,7 +251,8 @@ def _assemble(live: list[_Live], tasks, group_size, tokenizer, cap, bucket, reco
         expert_ids = np.stack([ep.eids[:, :t] for ep in live], axis=1)           # [L, N, T, k]
         recorded = int(sum((ep.eids[0, :len(ep.ids)] >= 0).all(-1).sum() for ep in live))
         fill_unrecorded(expert_ids)
-    episodes = [ep.env.episode() for ep in live]
+    episodes = [dataclasses.replace(ep.env.episode(), outcome="truncated") if ep.truncated else ep.env.episode()
+                for ep in live]
     turns = [len(ep.texts) for ep in live]
     gen_s = clock["generation"]
     stats = {

@@ -61,3 +61,21 @@ def test_reasoning_token_counts_per_assistant_turn():
         {"role": "assistant", "content": "ok", "reasoning_content": "d"},
     )})
     assert reasoning_token_counts(e, lambda s: len(s.split())) == [3, 1]
+
+
+def test_silence_earns_no_accuracy_reward_unless_the_fallback_was_due():
+    """No reply states no wrong fact (the judge's Accuracy 1), but the RL reward must not pay for silence:
+    accuracy reward 0 when every gold call succeeded, 1 when the price tool failed for good (the
+    paper's fallback allows no public reply then)."""
+    from judge_helpers import PRICE, SKILL, call, harness
+
+    from hat_jax.judges.rules import judge_episode
+
+    silent = judge_episode(episode("", outcome="no_reply"), harness())
+    assert silent.accuracy == 1 and silent.silent_without_cause
+    assert reward_components(silent, 0)["accuracy"] == 0.0
+    failed = call("jiage", {"product_id": "P1"}, status="error", result={"error": {"type": "service_error"}})
+    fallback = judge_episode(episode("", calls=(SKILL, failed), outcome="no_reply"), harness())
+    assert fallback.accuracy == 1 and not fallback.silent_without_cause
+    assert reward_components(fallback, 0)["accuracy"] == 1.0
+    assert not judge_episode(episode("到手价199元", calls=(SKILL, PRICE)), harness()).silent_without_cause

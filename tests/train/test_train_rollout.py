@@ -289,9 +289,9 @@ def test_truncation_rules(tokenizer, harness, world, config, plain_episodes):
     table = _canonical_turns(tokenizer, harness, e)
     run = lambda **kw: rollout_batch(None, config, tokenizer, world, [e.task], [harness], None, SAMPLING, 1,
                                      jax.random.key(0), generate_fn=_scripted(tokenizer, table), **kw)
-    # max_turns: cut after the first turn, env turn not appended, outcome is the env's running value
+    # max_turns: cut after the first turn, env turn not appended, outcome "truncated" (a cut episode for the judges)
     b = run(max_turns=1, max_new_tokens=400)
-    assert b.truncated.tolist() == [True] and b.episodes[0].outcome == "no_reply" and b.stats["turns"] == [1]
+    assert b.truncated.tolist() == [True] and b.episodes[0].outcome == "truncated" and b.stats["turns"] == [1]
     assert b.action_mask[0, b.stats["seq_lens"][0] - 1] == 1 and len(b.episodes[0].messages) == 4
     # a turn without <|im_end|> (max_new_tokens reached) is not given to the env
     b = run(max_turns=8, max_new_tokens=5)
