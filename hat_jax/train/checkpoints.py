@@ -208,25 +208,35 @@ def restore_latest(directory: str | Path, abstract_state: TrainState, *, config:
                                     + (f" for step {step}" if step is not None else "")
                                     + f" (steps: {list(manager.all_steps()) or 'none'})")
         where = str(root / str(step))
-        small = manager.restore(step, args=ocp.args.Composite(
-            meta=ocp.args.JsonRestore(), config=ocp.args.JsonRestore(), data_state=ocp.args.JsonRestore(),
-            rng=ocp.args.JsonRestore()))
-        if config is not None:
-            now = json.loads(json.dumps(config, default=str))
-            if config_hash(now) != small["meta"]["config_hash"] and not force:
-                diff = _config_diff(small["config"], now) or ["(hash differs)"]
-                raise ConfigMismatchError(f"checkpoint {where} was written with another stage config "
-                                          f"(hash {small['meta']['config_hash']} vs {config_hash(now)}): "
-                                          + "; ".join(diff[:10]) + ". Resume with force=True (--force) to override")
-        meta = manager.item_metadata(step)
-        for item, expected in ((PARAMS_ITEM, abstract_state.params), ("opt_state", abstract_state.opt_state)):
-            stored = meta[item]
-            stored = getattr(stored, "tree", stored)
-            check_compatible(where, item, _leaf_struct(stored), expected)
-        arrays = manager.restore(step, args=ocp.args.Composite(**{
-            PARAMS_ITEM: ocp.args.StandardRestore(_with_default_sharding(abstract_state.params)),
-            "opt_state": ocp.args.StandardRestore(_with_default_sharding(abstract_state.opt_state)),
-        }))
+        try:
+            small = manager.restore(step, args=ocp.args.Composite(
+                meta=ocp.args.JsonRestore(), config=ocp.args.JsonRestore(), data_state=ocp.args.JsonRestore(),
+                rng=ocp.args.JsonRestore()))
+            if config is not None:
+                now = json.loads(json.dumps(config, default=str))
+                if config_hash(now) != small["meta"]["config_hash"] and not force:
+                    diff = _config_diff(small["config"], now) or ["(hash differs)"]
+                    raise ConfigMismatchError(f"checkpoint {where} was written with another stage config "
+                                              f"(hash {small['meta']['config_hash']} vs {config_hash(now)}): "
+                                              + "; ".join(diff[:10]) + ". Resume with force=True (--force) to override")
+            meta = manager.item_metadata(step)
+            for item, expected in ((PARAMS_ITEM, abstract_state.params), ("opt_state", abstract_state.opt_state)):
+                stored = meta[item]
+                stored = getattr(stored, "tree", stored)
+                check_compatible(where, item, _leaf_struct(stored), expected)
+            arrays = manager.restore(step, args=ocp.args.Composite(**{
+                PARAMS_ITEM: ocp.args.StandardRestore(_with_default_sharding(abstract_state.params)),
+                "opt_state": ocp.args.StandardRestore(_with_default_sharding(abstract_state.opt_state)),
+            }))
+        except (ConfigMismatchError, IncompatibleCheckpointError):
+            raise
+        except (ValueError, OSError) as err:  # truncated or corrupt files (TensorStore / JSON errors)
+            text = str(err).strip()
+            first_line = text.splitlines()[0][:300] if text else type(err).__name__
+            others = sorted(s for s in manager.all_steps() if s != step)
+            hint = f"; move {where} aside to resume from step {others[-1]}" if others else ""
+            raise IncompatibleCheckpointError(f"checkpoint {where} cannot be read (corrupt or truncated files: "
+                                              f"{first_line}){hint}") from None
     finally:
         manager.close()
     rng = jax.random.wrap_key_data(np.asarray(small["rng"]["key_data"], np.uint32), impl=small["rng"]["impl"])

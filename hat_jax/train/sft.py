@@ -125,11 +125,12 @@ def _world(n_tasks: int) -> WorldDataConfig:
 
 
 SFT_PRESETS: dict[str, SFTConfig] = {
-    # Tests: seconds per step. At vocab 512 the production prompt is ~2,250 tokens (first loss token at
-    # <= 2,279 without HSA): seq_len 2560 gives every original-harness row loss tokens, 3072 ~95% of the
-    # rows at p_hsa 0.5 (distractor tools lengthen the prompt).
-    "micro": SFTConfig(preset="micro", world=_world(48),
-                       data=SFTDataConfig(seq_len=3072, batch_size=2, p_hsa=0.5, num_epochs=None, prefetch=2),
+    # Tests and smoke runs: seconds per step. The micro architecture with tiny's 4,096-token vocabulary:
+    # at micro's own 512 the production prompt is ~2,250 tokens (too long for the RL micro preset's
+    # seq_len 2048, so SFT micro -> RL micro would not chain); at 4,096 it is ~930, and seq_len 1280 gives
+    # ~95% of the rows loss tokens at p_hsa 0.5 (distractor tools lengthen the prompt).
+    "micro": SFTConfig(preset="micro", world=_world(48), model_overrides=(("vocab_size", 4096),),
+                       data=SFTDataConfig(seq_len=1280, batch_size=2, p_hsa=0.5, num_epochs=None, prefetch=2),
                        optim=OptimConfig(lr=3e-3, warmup_steps=2, total_steps=20, weight_decay=0.0),
                        steps=20, log_every=2, ckpt_every=10, tokenizer_texts=200),
     # CPU experiments. 8 rows x 2048 tokens in one forward peaked above 10 GiB and was OOM-killed on a

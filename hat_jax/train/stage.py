@@ -68,7 +68,11 @@ class StageRun:
         self.name, self.cfg_json, self.force = name, cfg_json, force
         self.log = logger or logging.getLogger(__name__)
         self.out = Path(out_dir).resolve()
+        if self.out.exists() and not self.out.is_dir():
+            raise FileExistsError(f"--out {str(self.out)!r} is a file, not a run directory")
         self.existing = ckpt.latest_step(self.out)
+        if self.existing is None and resume:
+            self.log.info("--resume: %s holds no checkpoint yet; starting from scratch", self.out)
         if self.existing is not None and not resume:
             raise FileExistsError(f"{str(self.out)!r} already holds checkpoints (latest step {self.existing}); pass "
                                   f"--resume to continue, or choose a new --out")
@@ -127,6 +131,13 @@ def parse_value(text: str, current: Any) -> Any:
         value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
     if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
+    for kind in (bool, int, float):  # a number or flag field takes only that kind of value (or null)
+        if value is None:
+            break
+        if isinstance(current, kind) and not (isinstance(value, kind) and (kind is bool or not isinstance(value, bool))):
+            raise ValueError(f"expected a value of type {kind.__name__}, got {text!r}")
+        if isinstance(current, kind):
+            break
     return value
 
 
@@ -154,7 +165,10 @@ def apply_overrides(config, assignments: Sequence[str], *, no_model: str | None 
                 raise ValueError(f"--set {key}: unknown model field {parts[1]!r}; valid: {', '.join(valid)}")
             current = getattr(config.model_config(), parts[1])
             overrides = dict(config.model_overrides)
-            overrides[parts[1]] = parse_value(text, current)
+            try:
+                overrides[parts[1]] = parse_value(text, current)
+            except ValueError as err:
+                raise ValueError(f"--set {key}: {err}") from None
             config = dataclasses.replace(config, model_overrides=tuple(sorted(overrides.items())))
             continue
         config = _replace_path(config, parts, text, key)
@@ -168,7 +182,13 @@ def _replace_path(obj: Any, parts: list[str], text: str, key: str) -> Any:
     if parts[0] not in names:
         raise ValueError(f"--set {key}: unknown field {parts[0]!r} of {type(obj).__name__}; valid: {', '.join(names)}")
     current = getattr(obj, parts[0])
-    value = _replace_path(current, parts[1:], text, key) if len(parts) > 1 else parse_value(text, current)
+    if len(parts) > 1:
+        value = _replace_path(current, parts[1:], text, key)
+    else:
+        try:
+            value = parse_value(text, current)
+        except ValueError as err:
+            raise ValueError(f"--set {key}: {err}") from None
     return dataclasses.replace(obj, **{parts[0]: value})
 
 
@@ -224,3 +244,7 @@ def cli(main: Callable[[], int]) -> None:
     except CLI_ERRORS as err:
         print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted: the checkpoints written so far are kept; rerun the same command with --resume to "
+              "continue", file=sys.stderr)
+        sys.exit(130)

@@ -330,6 +330,8 @@ def run_stage(loop: LoopConfig, state: TrainState,
             if checkpointer is not None and (step % loop.ckpt_every == 0 or step == loop.steps):
                 checkpointer.save(step, state, data_state())
                 last_saved = step
+                if writer is not None:  # a killed run keeps every point up to its last checkpoint
+                    writer.flush()
         final = int(jax.device_get(state.step))
         if checkpointer is not None and final != last_saved and final > start:
             checkpointer.save(final, state, data_state())

@@ -110,3 +110,23 @@ def test_training_run_is_a_model_checkpoint(tmp_path):
     assert loaded_config == config
     for a, b in zip(jax.tree_util.tree_leaves(loaded), jax.tree_util.tree_leaves(params)):
         assert np.array_equal(a, b)
+
+
+def test_corrupt_array_files_name_the_checkpoint_and_the_fallback(tmp_path):
+    """A truncated array file in the latest step is a named error pointing at the previous step; nothing is deleted."""
+    ckpt = StageCheckpointer(tmp_path, CONFIG, max_to_keep=3)
+    ckpt.save(2, at_step(toy_state(), 2))
+    ckpt.save(4, at_step(toy_state(seed=1), 4))
+    ckpt.close()
+    params = tmp_path / "4" / "params"
+    data_files = [p for p in params.rglob("*") if p.is_file() and p.parent.name == "d"]  # OCDBT array data
+    assert data_files
+    for path in data_files:
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 3])
+    with pytest.raises(IncompatibleCheckpointError, match=r"4 cannot be read .*resume from step 2"):
+        restore_latest(tmp_path, abstract(), config=CONFIG)
+    assert latest_step(tmp_path) == 4 and (tmp_path / "2").is_dir()
+    meta = max((p for p in params.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    meta.write_bytes(meta.read_bytes()[:10])  # a corrupt metadata file too
+    with pytest.raises(IncompatibleCheckpointError, match=r"4 cannot be read"):
+        restore_latest(tmp_path, abstract(), config=CONFIG)

@@ -22,7 +22,7 @@ import jax
 import numpy as np
 import pytest
 
-from hat_jax.model import get_config, init_params
+from hat_jax.model import init_params
 from hat_jax.model.checkpoint_io import load_model_checkpoint, save_model_checkpoint
 from hat_jax.train.checkpoints import ConfigMismatchError, IncompatibleCheckpointError, latest_step
 from hat_jax.train.metrics import TAGS, read_event_scalars, read_metrics
@@ -126,17 +126,17 @@ def test_changed_config_on_resume_is_refused(reference, env, monkeypatch):
 
 def test_bad_init_checkpoint_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv("HAT_JAX_CACHE", str(tmp_path / "cache"))
-    other = get_config("micro", hidden_size=32)
+    other = sft_preset("micro").model_config().replace(hidden_size=32)
     save_model_checkpoint(tmp_path / "base", init_params(other, jax.random.key(0)), other)
     config = apply_overrides(with_steps(sft_preset("micro"), 2), [f"init={tmp_path / 'base'}"])
-    with pytest.raises(IncompatibleCheckpointError, match=r"base.*lm_head/kernel has shape \(32, 512\), "
-                                                          r"the stage expects \(64, 512\)"):
+    with pytest.raises(IncompatibleCheckpointError, match=r"base.*lm_head/kernel has shape \(32, 4096\), "
+                                                          r"the stage expects \(64, 4096\)"):
         run_sft(config, tmp_path / "out", progress=False)
     config = apply_overrides(config, [f"init={tmp_path / 'missing'}"])
     with pytest.raises(FileNotFoundError, match="missing"):
         run_sft(config, tmp_path / "out2", progress=False)
     # Same shapes, another architecture setting: named too. A matching checkpoint loads as it is.
-    micro = get_config("micro")
+    micro = sft_preset("micro").model_config()
     params = init_params(micro, jax.random.key(3))
     save_model_checkpoint(tmp_path / "eps", params, micro.replace(rms_norm_eps=1e-5))
     config = apply_overrides(config, [f"init={tmp_path / 'eps'}"])

@@ -1,0 +1,39 @@
+"""The stage scaffolding shared by SFT, OPD and RL: --set overrides, run-dir checks, the CLI's exits."""
+
+import pytest
+
+from hat_jax.train import stage
+from hat_jax.train.sft import sft_preset
+
+
+def test_set_values_must_match_the_field_type():
+    config = sft_preset("micro")
+    assert stage.apply_overrides(config, ["optim.lr=1"]).optim.lr == 1.0  # an int for a float field
+    assert stage.apply_overrides(config, ["data.p_hsa=0"]).data.p_hsa == 0.0
+    with pytest.raises(ValueError, match=r"--set optim.lr: expected a value of type float, got 'abc'"):
+        stage.apply_overrides(config, ["optim.lr=abc"])
+    with pytest.raises(ValueError, match=r"--set steps: expected a value of type int, got '2.5'"):
+        stage.apply_overrides(config, ["steps=2.5"])
+    with pytest.raises(ValueError, match=r"--set steps: expected a value of type int, got 'true'"):
+        stage.apply_overrides(config, ["steps=true"])
+    with pytest.raises(ValueError, match=r"--set model.hidden_size: expected a value of type int"):
+        stage.apply_overrides(config, ["model.hidden_size=wide"])
+
+
+def test_out_dir_that_is_a_file_is_named(tmp_path):
+    path = tmp_path / "afile"
+    path.write_text("x")
+    with pytest.raises(FileExistsError, match="is a file, not a run directory"):
+        stage.StageRun("sft", path, {})
+
+
+@pytest.mark.parametrize("exc, code", [(KeyboardInterrupt(), 130), (ValueError("bad"), 2)])
+def test_cli_exit_codes(exc, code, capsys):
+    def main():
+        raise exc
+
+    with pytest.raises(SystemExit) as info:
+        stage.cli(main)
+    assert info.value.code == code
+    err = capsys.readouterr().err
+    assert ("--resume" in err) if code == 130 else ("error: ValueError: bad" in err)
