@@ -81,9 +81,8 @@ def leaves(params):
 
 def test_sampled_run_logs_metrics_and_resumes_bit_identically(ckpts, tmp_path):
     killed, reference = tmp_path / "killed", tmp_path / "reference"
-    proc = opd_cli(killed, ckpts, {**os.environ, "JAX_PLATFORMS": "cpu"})  # runs while the reference runs here
-    try:
-        state = run_opd(config_for(ckpts, *SETS), reference, progress=False)
+    proc = opd_cli(killed, ckpts, {**os.environ, "JAX_PLATFORMS": "cpu"})
+    try:  # watched from the start: killed right after its step-2 checkpoint, before step 3 can finish
         deadline = time.time() + 240
         while not (killed / "2").is_dir():  # Orbax renames the finished step directory into place
             assert proc.poll() is None, proc.communicate()[1][-4000:]
@@ -94,6 +93,7 @@ def test_sampled_run_logs_metrics_and_resumes_bit_identically(ckpts, tmp_path):
         proc.kill()
         proc.communicate()
     assert latest_step(killed) == 2
+    state = run_opd(config_for(ckpts, *SETS), reference, progress=False)  # the uninterrupted reference
     assert main([*cli_args(killed, ckpts), "--resume"]) == 0  # resumed in this process (compiled already)
     assert latest_step(killed) == 3 and int(state.step) == 3
     got, want = leaves(load_model_checkpoint(killed)[1]), leaves(load_model_checkpoint(reference)[1])
