@@ -1,6 +1,6 @@
 """Token-level loss math shared by the SFT, OPD and RL stages (pure jnp functions, jit-able, float32).
 
-Conventions (.plan/TRAIN_CONTRACT.md): sequences are [B, T] right-padded; per-token arrays are aligned
+Conventions (shared by every stage): sequences are [B, T] right-padded; per-token arrays are aligned
 with `input_ids`, entry t refers to token t, which the logits at position t-1 predict; entry 0 is 0 and
 every mask is 0 at t = 0.
 

@@ -2,7 +2,7 @@
 aggregation's numerator/denominator split for gradient accumulation, the frozen reference's logprobs, and
 the train step that applies `ppo_epochs x ppo_minibatches` optimizer updates per rollout batch.
 
-Batch keys (host and device, rows = sequences, `.plan/TRAIN_CONTRACT.md` conventions):
+Batch keys (host and device, rows = sequences; per-token arrays aligned with input_ids as in `hat_jax.train.losses.token_logprobs`):
   input_ids, attention_mask, action_mask (1 on sampled tokens of valid samples), old_logprobs [B, T];
   advantages [B] (one per sequence, broadcast over its tokens); ref_logprobs [B, T] when beta > 0;
   expert_ids [B, L, T, k] int32 when routing replay is on (row-leading so micro-batches split on rows;

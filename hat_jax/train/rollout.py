@@ -74,7 +74,8 @@ __all__ = ["RolloutBatch", "rollout_batch", "sample_completions", "env_turn_text
 
 @dataclasses.dataclass
 class RolloutBatch:
-    """The RL stage's batch (`.plan/TRAIN_CONTRACT.md`). N episodes, T columns (right padding).
+    """The RL stage's batch, aligned as in `hat_jax.train.losses` (entry t of a per-token array is about token t).
+    N episodes, T columns (right padding).
 
     Attributes:
       input_ids, attention_mask, action_mask: np.int32 [N, T] (action 1 on sampled tokens only).

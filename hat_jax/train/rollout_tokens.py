@@ -2,7 +2,7 @@
 single-turn sampling, and the routing-replay layout.
 
 Variant implemented and why:
-- Conventions are `.plan/TRAIN_CONTRACT.md`'s: sequences right-padded with the tokenizer's pad id,
+- Conventions (shared by every stage): sequences right-padded with the tokenizer's pad id,
   per-token arrays aligned with `input_ids` (entry t is about token t), action mask 1 exactly on the
   tokens the sampler produced (closing `<|im_end|>` included), `old_logprobs` the sampler's
   log-probabilities of those tokens (log_softmax(logits / temperature) before top-k/top-p, see
