@@ -138,15 +138,20 @@ _ABSOLUTE_PATTERNS = (
 )
 
 
-def _matches(patterns: Sequence[re.Pattern], text: str, *, negatable: bool) -> list[str]:
-    """The matched phrases of `patterns` in `text`; with negatable, skips matches right after a negation."""
+def phrase_matches(patterns: Sequence[re.Pattern], text: str, *, negations: Sequence[str] = ()) -> list[str]:
+    """The matched phrases of `patterns` in `text`, skipping a match whose 5 preceding characters hold one of
+    `negations` ("不会真人回复" is not a human claim). Shared by these detectors and `hat_jax.judges.phrases`."""
     found = []
     for pattern in patterns:
         for m in pattern.finditer(text):
-            if negatable and any(neg in text[max(0, m.start() - 5) : m.start()] for neg in _NEGATIONS):
+            if any(neg in text[max(0, m.start() - 5) : m.start()] for neg in negations):
                 continue
             found.append(m.group(0))
     return found
+
+
+def _matches(patterns: Sequence[re.Pattern], text: str, *, negatable: bool) -> list[str]:
+    return phrase_matches(patterns, text, negations=_NEGATIONS if negatable else ())
 
 
 def claims_human(text: str) -> bool:

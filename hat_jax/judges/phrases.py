@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from hat_jax.harness.hooks import absolute_claim, claims_human, promises_refund, refund_phrases
+from hat_jax.harness.hooks import absolute_claim, claims_human, phrase_matches, promises_refund, refund_phrases
 
 __all__ = [
     "absolute_claim", "apologises", "claims_human", "discloses_ai", "is_conservative", "overclaims_capability",
@@ -35,14 +35,9 @@ _NEGATIONS = ("不能", "无法", "没法", "不会", "无权", "不可以", "�
 
 
 def _any(patterns: tuple[re.Pattern[str], ...], text: str, *, negatable: bool = False) -> bool:
-    """Whether a pattern matches; with `negatable`, a match right after a negation (5 chars) does not count."""
-    t = _compact(text)
-    for p in patterns:
-        for m in p.finditer(t):
-            if negatable and any(n in t[max(0, m.start() - 5) : m.start()] for n in _NEGATIONS):
-                continue
-            return True
-    return False
+    """Whether a pattern matches the whitespace-free text; with `negatable`, a match right after a negation
+    (5 chars) does not count (`hat_jax.harness.hooks.phrase_matches`)."""
+    return bool(phrase_matches(patterns, _compact(text), negations=_NEGATIONS if negatable else ()))
 
 
 def _compile(*patterns: str) -> tuple[re.Pattern[str], ...]:
