@@ -97,8 +97,9 @@ log = logging.getLogger(__name__)
 HARNESS_MODES = ("original", "hsa")
 
 
-def _rl_faults() -> dict[str, float]:
-    return {"error": 0.05, "timeout": 0.03, "empty": 0.02}  # as the SFT world's rollouts
+def rl_fault_rates() -> dict[str, float]:
+    """Tool-fault rates of the live-stream training episodes (RL, live OPD): as the SFT world's rollouts."""
+    return {"error": 0.05, "timeout": 0.03, "empty": 0.02}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +129,7 @@ class RLConfig:
     world: WorldDataConfig = WorldDataConfig(sft_tasks=0, eval_items=0)
     harness_mode: str = "hsa"
     hsa: HSAConfig = HSAConfig()
-    env: EnvConfig = EnvConfig(fault_rates=_rl_faults())
+    env: EnvConfig = EnvConfig(fault_rates=rl_fault_rates())
     tasks_per_step: int = 8
     group_size: int = 8
     steps: int = 100
@@ -226,17 +227,28 @@ def apply_rl_overrides(config: RLConfig, assignments: Sequence[str]) -> RLConfig
 
 # ---------------------------------------------------------------------------------------------- the batches
 
+def draw_task_indices(n_tasks: int, count: int, seed: int, step: int) -> np.ndarray:
+    """`count` distinct task indices of step `step`, from (seed, step) only (RL and live OPD draw alike)."""
+    return np.random.default_rng([seed, step]).choice(n_tasks, count, replace=False)
+
+
+def draw_harnesses(production, harness_mode: str, hsa: HSAConfig, seed: int, step: int, n: int) -> list:
+    """One harness per task of step `step`: `production` ("original"), or ("hsa") its `compose(production,
+    random.Random(s), hsa, "train")` variant with s drawn from (seed, step, task index i)."""
+    if harness_mode == "original":
+        return [production] * n
+    seeds = [int(np.random.SeedSequence([seed, step, i]).generate_state(1)[0]) for i in range(n)]
+    return [compose(production, random.Random(s), hsa, "train")[0] for s in seeds]
+
+
 def step_task_indices(n_tasks: int, config: RLConfig, step: int) -> np.ndarray:
     """The step's `tasks_per_step` distinct task indices, from (seed, step) only."""
-    return np.random.default_rng([config.seed, step]).choice(n_tasks, config.tasks_per_step, replace=False)
+    return draw_task_indices(n_tasks, config.tasks_per_step, config.seed, step)
 
 
 def step_harnesses(production, config: RLConfig, step: int, n: int) -> list:
     """One harness per task of the step: the production one, or its HSA composition seeded by (seed, step, i)."""
-    if config.harness_mode == "original":
-        return [production] * n
-    seeds = [int(np.random.SeedSequence([config.seed, step, i]).generate_state(1)[0]) for i in range(n)]
-    return [compose(production, random.Random(s), config.hsa, "train")[0] for s in seeds]
+    return draw_harnesses(production, config.harness_mode, config.hsa, config.seed, step, n)
 
 
 class RLBatches:

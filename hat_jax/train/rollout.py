@@ -132,7 +132,8 @@ def rollout_batch(params: dict, model_config: Qwen3_5MoeTextConfig, tokenizer: A
                   sampling: SamplingConfig, group_size: int, rng: jax.Array, *, max_turns: int = 8,
                   max_new_tokens: int | None = None, record_expert_ids: bool = False, seq_len: int | None = None,
                   dtype=jnp.float32, moe_impl: str = "blocked", bucket: int = DEFAULT_BUCKET,
-                  batch_bucketing: bool = True, generate_fn: Callable = generate) -> RolloutBatch:
+                  batch_bucketing: bool = True, generate_fn: Callable = generate,
+                  env_configs: Sequence[EnvConfig] | None = None) -> RolloutBatch:
     """Rolls the model out on every task `group_size` times (see the module docstring).
 
     Args:
@@ -140,7 +141,9 @@ def rollout_batch(params: dict, model_config: Qwen3_5MoeTextConfig, tokenizer: A
       tokenizer: a fast tokenizer with the Qwen-format chat template (`hat_jax.tokenizer`).
       world: the catalog the environment runs over.
       tasks: the viewer requests; harnesses: one `HarnessState` per task (original or an HSA variant).
-      env_config: limits and fault rates (None: `EnvConfig()`).
+      env_config: limits and fault rates of every episode (None: `EnvConfig()`).
+      env_configs: instead of `env_config`, one `EnvConfig` per task (all G episodes of task i run
+        under env_configs[i]; evaluation items carry their own faults). `env_config` must then be None.
       sampling: decoding settings; stop = (eos,) and pad = tokenizer pad are imposed.
       group_size: G episodes per task. rng: PRNG key (turn i samples with `fold_in(rng, i)`).
       max_turns: model turns per episode at most (skill loads, tool rounds, reply, revisions).
@@ -154,13 +157,21 @@ def rollout_batch(params: dict, model_config: Qwen3_5MoeTextConfig, tokenizer: A
     Returns:
       RolloutBatch with N = len(tasks) * group_size rows.
     Raises:
-      ValueError: no tasks, len(harnesses) != len(tasks), group_size or max_turns < 1, a bad seq_len,
-        or a prompt that leaves no room below the cap (names the task).
+      ValueError: no tasks, len(harnesses) != len(tasks), both env_config and env_configs given or
+        len(env_configs) != len(tasks), group_size or max_turns < 1, a bad seq_len, or a prompt that leaves
+        no room below the cap (names the task).
     """
     if not tasks:
         raise ValueError("rollout_batch: no tasks given")
     if len(harnesses) != len(tasks):
         raise ValueError(f"harnesses: expected one per task ({len(tasks)}), got {len(harnesses)}")
+    if env_configs is not None:
+        if env_config is not None:
+            raise ValueError("rollout_batch: give env_config (one for all tasks) or env_configs (one per task), "
+                             "not both")
+        if len(env_configs) != len(tasks):
+            raise ValueError(f"env_configs: expected one per task ({len(tasks)}), got {len(env_configs)}")
+    configs = list(env_configs) if env_configs is not None else [env_config] * len(tasks)
     if group_size < 1 or max_turns < 1:
         raise ValueError(f"group_size={group_size} and max_turns={max_turns} must both be >= 1")
     samp = turn_sampling(sampling, tokenizer, max_new_tokens)
@@ -170,10 +181,10 @@ def rollout_batch(params: dict, model_config: Qwen3_5MoeTextConfig, tokenizer: A
     t_start = time.perf_counter()
 
     live: list[_Live] = []
-    for ti, (task, harness) in enumerate(zip(tasks, harnesses)):
+    for ti, (task, harness, task_env) in enumerate(zip(tasks, harnesses, configs)):
         for _ in range(group_size):
             t0 = time.perf_counter()
-            env = LiveStreamEnv(world, env_config)
+            env = LiveStreamEnv(world, task_env)
             messages = env.reset(task, harness)
             t1 = time.perf_counter()
             ids = encode(tokenizer, render_text(tokenizer, harness, messages, add_generation_prompt=True))

@@ -20,7 +20,8 @@ sets the preset's mixing probability; the paper mixes original and augmented har
 
 Tokenizer: the --init checkpoint's `tokenizer/` folder when it has one; otherwise a byte-level BPE of the
 model's vocab_size trained on `tokenizer_training_texts` + the rendered SFT records, cached under
-`<cache root>/tokenizers/bpe-<hash>` (cache root of `hat_jax.data.world_data`). It is copied to
+`<cache root>/tokenizers/bpe-<hash>` (cache root of `hat_jax.data.world_data`; `bpe_tokenizer_dir`, shared
+with the base pretraining of `hat_jax.train.pretrain`). It is copied to
 `<out>/tokenizer`, which a resumed run reuses. Note: the production harness's system prompt is ~2,350
 tokens with the micro preset's 512-token vocabulary (~930 with tiny's 4,096), so seq_len must exceed it or
 rows carry no loss tokens; the presets are sized for that.
@@ -182,6 +183,41 @@ def tokenizer_from_checkpoint(init: str | None) -> Path | None:
     return None
 
 
+def bpe_tokenizer_dir(vocab_size: int, tokenizer_texts: int, world: WorldDataConfig,
+                      records: Sequence[dict] | None = None) -> Path:
+    """The cached byte-level BPE of the tiny presets: `<cache root>/tokenizers/bpe-<hash>`, trained on a miss.
+
+    One tokenizer per (vocab_size, tokenizer_texts, world): the SFT stage and the base pretraining
+    (`hat_jax.train.pretrain`) both call this, so SFT from a pretrained base sees the same tokenizer.
+    Training texts: `tokenizer_training_texts(tokenizer_texts, 0)` (one tokenizer for every seed) + the
+    rendered SFT records of `world`, so the live-stream vocabulary is covered. Written to a temporary
+    folder and renamed into place (a concurrent caller that loses the race drops its copy).
+
+    Args:
+        records: the world's SFT records when the caller has them (else read on a miss with `sft_records`).
+    Returns:
+        the folder (holds tokenizer.json and the chat template).
+    """
+    from hat_jax.data.corpus import tokenizer_training_texts
+    from hat_jax.tokenizer import train_bpe_tokenizer
+
+    key = json.dumps({"v": TOKENIZER_VERSION, "vocab": vocab_size, "texts": tokenizer_texts,
+                      "world": world.digest("sft")}, sort_keys=True)
+    source = cache_root() / "tokenizers" / f"bpe-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    if not (source / "tokenizer.json").is_file():
+        if records is None:
+            records, _ = sft_records(world)
+        texts = tokenizer_training_texts(tokenizer_texts, 0, [_render_record(r) for r in records])
+        source.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=source.parent, prefix=f".{source.name}."))
+        train_bpe_tokenizer(texts, vocab_size, tmp)
+        try:
+            os.rename(tmp, source)
+        except OSError:  # another process cached it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return source
+
+
 def sft_tokenizer(config: SFTConfig, records: Sequence[dict], out_dir: Path):
     """The stage's tokenizer, also saved to `<out_dir>/tokenizer` (module docstring). Reuses that folder
     when it exists (a resumed run).
@@ -189,26 +225,13 @@ def sft_tokenizer(config: SFTConfig, records: Sequence[dict], out_dir: Path):
     Raises:
         ValueError: the tokenizer has more tokens than the model's vocab_size.
     """
-    from hat_jax.data.corpus import tokenizer_training_texts
-    from hat_jax.tokenizer import load_tokenizer, train_bpe_tokenizer
+    from hat_jax.tokenizer import load_tokenizer
 
     vocab = config.model_config().vocab_size
     target = out_dir / "tokenizer"
     source = target if (target / "tokenizer.json").is_file() else tokenizer_from_checkpoint(config.init)
     if source is None:
-        key = json.dumps({"v": TOKENIZER_VERSION, "vocab": vocab, "texts": config.tokenizer_texts,
-                          "world": config.world.digest("sft")}, sort_keys=True)
-        source = cache_root() / "tokenizers" / f"bpe-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
-        if not (source / "tokenizer.json").is_file():
-            texts = tokenizer_training_texts(config.tokenizer_texts, 0,  # one tokenizer for every seed
-                                             [_render_record(r) for r in records])
-            source.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(dir=source.parent, prefix=f".{source.name}."))
-            train_bpe_tokenizer(texts, vocab, tmp)
-            try:
-                os.rename(tmp, source)
-            except OSError:  # another process cached it first
-                shutil.rmtree(tmp, ignore_errors=True)
+        source = bpe_tokenizer_dir(vocab, config.tokenizer_texts, config.world, records)
     if source != target:
         tmp = Path(tempfile.mkdtemp(dir=out_dir, prefix=".tokenizer."))
         shutil.copytree(source, tmp, dirs_exist_ok=True)

@@ -222,7 +222,8 @@ def add_set_progress(parser: argparse.ArgumentParser, examples: str) -> None:
 def parse_stage_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     """Parsed arguments; logging set up at INFO for the run."""
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", force=True)
+    logging.getLogger("absl").setLevel(logging.WARNING)  # orbax (absl) set up the root logger first
     return args
 
 

@@ -40,6 +40,7 @@ of that step is saved, so the last checkpoint on disk is the last good one.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -56,6 +57,8 @@ from tqdm.auto import tqdm
 from hat_jax.model.moe import load_balancing_loss
 from hat_jax.model.params import params_logical_axes
 from hat_jax.model.sharding import logical_to_mesh, make_mesh, spec_for
+
+log = logging.getLogger(__name__)
 
 LossFn = Callable[[Any, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, jax.Array, dict]]
 
@@ -295,6 +298,7 @@ def run_stage(loop: LoopConfig, state: TrainState,
                dynamic_ncols=True)
     window: dict[str, list[float]] = {}
     tokens, t0, last_saved, rate = 0, None, None, None
+    began, first_done = time.perf_counter(), None
     try:
         for step in range(start + 1, loop.steps + 1):
             try:
@@ -313,7 +317,7 @@ def run_stage(loop: LoopConfig, state: TrainState,
                 raise NonFiniteLossError(step, metrics, last)
             now = time.perf_counter()
             if t0 is None:
-                t0 = now  # the first step of a process includes compilation: not counted in the rate
+                t0 = first_done = now  # the first step of a process includes compilation: not in the rate
             else:
                 tokens += n_tok
             for k, v in {**metrics, **extra}.items():
@@ -324,6 +328,10 @@ def run_stage(loop: LoopConfig, state: TrainState,
                     values["tokens_per_s"] = rate = tokens / (now - t0)
                 if writer is not None:
                     writer.scalars(step, {(k if "/" in k else f"train/{k}"): v for k, v in values.items()})
+                if not loop.progress:  # no bar: one log line per log window with the rate and the ETA
+                    per_step = (now - first_done) / (step - start - 1) if step - start > 1 else now - began
+                    log.info("%s step %d/%d loss %.4f, %.2f s/step, ETA %.0f s", loop.desc, step, loop.steps,
+                             values["loss"], per_step, per_step * (loop.steps - step))
                 window, tokens, t0 = {}, 0, now
             bar.set_postfix(loss=f"{metrics['loss']:.4f}", **({"tok_s": f"{rate:.0f}"} if rate else {}), refresh=False)
             bar.update(1)

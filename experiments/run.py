@@ -1,0 +1,140 @@
+"""Runs an ablation experiment (a row of the HAT report's Tables 3-6) or a whole table, and writes its results.
+
+    python experiments/run.py --exp table6_both                 # the main job: tiny preset, CPU, ~20 minutes
+    python experiments/run.py --exp table6 --seeds 0            # every row of Table 6, then the table
+    python experiments/run.py --exp table6_both --seeds 0,1,2   # mean and 95% interval over seeds
+    python experiments/run.py --exp table3_hat --preset qwen3_6_35b_a3b --set base.hf_path=/ckpt/Qwen3.6-35B-A3B
+    python experiments/run.py --list
+
+Options: --preset micro|tiny|qwen3_6_35b_a3b (default tiny), --seeds (default 0), --out (default runs/),
+--resume (continue an interrupted run; a group resumes its unfinished rows only), --set section.field=value
+(sections: base, sft, opd, rl, opd_live, teacher, eval; e.g. --set sft.steps=50 --set eval.world.eval_items=100),
+--ifeval-data FILE (the official IFEval input_data.jsonl; default $HAT_IFEVAL_DATA, then the hub, else skipped),
+--no-progress. Outputs: DIR/<experiment>/results.json, results.md, eval curves; DIR/stages/ (stage run dirs,
+checkpoints, TensorBoard); `tensorboard --logdir DIR`. Exit status: 0 done, 2 bad input or a failed stage
+(message on stderr), 130 interrupted (rerun with --resume).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run from a clone without installing
+    sys.path.insert(0, str(ROOT))
+
+from hat_jax.experiments.declarations import DeclarationError, load_all, resolve  # noqa: E402
+from hat_jax.experiments.scales import SCALES, apply_scale_overrides, get_scale  # noqa: E402
+
+log = logging.getLogger("run")
+
+
+def parse_seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds {text!r}: expected comma-separated integers, e.g. 0,1,2") from None
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise ValueError(f"--seeds {text!r}: expected distinct non-negative integers, e.g. 0,1,2")
+    return seeds
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python experiments/run.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--exp", help="experiment (a table row) or group (table3, table4, table5, table6)")
+    parser.add_argument("--preset", default="tiny", help=f"scale: {', '.join(SCALES)} (default tiny)")
+    parser.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
+    parser.add_argument("--out", default="runs", help="output root (default runs/)")
+    parser.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="override a config field, e.g. sft.steps=50, rl.group_size=8, eval.world.eval_items=100")
+    parser.add_argument("--ifeval-data", help="the official IFEval input_data.jsonl (default: $HAT_IFEVAL_DATA)")
+    parser.add_argument("--list", action="store_true", help="list every experiment with a one-line description")
+    parser.add_argument("--ablations", default=None, help=argparse.SUPPRESS)  # another declarations dir (tests)
+    parser.add_argument("--no-progress", action="store_true")
+    return parser
+
+
+def list_experiments(groups) -> str:
+    lines = []
+    for group in groups.values():
+        lines.append(f"{group.name:<24} {group.title} (all {len(group.rows)} rows, then the table)")
+        lines += [f"  {row.name:<22} {row.description}" for row in group.rows]
+    return "\n".join(lines)
+
+
+def enable_compile_cache() -> None:
+    """A persistent JAX compilation cache (`$JAX_COMPILATION_CACHE_DIR`, default `<hat-jax cache>/jax`): the
+    sampler and train steps compile once per shape across stages, rows and reruns instead of each time."""
+    import jax
+
+    from hat_jax.data.world_data import cache_root
+
+    if jax.config.jax_compilation_cache_dir is None:
+        jax.config.update("jax_compilation_cache_dir", str(cache_root() / "jax"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S", force=True)
+    logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax's per-checkpoint INFO lines drown the progress
+    groups = load_all(args.ablations)
+    if args.list:
+        print(list_experiments(groups))
+        return 0
+    if not args.exp:
+        raise ValueError("--exp is required (or --list to see the experiments)")
+    group, rows = resolve(args.exp, groups)
+    seeds = parse_seeds(args.seeds)
+    scale = apply_scale_overrides(get_scale(args.preset), args.set)
+    data = args.ifeval_data or os.environ.get("HAT_IFEVAL_DATA")
+    if data:
+        if not Path(data).is_file():
+            raise FileNotFoundError(f"--ifeval-data / HAT_IFEVAL_DATA: {data!r} is not a file (expected the "
+                                    "official IFEval input_data.jsonl, 541 lines)")
+        scale = dataclasses.replace(scale, eval=dataclasses.replace(scale.eval, ifeval_data=str(Path(data).resolve())))
+
+    from hat_jax.experiments.results import group_markdown
+    from hat_jax.experiments.runner import run_experiment
+
+    enable_compile_cache()
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--out {str(out)!r} is a file, not a directory")
+    results = {}
+    for row in rows:
+        # With --resume a finished row returns its results.json as it is: a group redoes its unfinished rows only.
+        results[row.name] = run_experiment(row, scale, seeds, out, resume=args.resume, progress=not args.no_progress)
+        print(json.dumps({"experiment": row.name, "results": str((out / row.name / "results.json").resolve()),
+                          "wall_s": results[row.name]["wall_s"]}))
+    table = group_markdown(group, results, scale.name)
+    if len(rows) > 1:
+        (out / f"{group.name}.md").write_text(table, encoding="utf-8")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    from hat_jax.experiments.runner import RunConfigMismatchError
+    from hat_jax.train.checkpoints import ConfigMismatchError, IncompatibleCheckpointError
+    from hat_jax.train.trainer import NonFiniteLossError
+
+    try:
+        sys.exit(main())
+    except (KeyError, ValueError, FileExistsError, FileNotFoundError, DeclarationError, RunConfigMismatchError,
+            ConfigMismatchError, IncompatibleCheckpointError, NonFiniteLossError) as err:
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"error: {type(err).__name__}: {message}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted: finished stages and seeds are kept; rerun the same command with --resume to continue",
+              file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,165 @@
+"""The four live-stream suites: greedy multi-turn episodes of the policy, judged by the rule judges.
+
+The HAT report, arXiv 2608.15763 (TaoLive, 2026), "Evaluation sets and metrics": Live-Stream QA and
+Harness-Variant QA report Accuracy, Effectiveness and AVG; Tool robustness ADR, RC, TC and AVG; Prompt
+robustness ADR, LLM, TCO and AVG (`hat_jax.data.suites.SUITE_METRICS`).
+
+Variant implemented and why:
+- Items: `hat_jax.data.world_data.eval_items` (held-out seeds). Each item runs under its own harness
+  (`item_harness` of the production harness) and its own faults (`item_env_config`), one episode per item
+  (group size 1) through `hat_jax.train.rollout.rollout_batch` with temperature 0 (greedy; the PRNG key is
+  fixed and unused), in chunks of `batch_size` items (one `rollout_batch` call per chunk, its turns
+  batched). An episode cut by the token or turn limits is judged as a cut episode (outcome "truncated":
+  Accuracy 0, no reply).
+- Judging: `hat_jax.judges.rules.judge_episode(episode, item harness)`. Short keys: accuracy -> acc,
+  effectiveness -> eff; adr, rc, tc, llm, tco keep their names.
+- Scores on 0-100: a metric is its mean over the suite's samples x 100. AVG: per sample, the mean of the
+  suite's parts (e.g. (Accuracy + Effectiveness) / 2, with Effectiveness in {0, 0.5, 1}), then the mean
+  over samples x 100. No part is ever "not applicable": the rule judges define every metric on every
+  episode (TC and TCO are 1 for a task without gold calls, LLM is 1 when the prompt has no reply
+  constraint, a reply-based metric is 0 when there is no reply), so every sample averages all its parts
+  and every sample counts in every mean.
+- Reasoning length: the tokens of a sampled turn before its `</think>` (the whole turn if it never closed
+  its reasoning), re-tokenised from the decoded turn text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hat_jax.data.suites import SUITE_METRICS, EvalItem, item_env_config, item_harness, item_to_dict
+from hat_jax.harness.state import HarnessState
+from hat_jax.judges.rules import Judgement, judge_episode
+from hat_jax.model.config import Qwen3_5MoeTextConfig
+from hat_jax.model.sampler import SamplingConfig, generate
+from hat_jax.sim.catalog import World
+from hat_jax.sim.types import episode_to_dict
+from hat_jax.train.rollout import rollout_batch
+from hat_jax.train.rollout_tokens import encode
+
+SHORT_KEYS: dict[str, str] = {"accuracy": "acc", "effectiveness": "eff", "adr": "adr", "rc": "rc", "tc": "tc",
+                              "llm": "llm", "tco": "tco"}
+
+
+def suite_keys(suite: str) -> tuple[str, ...]:
+    """The short metric keys of `suite` plus "avg", e.g. ("acc", "eff", "avg").
+
+    Raises:
+      ValueError: an unknown suite (names the valid ones).
+    """
+    if suite not in SUITE_METRICS:
+        raise ValueError(f"suite: unknown {suite!r}; expected one of {tuple(SUITE_METRICS)}")
+    return (*(SHORT_KEYS[m] for m in SUITE_METRICS[suite]), "avg")
+
+
+def sample_scores(suite: str, judgement: Judgement) -> dict[str, float]:
+    """One sample's parts on [0, 1] under their short keys, plus "avg" = their mean (module docstring)."""
+    parts = {SHORT_KEYS[m]: float(getattr(judgement, m)) for m in SUITE_METRICS[suite]}
+    return {**parts, "avg": sum(parts.values()) / len(parts)}
+
+
+def suite_scores(suite: str, judgements: Sequence[Judgement]) -> dict[str, float]:
+    """The suite's metrics and AVG on 0-100: per-sample values averaged over samples, x 100.
+
+    Raises:
+      ValueError: no judgements, or an unknown suite.
+    """
+    keys = suite_keys(suite)
+    if not judgements:
+        raise ValueError(f"{suite}: no samples to score")
+    rows = [sample_scores(suite, j) for j in judgements]
+    return {k: 100.0 * float(np.mean([r[k] for r in rows])) for k in keys}
+
+
+def reasoning_tokens(tokenizer: Any, turn_text: str) -> int:
+    """Tokens of the reasoning part of one sampled turn (module docstring)."""
+    reasoning = turn_text.split("</think>", 1)[0].removesuffix("<|im_end|>")
+    return len(encode(tokenizer, reasoning)) if reasoning else 0
+
+
+@dataclasses.dataclass
+class SuiteResult:
+    """scores: `suite_scores`; extra: timing and length statistics; records: one JSON-ready dict per item."""
+
+    scores: dict[str, float]
+    extra: dict[str, float]
+    records: list[dict[str, Any]]
+
+
+def run_live_suite(params: dict, model_config: Qwen3_5MoeTextConfig, tokenizer: Any, suite: str,
+                   items: Sequence[EvalItem], *, world: World, original: HarnessState, max_new_tokens: int,
+                   max_turns: int, seq_len: int, batch_size: int, bucket: int, dtype=jnp.float32,
+                   moe_impl: str = "blocked", progress: bool = False,
+                   generate_fn: Callable = generate) -> SuiteResult:
+    """Runs and judges every item of one suite (module docstring).
+
+    Args:
+      params, model_config, tokenizer: the policy. suite: one of `SUITE_METRICS`. items: its items.
+      world: the catalog. original: the production harness the items' harnesses derive from.
+      max_new_tokens: tokens per model turn. max_turns: model turns per episode. seq_len: tokens per
+        episode (<= max_position_embeddings - max_new_tokens). batch_size: episodes per `rollout_batch`.
+      bucket: prompt padding bucket. dtype, moe_impl: passed to the sampler. progress: a tqdm bar.
+      generate_fn: the sampler (tests pass a scripted one).
+    Returns:
+      SuiteResult; extra = {"episodes", "turns" (mean model turns per episode), "reasoning_tokens" (mean per
+      model turn), "truncated_pct", "tokens_generated", "generation_s", "wall_s", "episodes_per_s"}.
+    Raises:
+      ValueError: an unknown suite, no items, batch_size < 1, an item of another suite, or a prompt that
+        does not fit seq_len (from `rollout_batch`, naming the task).
+    """
+    suite_keys(suite)  # validates the name
+    if not items:
+        raise ValueError(f"{suite}: no items to evaluate")
+    if batch_size < 1:
+        raise ValueError(f"batch_size: expected >= 1, got {batch_size}")
+    wrong = [it.item_id for it in items if it.suite != suite]
+    if wrong:
+        raise ValueError(f"{suite}: items of another suite given: {wrong[:3]}")
+    from tqdm.auto import tqdm
+
+    t0 = time.perf_counter()
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens)
+    judgements, records, turns, reasoning, truncated = [], [], [], [], []
+    generated, gen_s = 0, 0.0
+    chunks = [items[s:s + batch_size] for s in range(0, len(items), batch_size)]
+    bar = tqdm(total=len(items), desc=suite, unit="ep", disable=not progress, leave=False)
+    for chunk in chunks:
+        harnesses = [item_harness(it, original) for it in chunk]
+        batch = rollout_batch(params, model_config, tokenizer, world, [it.task for it in chunk], harnesses, None,
+                              sampling, 1, jax.random.key(0), max_turns=max_turns, max_new_tokens=max_new_tokens,
+                              seq_len=seq_len, dtype=dtype, moe_impl=moe_impl, bucket=bucket,
+                              generate_fn=generate_fn, env_configs=[item_env_config(it) for it in chunk])
+        generated += batch.stats["tokens_generated"]
+        gen_s += batch.stats["generation_s"]
+        for it, harness, episode, texts, cut in zip(chunk, harnesses, batch.episodes, batch.turn_texts,
+                                                    batch.truncated):
+            judgement = judge_episode(episode, harness, world)
+            judgements.append(judgement)
+            turns.append(len(texts))
+            reasoning += [reasoning_tokens(tokenizer, t) for t in texts]
+            truncated.append(bool(cut))
+            records.append({"item": item_to_dict(it), "scores": {k: 100.0 * v for k, v in
+                                                                 sample_scores(suite, judgement).items()},
+                            "judgement": _judgement_json(judgement), "truncated": bool(cut), "turn_texts": texts,
+                            "episode": episode_to_dict(episode)})
+        bar.update(len(chunk))
+    bar.close()
+    wall = time.perf_counter() - t0
+    scores = suite_scores(suite, judgements)
+    extra = {"episodes": float(len(items)), "turns": float(np.mean(turns)),
+             "reasoning_tokens": float(np.mean(reasoning)) if reasoning else 0.0,
+             "truncated_pct": 100.0 * float(np.mean(truncated)), "tokens_generated": float(generated),
+             "generation_s": gen_s, "wall_s": wall, "episodes_per_s": len(items) / wall if wall > 0 else 0.0}
+    return SuiteResult(scores, extra, records)
+
+
+def _judgement_json(j: Judgement) -> dict[str, Any]:
+    out: Mapping[str, Any] = dataclasses.asdict(j)
+    return {**out, "severity": list(j.severity), "reasons": [list(r) for r in j.reasons]}

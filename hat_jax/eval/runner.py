@@ -1,0 +1,256 @@
+"""Everything a results.json scores: the four live-stream suites, IFEval and the in-domain ifeval_mini.
+
+The HAT report, arXiv 2608.15763 (TaoLive, 2026), "Evaluation sets and metrics". `evaluate` returns
+
+    {"live_qa": {"acc", "eff", "avg"}, "variant_qa": {"acc", "eff", "avg"},
+     "tool_robustness": {"adr", "rc", "tc", "avg"}, "prompt_robustness": {"adr", "llm", "tco", "avg"},
+     "ifeval": {"prompt_strict", "inst_strict", "prompt_loose", "inst_loose"} or None (skipped),
+     "ifeval_mini": {the same four} or None (ifeval_mini_items = 0),
+     "extra": {per suite: timing and length statistics; "seq_len", "wall_s", ...}}
+
+every metric a float on the paper's 0-100 scale; only the suites of `EvalConfig.suites` are present.
+All decoding is greedy (temperature 0), so a score is a function of the params and the config.
+
+- Live-stream suites: `hat_jax.eval.live` (items, harness and faults per item, rule judges, AVG).
+- IFEval: the official 541 prompts (`hat_jax.eval.ifeval`: local verified file, hub, or skipped with a
+  logged reason), single-turn greedy chat completions (`hat_jax.eval.generation`), the official checkers in
+  our strict/loose loop (`hat_jax.eval.if_checker`; the reasoning block is cut before scoring). IFE-P is
+  "prompt_*", IFE-I "inst_*".
+- ifeval_mini: `ifeval_mini_items` held-out prompts of `hat_jax.data.general.general_prompts(n,
+  world.eval_seed, "eval")` (official instruction ids, so the same checker loop scores them): the tiny
+  model's general-capability gauge.
+- `out_dir`: `<suite>.jsonl` (one line per item: item, per-sample scores, judgement, turn texts, episode),
+  `ifeval.jsonl` / `ifeval_mini.jsonl` (one line per prompt: record, completion, scored response,
+  verdicts) and `scores.json` (the returned dict).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hat_jax.data.suites import SUITES
+from hat_jax.data.world_data import WorldDataConfig, eval_items, world_for
+from hat_jax.eval.generation import chat_completions
+from hat_jax.eval.if_checker import response_text, score_responses
+from hat_jax.eval.ifeval import IFEVAL_LINES, load_ifeval, skip_reason
+from hat_jax.eval.live import run_live_suite
+from hat_jax.harness.loader import production_harness
+from hat_jax.model.config import Qwen3_5MoeTextConfig
+from hat_jax.model.sampler import generate
+
+log = logging.getLogger(__name__)
+
+COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """What `evaluate` runs.
+
+    Attributes:
+      world: the world's datasets config (catalog, eval item count per suite `world.eval_items`, eval seed;
+        its SFT/RL task counts say which viewer messages to keep out of the eval items).
+      suites: live-stream suites to run (`hat_jax.data.suites.SUITES` order or any subset).
+      max_new_tokens: tokens per model turn. max_turns: model turns per episode.
+      seq_len: tokens per episode at most (lowered to max_position_embeddings - max_new_tokens if above).
+      batch_size: episodes / prompts per generation batch. bucket: prompt padding bucket (compilations).
+      ifeval: run the official IFEval. ifeval_data: its local file (else $HAT_IFEVAL_DATA, else the hub,
+        else skipped). ifeval_limit: only the first n of the 541 prompts (None: all).
+      ifeval_mini_items: held-out general prompts to score (0: skip). if_max_new_tokens: tokens per
+        IFEval / ifeval_mini completion.
+      compute_dtype: "float32" or "bfloat16" (the sampler's compute dtype).
+    Raises (on construction):
+      ValueError: an unknown suite or dtype, or a count out of range (names the field and valid values).
+    """
+
+    world: WorldDataConfig = WorldDataConfig()
+    suites: tuple[str, ...] = SUITES
+    max_new_tokens: int = 128
+    max_turns: int = 6
+    seq_len: int = 3072
+    batch_size: int = 32
+    bucket: int = 256
+    ifeval: bool = True
+    ifeval_data: str | None = None
+    ifeval_limit: int | None = None
+    ifeval_mini_items: int = 100
+    if_max_new_tokens: int = 256
+    compute_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "suites", tuple(self.suites))
+        bad = [s for s in self.suites if s not in SUITES]
+        if bad or len(set(self.suites)) != len(self.suites):
+            raise ValueError(f"EvalConfig.suites = {self.suites!r}: expected distinct names from {SUITES}")
+        for name in ("max_new_tokens", "max_turns", "seq_len", "batch_size", "bucket", "if_max_new_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"EvalConfig.{name} = {value!r}: expected an int >= 1")
+        n = self.ifeval_mini_items
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"EvalConfig.ifeval_mini_items = {n!r}: expected an int >= 0")
+        lim = self.ifeval_limit
+        if lim is not None and (isinstance(lim, bool) or not isinstance(lim, int) or not 1 <= lim <= IFEVAL_LINES):
+            raise ValueError(f"EvalConfig.ifeval_limit = {lim!r}: expected None or an int in [1, {IFEVAL_LINES}]")
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"EvalConfig.compute_dtype = {self.compute_dtype!r}; valid: {sorted(COMPUTE_DTYPES)}")
+        if not isinstance(self.world, WorldDataConfig):
+            raise ValueError(f"EvalConfig.world: expected a WorldDataConfig, got {type(self.world).__name__}")
+        if self.suites and self.world.eval_items < 1:
+            raise ValueError(f"EvalConfig.world.eval_items = {self.world.eval_items}: expected >= 1 when suites "
+                             f"{self.suites} are run (or suites=())")
+
+
+def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+
+
+def _instruction_suite(name: str, records: list[dict[str, Any]], params, model_config, tokenizer,
+                       config: EvalConfig, dtype, progress: bool, generate_fn) -> tuple[dict, dict, list[dict]]:
+    """Greedy completions of `records` scored by the official checker loop: (scores, extra, per-prompt rows)."""
+    t0 = time.perf_counter()
+    comp = chat_completions(params, model_config, tokenizer, [r["prompt"] for r in records],
+                            max_new_tokens=config.if_max_new_tokens, batch_size=config.batch_size,
+                            bucket=config.bucket, dtype=dtype, progress=progress, desc=name, generate_fn=generate_fn)
+    responses = [response_text(t) for t in comp.texts]
+    t1 = time.perf_counter()
+    scores, verdicts = score_responses(records, responses)
+    n = len(records)
+    extra = {"prompts": float(n), "wall_s": time.perf_counter() - t0, "generation_s": comp.wall_s,
+             "scoring_s": time.perf_counter() - t1, "completion_tokens": sum(comp.lengths) / n,
+             "truncated_pct": 100.0 * sum(not f and not t for f, t in zip(comp.finished, comp.too_long)) / n,
+             "too_long": float(sum(comp.too_long)),
+             "empty_response_pct": 100.0 * sum(not r.strip() for r in responses) / n,
+             "response_chars": sum(map(len, responses)) / n}
+    rows = [{**r, "completion": c, "response": resp, "prompt_tokens": pt, "completion_tokens": k, "finished": f,
+             "too_long": tl, **v.to_json()}
+            for r, c, resp, pt, k, f, tl, v in zip(records, comp.texts, responses, comp.prompt_tokens, comp.lengths,
+                                                   comp.finished, comp.too_long, verdicts)]
+    if any(comp.too_long):
+        log.warning("%s: %d of %d prompts do not fit max_position_embeddings=%d with %d new tokens; scored as "
+                    "empty responses", name, sum(comp.too_long), n, model_config.max_position_embeddings,
+                    config.if_max_new_tokens)
+    return scores, extra, rows
+
+
+def evaluate(params: dict, model_config: Qwen3_5MoeTextConfig, tokenizer: Any, config: EvalConfig, *,
+             out_dir: str | Path | None = None, progress: bool = True, generate_fn=generate) -> dict:
+    """Scores a policy on every suite of `config` (module docstring).
+
+    Args:
+      params: the model params (any float dtype; the sampler computes in `config.compute_dtype`).
+      model_config: its config. tokenizer: its tokenizer (Qwen chat template; eos `<|im_end|>`).
+      config: EvalConfig. out_dir: where to write per-item / per-prompt JSONL and scores.json (None: nothing).
+      progress: tqdm bars per suite. generate_fn: the sampler (tests may pass a scripted one).
+    Returns:
+      the results dict of the module docstring (metrics on 0-100).
+    Raises:
+      ValueError: a prompt of a live item that does not fit seq_len (names the task); an IFEval file that is
+        not the official one. FileNotFoundError: a given IFEval file is missing. ImportError: the IFEval
+        checker packages are missing.
+    """
+    if not isinstance(config, EvalConfig):
+        raise TypeError(f"config: expected an EvalConfig, got {type(config).__name__}")
+    t_start = time.perf_counter()
+    dtype = COMPUTE_DTYPES[config.compute_dtype]
+    out = Path(out_dir) if out_dir is not None else None
+    seq_len = min(config.seq_len, model_config.max_position_embeddings - config.max_new_tokens)
+    if seq_len != config.seq_len:
+        log.info("eval: seq_len %d lowered to %d (max_position_embeddings %d - max_new_tokens %d)", config.seq_len,
+                 seq_len, model_config.max_position_embeddings, config.max_new_tokens)
+    results: dict[str, Any] = {}
+    extra: dict[str, Any] = {"seq_len": float(seq_len)}
+    world = world_for(config.world.world_seed, config.world.n_products) if config.suites else None
+    original = production_harness() if config.suites else None
+    for suite in config.suites:
+        items = eval_items(suite, config.world)
+        res = run_live_suite(params, model_config, tokenizer, suite, items, world=world, original=original,
+                             max_new_tokens=config.max_new_tokens, max_turns=config.max_turns, seq_len=seq_len,
+                             batch_size=config.batch_size, bucket=config.bucket, dtype=dtype, progress=progress,
+                             generate_fn=generate_fn)
+        results[suite], extra[suite] = res.scores, res.extra
+        log.info("eval %s: %s (%d episodes, %.1f s)", suite, " ".join(f"{k} {v:.1f}" for k, v in res.scores.items()),
+                 len(items), res.extra["wall_s"])
+        if out is not None:
+            _write_jsonl(out / f"{suite}.jsonl", res.records)
+
+    results["ifeval"] = None
+    if not config.ifeval:
+        extra["ifeval"] = {"skipped": "EvalConfig.ifeval is False"}
+    else:
+        loaded = load_ifeval(config.ifeval_data, config.ifeval_limit)
+        if loaded is None:
+            extra["ifeval"] = {"skipped": skip_reason(config.ifeval_data)}
+        else:
+            records, source = loaded
+            scores, ex, rows = _instruction_suite("ifeval", records, params, model_config, tokenizer, config, dtype,
+                                                  progress, generate_fn)
+            results["ifeval"], extra["ifeval"] = scores, {**ex, "source": source}
+            log.info("eval ifeval (%d prompts from %s): %s", len(records), source,
+                     " ".join(f"{k} {v:.1f}" for k, v in scores.items()))
+            if out is not None:
+                _write_jsonl(out / "ifeval.jsonl", rows)
+
+    results["ifeval_mini"] = None
+    if config.ifeval_mini_items:
+        from hat_jax.data.general import general_prompts
+
+        records = [p.to_record() for p in general_prompts(config.ifeval_mini_items, config.world.eval_seed, "eval")]
+        scores, ex, rows = _instruction_suite("ifeval_mini", records, params, model_config, tokenizer, config, dtype,
+                                              progress, generate_fn)
+        results["ifeval_mini"], extra["ifeval_mini"] = scores, ex
+        log.info("eval ifeval_mini (%d prompts): %s", len(records), " ".join(f"{k} {v:.1f}" for k, v in scores.items()))
+        if out is not None:
+            _write_jsonl(out / "ifeval_mini.jsonl", rows)
+    else:
+        extra["ifeval_mini"] = {"skipped": "EvalConfig.ifeval_mini_items is 0"}
+    extra["wall_s"] = time.perf_counter() - t_start
+    results["extra"] = extra
+    if out is not None:
+        (out / "scores.json").write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return results
+
+
+def evaluate_checkpoint(ckpt: str | Path, config: EvalConfig, **kw) -> dict:
+    """`evaluate` on a checkpoint: a stage run dir or a model checkpoint, with `tokenizer/` in it or its parent.
+
+    Args:
+      ckpt: the checkpoint directory (`hat_jax.model.checkpoint_io` layouts). config: EvalConfig.
+      **kw: passed to `evaluate` (out_dir, progress, generate_fn).
+    The params are cast to the config's parameter dtypes and placed, uncommitted, on the default device.
+    Raises:
+      FileNotFoundError: no checkpoint or no tokenizer folder (names the paths looked at).
+      ValueError: unreadable params, or a tokenizer larger than the model's vocabulary.
+    """
+    from hat_jax.model.checkpoint_io import load_model_checkpoint
+    from hat_jax.model.params import params_shapes
+    from hat_jax.tokenizer import load_tokenizer
+    from hat_jax.train.sft import tokenizer_from_checkpoint
+
+    root = Path(ckpt)
+    folder = tokenizer_from_checkpoint(str(root))
+    if folder is None:
+        raise FileNotFoundError(f"checkpoint {str(root)!r} has no tokenizer folder (looked in {root / 'tokenizer'} "
+                                f"and {root.parent / 'tokenizer'})")
+    model_config, params = load_model_checkpoint(root)
+    # Through the host: the restored arrays are committed to a device, which `jax.jit` keys apart from the
+    # uncommitted arrays of in-process params; uncommitted ones share the sampler's compilations.
+    params = jax.tree_util.tree_map(lambda p, e: jnp.asarray(np.asarray(jax.device_get(p)), e.dtype), params,
+                                    params_shapes(model_config))
+    tokenizer = load_tokenizer(folder)
+    if len(tokenizer) > model_config.vocab_size:
+        raise ValueError(f"tokenizer {str(folder)!r} has {len(tokenizer)} tokens, more than the model's vocab_size "
+                         f"{model_config.vocab_size}")
+    return evaluate(params, model_config, tokenizer, config, **kw)

@@ -1,0 +1,232 @@
+"""Running an experiment's chain of stages with shared prefixes computed once, and evaluating its checkpoint.
+
+Layout under the output root `DIR` (`experiments/run.py --out`, default `runs/`):
+
+    DIR/stages/<label>-<key>/seed<k>/   one stage's run dir (checkpoints, tokenizer/, TensorBoard, stage_done.json)
+    DIR/stages/teacher-<key>/seed0/      Table 5's strong teacher (trained once)
+    DIR/evals/<key>/seed<k>/<eval-key>/  an evaluation of a chain's final checkpoint (metrics.json, per-item files)
+
+`<label>` is the chain up to the stage ("sft-hsa.rl-hsa"), `<key>` the first 10 hex digits of the SHA-256 of
+everything that determines the stage's checkpoint: the base (its pretraining config, or the imported folder),
+and for every stage of the prefix its kind, variant and config (init/teacher/seed excluded: they follow from
+the prefix and the seed directory), plus the teacher's key for `opd_live`. Two experiments whose chains
+share a prefix therefore share its run dirs (Table 4's rows reuse each other's stages; `table3_hat` is
+`table4_hsa_rl_hsa`), and a changed `--set` gives new keys, never a silently reused checkpoint.
+
+A stage is complete when its `stage_done.json` exists (written atomically after the stage's last checkpoint);
+a run dir without it (a killed run) is resumed from its latest checkpoint by the stage itself, which checks
+that its config hash matches. The tiny base lives in the global cache (`hat_jax.train.pretrain.base_checkpoint`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hat_jax.experiments.declarations import StageSpec
+from hat_jax.experiments.scales import Scale
+
+log = logging.getLogger(__name__)
+DONE_FILE = "stage_done.json"
+_NOT_HASHED = ("init", "teacher", "ref", "seed")
+
+
+def digest(data: Any, n: int = 10) -> str:
+    """First `n` hex digits of the SHA-256 of `data` as canonical JSON."""
+    text = json.dumps(data, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:n]
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Writes JSON to `path` through a temporary file and `os.replace` (no half-written file survives a kill)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1, sort_keys=True, default=str)
+        f.write("\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def _config_identity(config) -> dict:
+    from hat_jax.train.stage import config_json
+
+    data = config_json(config)
+    return {k: v for k, v in data.items() if k not in _NOT_HASHED}
+
+
+def base_key(scale: Scale) -> str:
+    """The base's identity: its pretraining config's digest, or the imported folder's absolute path."""
+    if scale.base.pretrain is not None:
+        return digest({"pretrain": _config_identity(scale.base.pretrain)})
+    return digest({"hf_path": str(Path(scale.base.hf_path).resolve())})
+
+
+def teacher_key(scale: Scale) -> str:
+    if scale.teacher.path is not None:
+        return digest({"teacher_path": str(Path(scale.teacher.path).resolve())})
+    return digest({"base": base_key(scale), "teacher_sft": _config_identity(scale.teacher.sft)})
+
+
+def chain_keys(scale: Scale, chain: Sequence[StageSpec]) -> list[str]:
+    """The key of every prefix of `chain` (module docstring); entry i is the key of stages 0..i."""
+    keys, previous = [], base_key(scale)
+    for spec in chain:
+        config = stage_template(scale, spec)
+        item = {"previous": previous, "stage": str(spec), "config": _config_identity(config)}
+        if spec.kind == "opd_live":
+            item["teacher"] = teacher_key(scale)
+        previous = digest(item)
+        keys.append(previous)
+    return keys
+
+
+def stage_template(scale: Scale, spec: StageSpec):
+    """The stage config of `spec` at this scale, before init/teacher/seed are filled in."""
+    if spec.kind == "sft":
+        from hat_jax.train.sft import with_hsa
+
+        return with_hsa(scale.sft, spec.variant == "hsa")
+    if spec.kind == "rl":
+        return dataclasses.replace(scale.rl, harness_mode=spec.variant)
+    if spec.kind == "opd":
+        return scale.opd
+    return dataclasses.replace(scale.opd_live, harness_mode=spec.variant)
+
+
+def stage_config(scale: Scale, spec: StageSpec, *, init: Path, seed: int, base: Path, teacher: Path | None):
+    """The runnable config: the template with init (previous checkpoint or base), seed and teacher set."""
+    config = dataclasses.replace(stage_template(scale, spec), init=str(init), seed=int(seed))
+    if spec.kind == "opd":
+        config = dataclasses.replace(config, teacher=str(base))
+    elif spec.kind == "opd_live":
+        config = dataclasses.replace(config, teacher=str(teacher))
+    return config
+
+
+def _run_stage(kind: str, config, out: Path, progress: bool):
+    if kind == "sft":
+        from hat_jax.train.sft import run_sft as run
+    elif kind == "rl":
+        from hat_jax.train.rl import run_rl as run
+    else:
+        from hat_jax.train.opd import run_opd as run
+    return run(config, out, resume=True, progress=progress)
+
+
+def run_stage_cached(kind: str, config, out: Path, record: dict, *, progress: bool = True) -> dict:
+    """Runs one stage into `out` unless its `stage_done.json` exists; returns that record.
+
+    The record is `record` + {"steps", "wall_s" (this stage's training wall time, from the run that finished
+    it), "resumed_from" (the step a killed run was resumed at, or null)}.
+    """
+    done = out / DONE_FILE
+    if done.is_file():
+        return json.loads(done.read_text())
+    from hat_jax.train.checkpoints import latest_step
+
+    resumed = latest_step(out) if out.exists() else None
+    t0 = time.perf_counter()
+    _run_stage(kind, config, out, progress)
+    record = dict(record, steps=int(config.steps), wall_s=round(time.perf_counter() - t0, 3), resumed_from=resumed)
+    write_json_atomic(done, record)
+    return record
+
+
+def ensure_base(scale: Scale, out_root: Path, progress: bool = True) -> tuple[Path, dict]:
+    """The base checkpoint dir and a record {"source", "dir", "wall_s", "cached"} (pretrained and cached at
+    tiny scale; imported once into DIR/stages/base-<key> at real scale)."""
+    t0 = time.perf_counter()
+    if scale.base.pretrain is not None:
+        from hat_jax.train.pretrain import base_checkpoint
+
+        path = Path(base_checkpoint(scale.base.pretrain, progress=progress))
+        source = "pretrained"
+    else:
+        if not scale.base.hf_path:
+            raise ValueError(f"preset {scale.name!r} imports its base: pass --set base.hf_path=/path/to/hf_folder "
+                             "(safetensors + config.json + tokenizer files)")
+        from hat_jax.train.pretrain import import_hf_base
+
+        path = out_root / "stages" / f"base-{base_key(scale)}"
+        if not (path / DONE_FILE).is_file():
+            import_hf_base(scale.base.hf_path, path)
+            write_json_atomic(path / DONE_FILE, {"source": scale.base.hf_path})
+        source = f"hf:{scale.base.hf_path}"
+    wall = time.perf_counter() - t0
+    report = path / "base_report.json"
+    return path, {"source": source, "dir": str(path), "wall_s": round(wall, 3),
+                  "report": json.loads(report.read_text()) if report.is_file() else None}
+
+
+def ensure_teacher(scale: Scale, base: Path, out_root: Path, progress: bool = True) -> Path:
+    """Table 5's teacher: the given checkpoint, or HSA-SFT of the scale's teacher config trained once from a
+    fresh init with the base's tokenizer (copied in first, so teacher and student share it)."""
+    if scale.teacher.path is not None:
+        return Path(scale.teacher.path)
+    if scale.teacher.sft is None:
+        raise ValueError(f"preset {scale.name!r} has no teacher to train: pass --set teacher.path=/path/to/checkpoint "
+                         "(a checkpoint with the student's tokenizer)")
+    import shutil
+
+    from hat_jax.train.sft import with_hsa
+
+    out = out_root / "stages" / f"teacher-{teacher_key(scale)}" / "seed0"
+    if not (out / DONE_FILE).is_file() and not (out / "tokenizer" / "tokenizer.json").is_file():
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(base / "tokenizer", out / "tokenizer", dirs_exist_ok=True)
+    config = dataclasses.replace(with_hsa(scale.teacher.sft, True), init=None, seed=0)
+    log.info("teacher (Table 5): HSA-SFT of a larger model into %s", out)
+    run_stage_cached("sft", config, out, {"name": "teacher", "harness": "hsa"}, progress=progress)
+    return out
+
+
+def run_chain(chain: Sequence[StageSpec], scale: Scale, seed: int, out_root: Path, *, progress: bool = True,
+              tag: str = "") -> tuple[Path, str, list[dict], dict]:
+    """Runs (or reuses) every stage of `chain` for one seed.
+
+    Returns:
+      (final checkpoint dir, its key, one record per stage {"name", "harness", "steps", "wall_s", "dir",
+       "cached", "resumed_from"}, the base record).
+    """
+    base, base_record = ensure_base(scale, out_root, progress)
+    teacher = ensure_teacher(scale, base, out_root, progress) if any(s.kind == "opd_live" for s in chain) else None
+    previous, key, records = base, base_key(scale), []
+    keys = chain_keys(scale, chain)
+    for i, (spec, key) in enumerate(zip(chain, keys)):
+        label = ".".join(s.label for s in chain[:i + 1])
+        out = out_root / "stages" / f"{label}-{key}" / f"seed{seed}"
+        config = stage_config(scale, spec, init=previous, seed=seed, base=base, teacher=teacher)
+        cached = (out / DONE_FILE).is_file()
+        log.info("%s seed %d: stage %d/%d %s %s -> %s", tag, seed, i + 1, len(chain), spec,
+                 "(cached)" if cached else f"({config.steps} steps)", out)
+        record = run_stage_cached(spec.kind, config, out, {"name": spec.kind, "harness": spec.harness},
+                                  progress=progress)
+        records.append(dict(record, dir=str(out), cached=cached))
+        previous = out
+    return previous, key, records, base_record
+
+
+def evaluate_cached(checkpoint: Path, key: str, seed: int, scale: Scale, out_root: Path, *,
+                    progress: bool = True) -> dict:
+    """`hat_jax.eval.evaluate_checkpoint` of `checkpoint`, cached in DIR/evals/<key>/seed<k>/<eval-key>/metrics.json
+    (the eval key is the digest of the eval config). Returns {"metrics": ..., "wall_s": ...}."""
+    from hat_jax.eval import evaluate_checkpoint
+
+    out = out_root / "evals" / key / f"seed{seed}" / digest(_config_identity(scale.eval))
+    done = out / "metrics.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    t0 = time.perf_counter()
+    metrics = evaluate_checkpoint(checkpoint, scale.eval, out_dir=out, progress=progress)
+    result = {"metrics": metrics, "wall_s": round(time.perf_counter() - t0, 3), "checkpoint": str(checkpoint)}
+    write_json_atomic(done, result)
+    return result

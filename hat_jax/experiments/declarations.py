@@ -1,0 +1,228 @@
+"""Ablation declarations: the rows of the HAT report's tables as named chains of training stages.
+
+A declaration file (`ablations/<group>.yaml`) holds one table (the HAT report, arXiv 2608.15763, Tables 3-6):
+
+    group: table6
+    title: "Table 6: ..."
+    columns: [ifeval.prompt_strict, live_qa.avg]       # results.json metric paths shown in the table
+    rows:
+      - name: table6_both
+        description: "SFT and RL both with HSA"
+        chain: ["sft:hsa", "rl:hsa"]                   # stages from the base, in order
+        paper: {ifeval.prompt_strict: 81.3}             # the paper's numbers, same metric paths
+    differences:                                       # optional (Table 5): row minus row
+      - {name: "...", minuend: ROW, subtrahend: ROW, paper: {metric: value}}
+
+A stage is `kind:variant`: `sft:original|hsa`, `rl:original|hsa` (the harness the stage trains on),
+`opd:general` (general on-policy distillation, teacher = the base) and `opd_live:original|hsa` (on-policy
+distillation from the scale's strong teacher along live-stream episodes). An empty chain is the base itself.
+Files are read with `yaml.safe_load` only; every error names the file and the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+STAGE_VARIANTS: dict[str, tuple[str, ...]] = {
+    "sft": ("original", "hsa"),
+    "rl": ("original", "hsa"),
+    "opd": ("general",),
+    "opd_live": ("original", "hsa"),
+}
+SUITE_KEYS: dict[str, tuple[str, ...]] = {  # results.json "metrics" layout (issue 5 point 6)
+    "live_qa": ("acc", "eff", "avg"),
+    "variant_qa": ("acc", "eff", "avg"),
+    "tool_robustness": ("adr", "rc", "tc", "avg"),
+    "prompt_robustness": ("adr", "llm", "tco", "avg"),
+    "ifeval": ("prompt_strict", "inst_strict", "prompt_loose", "inst_loose"),
+    "ifeval_mini": ("prompt_strict", "inst_strict", "prompt_loose", "inst_loose"),
+}
+METRIC_PATHS: tuple[str, ...] = tuple(f"{s}.{k}" for s, keys in SUITE_KEYS.items() for k in keys)
+METRIC_LABELS: dict[str, str] = {
+    "live_qa": "Live QA", "variant_qa": "Variant QA", "tool_robustness": "Tool rob.",
+    "prompt_robustness": "Prompt rob.", "ifeval": "IFEval", "ifeval_mini": "IF-mini",
+}
+
+
+class DeclarationError(ValueError):
+    """A malformed declaration file: names the file, the field and what was expected."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StageSpec:
+    """One stage of a chain: kind in `STAGE_VARIANTS`, variant one of its values."""
+
+    kind: str
+    variant: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}-{self.variant}"
+
+    @property
+    def harness(self) -> str:
+        """What results.json's `stages[].harness` records: "hsa" or "original" (general OPD: original)."""
+        return "hsa" if self.variant == "hsa" else "original"
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.variant}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """One table row: a named chain of stages and the paper's numbers for it."""
+
+    name: str
+    group: str
+    description: str
+    chain: tuple[StageSpec, ...]
+    paper: Mapping[str, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """One table: its rows in order, the metric columns it shows, optional row differences (Table 5)."""
+
+    name: str
+    title: str
+    columns: tuple[str, ...]
+    rows: tuple[Experiment, ...]
+    differences: tuple[Mapping[str, Any], ...] = ()
+    source: str = ""
+
+
+def parse_stage(text: Any, where: str) -> StageSpec:
+    """`"kind:variant"` -> StageSpec. Raises DeclarationError naming `where` and the valid stages."""
+    valid = ", ".join(f"{k}:{v}" for k, vs in STAGE_VARIANTS.items() for v in vs)
+    if not isinstance(text, str) or text.count(":") != 1:
+        raise DeclarationError(f"{where}: expected a stage 'kind:variant' ({valid}), got {text!r}")
+    kind, variant = (p.strip() for p in text.split(":"))
+    if variant not in STAGE_VARIANTS.get(kind, ()):
+        raise DeclarationError(f"{where}: unknown stage {text!r}; valid: {valid}")
+    return StageSpec(kind, variant)
+
+
+def _paper(data: Any, where: str) -> dict[str, float]:
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise DeclarationError(f"{where}: expected a mapping of metric path -> number, got {type(data).__name__}")
+    out = {}
+    for key, value in data.items():
+        if key not in METRIC_PATHS:
+            close = difflib.get_close_matches(str(key), METRIC_PATHS, n=3)
+            raise DeclarationError(f"{where}.{key}: unknown metric path" + (f"; did you mean {close}?" if close else
+                                   f"; valid: {', '.join(METRIC_PATHS)}"))
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise DeclarationError(f"{where}.{key}: expected a number, got {value!r}")
+        out[key] = float(value)
+    return out
+
+
+def _required(data: Mapping, key: str, kind: type, where: str):
+    if key not in data:
+        raise DeclarationError(f"{where}: missing field {key!r}")
+    value = data[key]
+    if not isinstance(value, kind):
+        raise DeclarationError(f"{where}.{key}: expected {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def load_group(path: str | Path) -> Group:
+    """Reads and validates one declaration file.
+
+    Raises:
+      DeclarationError: unreadable YAML, a missing or mistyped field, an unknown stage or metric path, a row
+        name that does not start with the group name, duplicate row names, a difference naming no row.
+    """
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise DeclarationError(f"{path}: cannot read the declaration: {err}") from err
+    if not isinstance(data, Mapping):
+        raise DeclarationError(f"{path}: expected a mapping with group, title, columns, rows")
+    where = str(path)
+    name = _required(data, "group", str, where)
+    title = _required(data, "title", str, where)
+    columns = tuple(_required(data, "columns", list, where))
+    _paper({c: 0 for c in columns}, f"{where}.columns")
+    rows, seen = [], set()
+    for i, row in enumerate(_required(data, "rows", list, where)):
+        rw = f"{where}.rows[{i}]"
+        if not isinstance(row, Mapping):
+            raise DeclarationError(f"{rw}: expected a mapping with name, description, chain")
+        row_name = _required(row, "name", str, rw)
+        if not row_name.startswith(name + "_"):
+            raise DeclarationError(f"{rw}.name: {row_name!r} must start with the group name '{name}_'")
+        if row_name in seen:
+            raise DeclarationError(f"{rw}.name: duplicate row {row_name!r}")
+        seen.add(row_name)
+        chain = tuple(parse_stage(s, f"{rw}.chain[{j}]") for j, s in enumerate(_required(row, "chain", list, rw)))
+        rows.append(Experiment(row_name, name, _required(row, "description", str, rw), chain,
+                               _paper(row.get("paper"), f"{rw}.paper")))
+    differences = []
+    for i, diff in enumerate(data.get("differences") or ()):
+        dw = f"{where}.differences[{i}]"
+        if not isinstance(diff, Mapping):
+            raise DeclarationError(f"{dw}: expected a mapping with name, minuend, subtrahend, paper")
+        for key in ("minuend", "subtrahend"):
+            if _required(diff, key, str, dw) not in seen:
+                raise DeclarationError(f"{dw}.{key}: {diff[key]!r} is not a row of {name}")
+        differences.append({"name": _required(diff, "name", str, dw), "minuend": diff["minuend"],
+                            "subtrahend": diff["subtrahend"], "paper": _paper(diff.get("paper"), f"{dw}.paper")})
+    return Group(name, title, columns, tuple(rows), tuple(differences), where)
+
+
+def default_ablations_dir() -> Path:
+    """`ablations/` at the repository root (next to the `hat_jax` package)."""
+    return Path(__file__).resolve().parents[2] / "ablations"
+
+
+def load_all(directory: str | Path | None = None) -> dict[str, Group]:
+    """Every `*.yaml` of `directory` (default: the repository's `ablations/`), by group name.
+
+    Raises:
+      FileNotFoundError: the directory does not exist or holds no declaration.
+      DeclarationError: a bad file (see `load_group`), two files declaring one group or one row name.
+    """
+    directory = Path(directory) if directory is not None else default_ablations_dir()
+    files = sorted(directory.glob("*.yaml")) if directory.is_dir() else []
+    if not files:
+        raise FileNotFoundError(f"no ablation declarations (*.yaml) in {str(directory)!r}")
+    groups: dict[str, Group] = {}
+    rows: dict[str, str] = {}
+    for path in files:
+        group = load_group(path)
+        if group.name in groups:
+            raise DeclarationError(f"{path}: group {group.name!r} is also declared in {groups[group.name].source}")
+        for row in group.rows:
+            if row.name in rows:
+                raise DeclarationError(f"{path}: row {row.name!r} is also declared in {rows[row.name]}")
+            rows[row.name] = str(path)
+        groups[group.name] = group
+    return groups
+
+
+def resolve(name: str, groups: Mapping[str, Group]) -> tuple[Group, tuple[Experiment, ...]]:
+    """A group name -> (group, all its rows); a row name -> (its group, (row,)).
+
+    Raises:
+      KeyError: unknown name; the message lists the close matches (or every name).
+    """
+    if name in groups:
+        return groups[name], groups[name].rows
+    for group in groups.values():
+        for row in group.rows:
+            if row.name == name:
+                return group, (row,)
+    names = list(groups) + [r.name for g in groups.values() for r in g.rows]
+    close = difflib.get_close_matches(name, names, n=5, cutoff=0.5)
+    hint = f"did you mean: {', '.join(close)}?" if close else f"valid: {', '.join(names)}"
+    raise KeyError(f"unknown experiment {name!r}; {hint} (python experiments/run.py --list shows all)")

@@ -1,0 +1,155 @@
+"""results.json and results.md of an experiment, and a group's table beside the paper's.
+
+results.json (issue 5 point 6; every metric on the paper's 0-100 scale):
+
+    {"experiment", "preset", "seeds", "wall_s",
+     "stages": [{"name", "harness", "steps", "wall_s", ...}],
+     "metrics": {"live_qa": {"acc", "eff", "avg"}, "variant_qa": {...}, "tool_robustness": {"adr", "rc", "tc", "avg"},
+                 "prompt_robustness": {"adr", "llm", "tco", "avg"}, "ifeval": {...} | null, "ifeval_mini": {...}},
+     "per_seed": [{the same metrics for each seed}], ...extra fields (chain, paper, intervals, base, eval_wall_s)}
+
+With several seeds, "metrics" holds the mean over seeds and "intervals" the 95% confidence interval of the
+mean (Student's t with n - 1 degrees of freedom, `scipy.stats.t`); a metric that is null for some seed (IFEval
+skipped) is null in the mean.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hat_jax.experiments.declarations import METRIC_LABELS, SUITE_KEYS, Experiment, Group
+
+RESULT_KEYS = ("experiment", "preset", "seeds", "wall_s", "stages", "metrics", "per_seed")
+
+
+def metric_value(metrics: Mapping[str, Any], path: str) -> float | None:
+    """metrics["suite"]["key"] for path "suite.key"; None when the suite is null or absent."""
+    suite, key = path.split(".")
+    block = metrics.get(suite)
+    return None if block is None else block.get(key)
+
+
+def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high): the t-interval of the mean of `values` (low = high = mean for one value).
+
+    Source: the Student-t confidence interval, mean +- t_{(1+c)/2, n-1} * s / sqrt(n), s the sample std.
+    """
+    from scipy import stats
+
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, mean, mean
+    s = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = float(stats.t.ppf((1 + confidence) / 2, n - 1)) * s / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def aggregate(per_seed: Sequence[Mapping[str, Any]]) -> tuple[dict, dict]:
+    """(mean metrics, 95% intervals) over seeds, in the results.json layout (module docstring)."""
+    mean, intervals = {}, {}
+    for suite, keys in SUITE_KEYS.items():
+        blocks = [m.get(suite) for m in per_seed]
+        if any(b is None for b in blocks):
+            mean[suite] = None
+            continue
+        mean[suite], intervals[suite] = {}, {}
+        for key in keys:
+            m, lo, hi = mean_interval([float(b[key]) for b in blocks])
+            mean[suite][key] = round(m, 2)
+            intervals[suite][key] = [round(lo, 2), round(hi, 2)]
+    return mean, intervals
+
+
+def check_results(data: Mapping[str, Any]) -> None:
+    """Raises ValueError naming the first field that does not follow the results.json schema."""
+    for key in RESULT_KEYS:
+        if key not in data:
+            raise ValueError(f"results.json: missing field {key!r}")
+    for i, stage in enumerate(data["stages"]):
+        for key in ("name", "harness", "steps", "wall_s"):
+            if key not in stage:
+                raise ValueError(f"results.json: stages[{i}] lacks {key!r}")
+        if stage["harness"] not in ("original", "hsa"):
+            raise ValueError(f"results.json: stages[{i}].harness = {stage['harness']!r}; expected original|hsa")
+    for where, metrics in [("metrics", data["metrics"])] + [(f"per_seed[{i}]", m) for i, m in enumerate(data["per_seed"])]:
+        for suite, keys in SUITE_KEYS.items():
+            if suite not in metrics:
+                raise ValueError(f"results.json: {where} lacks {suite!r}")
+            block = metrics[suite]
+            if block is None and suite == "ifeval":
+                continue
+            if not isinstance(block, Mapping) or set(keys) - set(block):
+                raise ValueError(f"results.json: {where}.{suite} must hold {', '.join(keys)}, got {block!r}")
+            for key in keys:
+                value = block[key]
+                if not isinstance(value, (int, float)) or not 0 <= value <= 100:
+                    raise ValueError(f"results.json: {where}.{suite}.{key} = {value!r}; expected a number in [0, 100]")
+    if len(data["per_seed"]) != len(data["seeds"]):
+        raise ValueError(f"results.json: {len(data['per_seed'])} per_seed entries for seeds {data['seeds']}")
+
+
+def _label(path: str) -> str:
+    suite, key = path.split(".")
+    return f"{METRIC_LABELS[suite]} {key.replace('_', ' ')}"
+
+
+def _cell(results: Mapping[str, Any], path: str) -> str:
+    value = metric_value(results["metrics"], path)
+    if value is None:
+        return "skipped" if path.startswith("ifeval.") else "-"
+    interval = (results.get("intervals") or {}).get(path.split(".")[0], {}).get(path.split(".")[1])
+    if len(results["seeds"]) > 1 and interval:
+        return f"{value:.1f} [{interval[0]:.1f}, {interval[1]:.1f}]"
+    return f"{value:.1f}"
+
+
+def experiment_markdown(results: Mapping[str, Any], experiment: Experiment) -> str:
+    """results.md: the chain, the stages' wall time, and every metric beside the paper's number."""
+    seeds = results["seeds"]
+    lines = [f"# {experiment.name} ({results['preset']})", "", experiment.description, "",
+             f"Chain: base -> {' -> '.join(str(s) for s in experiment.chain) or '(none: the base itself)'}; "
+             f"seeds {', '.join(map(str, seeds))}; wall {results['wall_s']:.0f} s.", ""]
+    if results["stages"]:
+        lines += ["| stage | harness | steps | wall s | cached |", "|---|---|---|---|---|"]
+        lines += [f"| {s['name']} | {s['harness']} | {s['steps']} | {s['wall_s']:.0f} | {s.get('cached', False)} |"
+                  for s in results["stages"]]
+        lines.append("")
+    interval = " (mean [95% CI])" if len(seeds) > 1 else ""
+    lines += [f"| metric | ours{interval} | paper |", "|---|---|---|"]
+    for suite, keys in SUITE_KEYS.items():
+        for key in keys:
+            path = f"{suite}.{key}"
+            paper = experiment.paper.get(path)
+            lines.append(f"| {_label(path)} | {_cell(results, path)} | {'' if paper is None else f'{paper:.1f}'} |")
+    lines += ["", "Paper: Qwen3.6-35B-A3B on the report's private sets (arXiv 2608.15763); ours: the simulator's "
+              "held-out suites at this preset's scale. IF-mini is the in-domain IFEval-style gauge (no paper number)."]
+    return "\n".join(lines) + "\n"
+
+
+def group_markdown(group: Group, results: Mapping[str, Mapping[str, Any]], preset: str) -> str:
+    """A group's table: one row per experiment, each column "ours (paper)"; Table 5's differences below."""
+    header = "| row | " + " | ".join(_label(c) for c in group.columns) + " |"
+    lines = [f"## {group.title} ({preset})", "", "Cells: ours (paper).", "", header,
+             "|---|" + "---|" * len(group.columns)]
+    for row in group.rows:
+        res = results.get(row.name)
+        cells = []
+        for c in group.columns:
+            ours = _cell(res, c) if res else "not run"
+            paper = row.paper.get(c)
+            cells.append(ours + (f" ({paper:.1f})" if paper is not None else ""))
+        lines.append(f"| {row.name} | " + " | ".join(cells) + " |")
+    for diff in group.differences:
+        a, b = results.get(diff["minuend"]), results.get(diff["subtrahend"])
+        parts = []
+        for c in group.columns:
+            va = metric_value(a["metrics"], c) if a else None
+            vb = metric_value(b["metrics"], c) if b else None
+            ours = f"{va - vb:+.1f}" if va is not None and vb is not None else "-"
+            paper = diff["paper"].get(c)
+            parts.append(ours + (f" ({paper:+.1f})" if paper is not None else ""))
+        lines.append(f"| {diff['name']} | " + " | ".join(parts) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,142 @@
+"""One experiment (a table row) end to end: its chain for every seed, the evaluation, results.json / results.md.
+
+Outputs in `DIR/<experiment>/`:
+- `run_config.json`: what the run is (experiment, preset, seeds, chain, every config of the scale). `--resume`
+  on a directory whose run_config differs refuses and lists the differing fields; without `--resume` an
+  existing run directory is refused (nothing is overwritten).
+- `seed<k>.json`: that seed's stages and metrics (written as soon as the seed is done, so a resumed run
+  redoes nothing that finished); `eval/seed<k>/`: the metrics as TensorBoard scalars `eval/<suite>/<key>` at
+  the chain's total step count, so `tensorboard --logdir DIR` shows every row of a table side by side
+  (stage curves live in `DIR/stages/<chain>-<key>/seed<k>`, `hat_jax.experiments.chain`).
+- `stages/`: `<i>-<stage>.json` pointers to the stage run dirs (checkpoints) of seed 0, one per stage.
+- `results.json`, `results.md` (`hat_jax.experiments.results`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from hat_jax.experiments.chain import evaluate_cached, run_chain, write_json_atomic
+from hat_jax.experiments.declarations import SUITE_KEYS, Experiment
+from hat_jax.experiments.results import aggregate, check_results, experiment_markdown
+from hat_jax.experiments.scales import Scale, describe
+
+log = logging.getLogger(__name__)
+
+
+class RunConfigMismatchError(ValueError):
+    """`--resume` on a run directory made by another configuration."""
+
+
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, Mapping):
+        out = {}
+        for k, v in data.items():
+            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: data}
+
+
+def check_run_dir(exp_dir: Path, run_config: Mapping[str, Any], resume: bool) -> None:
+    """Refuses an existing run dir without resume, or one from another configuration with resume.
+
+    Raises:
+      FileExistsError: `exp_dir/run_config.json` exists and resume is False.
+      RunConfigMismatchError: resume, but the stored run_config differs (the message lists up to 8 fields).
+    """
+    path = exp_dir / "run_config.json"
+    if not path.is_file():
+        return
+    if not resume:
+        raise FileExistsError(f"{str(exp_dir)!r} already holds a run of {run_config['experiment']}; pass --resume "
+                              f"to continue it, or choose another --out")
+    stored = json.loads(path.read_text())
+    a, b = _flat(stored), _flat(json.loads(json.dumps(run_config, default=str)))
+    diff = [f"{k}: stored {a.get(k)!r} != now {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    if diff:
+        raise RunConfigMismatchError(f"--resume: {str(exp_dir)!r} was run with another configuration, so its results "
+                                     f"would mix two experiments; differing: " + "; ".join(diff[:8])
+                                     + (f" (+{len(diff) - 8} more)" if len(diff) > 8 else "")
+                                     + ". Rerun with the original --preset/--seeds/--set, or use another --out")
+
+
+def _metrics_only(metrics: Mapping[str, Any]) -> dict:
+    return {suite: metrics.get(suite) for suite in SUITE_KEYS}
+
+
+def _log_eval_scalars(directory: Path, metrics: Mapping[str, Any], step: int) -> None:
+    from hat_jax.train.metrics import MetricsWriter
+
+    values = {f"eval/{suite}/{key}": float(v) for suite, block in _metrics_only(metrics).items() if block
+              for key, v in block.items()}
+    with MetricsWriter(directory) as writer:
+        writer.scalars(step, values)
+
+
+def run_experiment(experiment: Experiment, scale: Scale, seeds: Sequence[int], out_root: str | Path, *,
+                   resume: bool = False, progress: bool = True) -> dict:
+    """Runs `experiment` at `scale` for every seed and writes its outputs (module docstring); returns results.json.
+
+    Raises:
+      FileExistsError / RunConfigMismatchError: see `check_run_dir`. Stage errors propagate (a stage's
+      checkpoints stay on disk, and `--resume` continues from them).
+    """
+    out_root = Path(out_root).resolve()
+    exp_dir = out_root / experiment.name
+    run_config = {"experiment": experiment.name, "preset": scale.name, "seeds": [int(s) for s in seeds],
+                  "chain": [str(s) for s in experiment.chain], "scale": scale.to_json()}
+    check_run_dir(exp_dir, run_config, resume)
+    results_path = exp_dir / "results.json"
+    if results_path.is_file():
+        log.info("%s: already complete (%s)", experiment.name, results_path)
+        return json.loads(results_path.read_text())
+    write_json_atomic(exp_dir / "run_config.json", run_config)
+    log.info("%s (%s): %s; budget %s", experiment.name, scale.name,
+             " -> ".join(["base"] + [str(s) for s in experiment.chain]), describe(scale))
+
+    t0 = time.perf_counter()
+    per_seed, seed_records = [], []
+    for seed in seeds:
+        seed_path = exp_dir / f"seed{seed}.json"
+        if seed_path.is_file():
+            record = json.loads(seed_path.read_text())
+        else:
+            final, key, stages, base = run_chain(experiment.chain, scale, seed, out_root, progress=progress,
+                                                 tag=experiment.name)
+            evaluation = evaluate_cached(final, key, seed, scale, out_root, progress=progress)
+            record = {"seed": seed, "checkpoint": str(final), "stages": stages, "base": base,
+                      "metrics": evaluation["metrics"], "eval_wall_s": evaluation["wall_s"]}
+            _log_eval_scalars(exp_dir / "eval" / f"seed{seed}", evaluation["metrics"],
+                              sum(s["steps"] for s in stages))
+            write_json_atomic(seed_path, record)
+        seed_records.append(record)
+        per_seed.append(_metrics_only(record["metrics"]))
+    if seed_records[0]["stages"]:
+        for i, stage in enumerate(seed_records[0]["stages"]):
+            write_json_atomic(exp_dir / "stages" / f"{i + 1}-{stage['name']}.json", stage)
+
+    mean, intervals = aggregate(per_seed)
+    stages = []
+    for i, stage in enumerate(seed_records[0]["stages"]):
+        walls = [r["stages"][i]["wall_s"] for r in seed_records]
+        stages.append({"name": stage["name"], "harness": stage["harness"], "steps": stage["steps"],
+                       "wall_s": round(sum(walls), 3), "wall_s_per_seed": walls,
+                       "cached": all(r["stages"][i]["cached"] for r in seed_records),
+                       "dirs": [r["stages"][i]["dir"] for r in seed_records]})
+    results = {
+        "experiment": experiment.name, "preset": scale.name, "seeds": [int(s) for s in seeds],
+        "wall_s": round(time.perf_counter() - t0, 3), "stages": stages, "metrics": mean, "per_seed": per_seed,
+        "intervals": intervals, "chain": [str(s) for s in experiment.chain], "paper": dict(experiment.paper),
+        "base": seed_records[0]["base"], "eval_wall_s": [r["eval_wall_s"] for r in seed_records],
+        "extra": [r["metrics"].get("extra") for r in seed_records], "budget": describe(scale),
+    }
+    check_results(results)
+    write_json_atomic(results_path, results)
+    (exp_dir / "results.md").write_text(experiment_markdown(results, experiment), encoding="utf-8")
+    log.info("%s: results in %s", experiment.name, exp_dir)
+    return results

@@ -1,0 +1,123 @@
+"""`evaluate` end to end on the micro model (random init, a BPE covering the eval prompts) with tiny sizes:
+the full key schema, value ranges, out_dir files; `evaluate_checkpoint` on the same params; config errors.
+
+Shapes are chosen for one sampler compilation: batch_size 2 everywhere, prompt bucket = seq_len (one prompt
+width), the same max_new_tokens for the live turns and the instruction-following completions."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import pytest
+from eval_helpers import SHARED_IFEVAL, TINY_WORLD, eval_tokenizer, read_jsonl
+
+from hat_jax.data.suites import SUITES
+from hat_jax.eval import EvalConfig, evaluate, evaluate_checkpoint
+from hat_jax.eval import ifeval as ifeval_data
+from hat_jax.eval.ifeval import IFEVAL_ENV
+from hat_jax.model import get_config, init_params
+from hat_jax.model.checkpoint_io import save_model_checkpoint
+
+NEW = 8
+CONFIG = EvalConfig(world=TINY_WORLD, max_new_tokens=NEW, max_turns=2, seq_len=1536, batch_size=2, bucket=1536,
+                    ifeval_data=str(SHARED_IFEVAL), ifeval_limit=3, ifeval_mini_items=3, if_max_new_tokens=NEW)
+SCHEMA = {"live_qa": {"acc", "eff", "avg"}, "variant_qa": {"acc", "eff", "avg"},
+          "tool_robustness": {"adr", "rc", "tc", "avg"}, "prompt_robustness": {"adr", "llm", "tco", "avg"}}
+IF_KEYS = {"prompt_strict", "inst_strict", "prompt_loose", "inst_loose"}
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HAT_JAX_CACHE", str(tmp_path_factory.mktemp("hat-cache")))
+    mp.delenv(IFEVAL_ENV, raising=False)
+    if not SHARED_IFEVAL.is_file():  # no local copy: IFEval must then be skipped, not fail
+        mp.setattr(ifeval_data, "_load_hub", lambda: (_ for _ in ()).throw(ConnectionError("offline test")))
+    yield
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def model(env, tmp_path_factory):
+    tok = eval_tokenizer(tmp_path_factory.mktemp("tok"))
+    config = get_config("micro", vocab_size=4096)
+    return config, init_params(config, jax.random.key(0)), tok
+
+
+@pytest.fixture(scope="module")
+def config():
+    return CONFIG if SHARED_IFEVAL.is_file() else dataclasses.replace(CONFIG, ifeval_data=None)
+
+
+@pytest.fixture(scope="module")
+def results(model, config, tmp_path_factory):
+    model_config, params, tok = model
+    out = tmp_path_factory.mktemp("eval-out")
+    return evaluate(params, model_config, tok, config, out_dir=out, progress=False), out
+
+
+def _in_range(d):
+    return all(isinstance(v, float) and math.isfinite(v) and 0.0 <= v <= 100.0 for v in d.values())
+
+
+def test_full_schema_and_ranges(results):
+    res, _ = results
+    assert list(res) == [*SUITES, "ifeval", "ifeval_mini", "extra"]
+    for suite, keys in SCHEMA.items():
+        assert set(res[suite]) == keys and _in_range(res[suite]), (suite, res[suite])
+    assert set(res["ifeval_mini"]) == IF_KEYS and _in_range(res["ifeval_mini"])
+    if SHARED_IFEVAL.is_file():
+        assert set(res["ifeval"]) == IF_KEYS and _in_range(res["ifeval"])
+        assert res["extra"]["ifeval"]["prompts"] == 3 and "EvalConfig.ifeval_data" in res["extra"]["ifeval"]["source"]
+    else:
+        assert res["ifeval"] is None and "google/IFEval" in res["extra"]["ifeval"]["skipped"]
+    ex = res["extra"]
+    for suite in SUITES:
+        e = ex[suite]
+        assert e["episodes"] == 2 and e["turns"] >= 1 and 0 <= e["truncated_pct"] <= 100 and e["wall_s"] > 0
+        assert e["tokens_generated"] >= 2 and e["reasoning_tokens"] >= 0
+    assert ex["seq_len"] == 1536 and ex["wall_s"] > 0 and ex["ifeval_mini"]["prompts"] == 3
+
+
+def test_out_dir_files(results):
+    res, out = results
+    for suite in SUITES:
+        rows = read_jsonl(out / f"{suite}.jsonl")
+        assert len(rows) == 2 and {"item", "scores", "judgement", "truncated", "turn_texts", "episode"} <= set(rows[0])
+        assert rows[0]["item"]["suite"] == suite
+        assert sum(r["scores"]["avg"] for r in rows) / 2 == pytest.approx(res[suite]["avg"])
+    mini = read_jsonl(out / "ifeval_mini.jsonl")
+    assert len(mini) == 3 and {"key", "prompt", "completion", "response", "strict", "loose"} <= set(mini[0])
+    assert all(len(r["completion"]) > 0 and r["completion_tokens"] <= NEW for r in mini)
+    assert (out / "ifeval.jsonl").is_file() == SHARED_IFEVAL.is_file()
+    assert (out / "scores.json").is_file()
+
+
+def test_evaluate_checkpoint_reproduces(model, config, results, tmp_path):
+    model_config, params, tok = model
+    ckpt = save_model_checkpoint(tmp_path / "ckpt", params, model_config)
+    tok.save_pretrained(str(ckpt / "tokenizer"))
+    small = dataclasses.replace(config, suites=("live_qa",), ifeval=False)
+    again = evaluate_checkpoint(ckpt, small, progress=False)
+    assert list(again) == ["live_qa", "ifeval", "ifeval_mini", "extra"] and again["ifeval"] is None
+    assert again["extra"]["ifeval"] == {"skipped": "EvalConfig.ifeval is False"}
+    res, _ = results
+    assert again["live_qa"] == res["live_qa"] and again["ifeval_mini"] == res["ifeval_mini"]  # greedy: same scores
+    with pytest.raises(FileNotFoundError, match="no tokenizer folder"):
+        evaluate_checkpoint(save_model_checkpoint(tmp_path / "bare" / "ckpt", params, model_config), small)
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match=r"EvalConfig.suites = \('live',\): expected distinct names from"):
+        EvalConfig(suites=("live",))
+    with pytest.raises(ValueError, match=r"EvalConfig.ifeval_limit = 0: expected None or an int in \[1, 541\]"):
+        EvalConfig(ifeval_limit=0)
+    with pytest.raises(ValueError, match="EvalConfig.compute_dtype = 'fp8'; valid"):
+        EvalConfig(compute_dtype="fp8")
+    with pytest.raises(ValueError, match="EvalConfig.batch_size = 0: expected an int >= 1"):
+        EvalConfig(batch_size=0)
+    with pytest.raises(ValueError, match="EvalConfig.world.eval_items = 0"):
+        EvalConfig(world=dataclasses.replace(TINY_WORLD, eval_items=0))
+    assert EvalConfig(suites=["live_qa"]).suites == ("live_qa",)

@@ -1,0 +1,72 @@
+"""Chain keys: shared prefixes share run dirs, any config change gives new keys; scale overrides name bad fields."""
+
+import dataclasses
+
+import pytest
+
+from hat_jax.experiments.chain import base_key, chain_keys, stage_config, teacher_key
+from hat_jax.experiments.declarations import load_all, resolve
+from hat_jax.experiments.scales import apply_scale_overrides, get_scale
+
+
+def _chain(name):
+    return resolve(name, load_all())[1][0].chain
+
+
+def test_rows_sharing_a_prefix_share_its_keys():
+    scale = get_scale("micro")
+    hat = chain_keys(scale, _chain("table4_hsa_rl_hsa"))
+    assert chain_keys(scale, _chain("table3_hat")) == hat                   # same chain, same stage dirs
+    assert chain_keys(scale, _chain("table4_hsa_opd")) == hat[:2]           # its prefix
+    assert chain_keys(scale, _chain("table6_both"))[0] == hat[0]            # HSA-SFT shared with Table 6
+    original = chain_keys(scale, _chain("table4_hsa_rl_original"))
+    assert original[:2] == hat[:2] and original[2] != hat[2]                # RL harness differs
+    assert chain_keys(scale, _chain("table6_standard"))[0] != hat[0]        # SFT on the original harness
+    assert len(set(hat)) == 3
+
+
+def test_any_override_changes_the_keys_from_its_stage_on():
+    scale = get_scale("micro")
+    keys = chain_keys(scale, _chain("table4_hsa_rl_hsa"))
+    rl = chain_keys(apply_scale_overrides(scale, ["rl.group_size=4"]), _chain("table4_hsa_rl_hsa"))
+    assert rl[:2] == keys[:2] and rl[2] != keys[2]
+    sft = chain_keys(apply_scale_overrides(scale, ["sft.optim.lr=0.01"]), _chain("table4_hsa_rl_hsa"))
+    assert all(a != b for a, b in zip(sft, keys))
+    based = apply_scale_overrides(scale, ["base.steps=5"])
+    assert base_key(based) != base_key(scale) and chain_keys(based, _chain("table6_both"))[0] != keys[0]
+    assert teacher_key(based) != teacher_key(scale)
+
+
+def test_stage_configs_follow_the_chain(tmp_path):
+    scale = get_scale("micro")
+    sft_hsa, rl_hsa = _chain("table6_both")
+    config = stage_config(scale, sft_hsa, init=tmp_path / "base", seed=3, base=tmp_path / "base", teacher=None)
+    assert config.data.p_hsa > 0 and config.init == str(tmp_path / "base") and config.seed == 3
+    sft_original = _chain("table6_standard")[0]
+    assert stage_config(scale, sft_original, init=tmp_path, seed=0, base=tmp_path, teacher=None).data.p_hsa == 0
+    config = stage_config(scale, rl_hsa, init=tmp_path / "sft", seed=0, base=tmp_path, teacher=None)
+    assert config.harness_mode == "hsa" and config.init == str(tmp_path / "sft")
+    opd = _chain("table4_hsa_opd")[1]
+    config = stage_config(scale, opd, init=tmp_path / "sft", seed=0, base=tmp_path / "base", teacher=None)
+    assert config.teacher == str(tmp_path / "base") and config.prompts == "general"
+    live = _chain("table5_distill_hsa")[2]
+    config = stage_config(scale, live, init=tmp_path / "opd", seed=0, base=tmp_path, teacher=tmp_path / "t")
+    assert config.prompts == "live" and config.harness_mode == "hsa" and config.teacher == str(tmp_path / "t")
+
+
+def test_scale_overrides():
+    scale = get_scale("micro")
+    out = apply_scale_overrides(scale, ["sft.steps=7", "eval.world.eval_items=5", "rl.estimator=gdpo"])
+    assert out.sft.steps == 7 and out.sft.optim.total_steps == 7                     # the schedule moves too
+    assert out.eval.world.eval_items == 5 and out.rl.estimator == "gdpo"
+    assert apply_scale_overrides(scale, ["base.hf_path=/x"]).base.pretrain is None
+    with pytest.raises(ValueError, match="unknown section 'sftt'.*did you mean 'sft'"):
+        apply_scale_overrides(scale, ["sftt.steps=3"])
+    with pytest.raises(ValueError, match="unknown field 'stepz'"):
+        apply_scale_overrides(scale, ["sft.stepz=3"])
+    with pytest.raises(ValueError, match="expected a value of type int"):
+        apply_scale_overrides(scale, ["rl.group_size=big"])
+    with pytest.raises(ValueError, match="unknown preset 'tinny'; did you mean 'tiny'"):
+        get_scale("tinny")
+    real = get_scale("qwen3_6_35b_a3b")
+    assert real.base.pretrain is None and dataclasses.replace(real.sft).preset == "qwen3_6_35b_a3b"

@@ -1,0 +1,66 @@
+"""results.json aggregation, its schema check, and the Markdown tables (hand-computed values)."""
+
+import copy
+
+import pytest
+
+from hat_jax.experiments.declarations import load_all
+from hat_jax.experiments.results import aggregate, check_results, group_markdown, mean_interval
+
+
+def _metrics(x: float, ifeval=True) -> dict:
+    four = {"prompt_strict": x, "inst_strict": x, "prompt_loose": x, "inst_loose": x}
+    return {"live_qa": {"acc": x, "eff": x, "avg": x}, "variant_qa": {"acc": x, "eff": x, "avg": x},
+            "tool_robustness": {"adr": x, "rc": x, "tc": x, "avg": x},
+            "prompt_robustness": {"adr": x, "llm": x, "tco": x, "avg": x},
+            "ifeval": dict(four) if ifeval else None, "ifeval_mini": dict(four)}
+
+
+def test_mean_interval_hand_computed():
+    # values 10, 20, 30: mean 20, s = 10, t_{0.975, 2} = 4.302652729911275, half = 4.3026527 * 10 / sqrt(3)
+    mean, lo, hi = mean_interval([10.0, 20.0, 30.0])
+    assert mean == 20.0
+    assert hi - mean == pytest.approx(4.302652729911275 * 10 / 3 ** 0.5, rel=1e-9)
+    assert mean - lo == pytest.approx(hi - mean)
+    assert mean_interval([7.0]) == (7.0, 7.0, 7.0)
+
+
+def test_aggregate_means_and_null_ifeval():
+    mean, intervals = aggregate([_metrics(10.0), _metrics(30.0)])
+    assert mean["live_qa"] == {"acc": 20.0, "eff": 20.0, "avg": 20.0}
+    # n = 2: t_{0.975, 1} = 12.706204736174698, s = 14.142135623730951, half = 12.7062 * 14.1421 / sqrt 2 = 127.06
+    assert intervals["live_qa"]["avg"] == [round(20 - 127.062047, 2), round(20 + 127.062047, 2)]
+    mean, _ = aggregate([_metrics(10.0), _metrics(30.0, ifeval=False)])
+    assert mean["ifeval"] is None and mean["ifeval_mini"]["prompt_strict"] == 20.0
+
+
+def _results():
+    m = _metrics(50.0)
+    return {"experiment": "table6_both", "preset": "micro", "seeds": [0], "wall_s": 1.0,
+            "stages": [{"name": "sft", "harness": "hsa", "steps": 2, "wall_s": 0.5}], "metrics": m,
+            "per_seed": [copy.deepcopy(m)]}
+
+
+def test_check_results_accepts_the_schema_and_names_bad_fields():
+    check_results(_results())
+    bad = copy.deepcopy(_results())
+    bad["metrics"]["live_qa"]["avg"] = 120.0
+    with pytest.raises(ValueError, match=r"metrics\.live_qa\.avg = 120\.0; expected a number in \[0, 100\]"):
+        check_results(bad)
+    bad = copy.deepcopy(_results())
+    del bad["stages"][0]["harness"]
+    with pytest.raises(ValueError, match=r"stages\[0\] lacks 'harness'"):
+        check_results(bad)
+    bad = copy.deepcopy(_results())
+    bad["per_seed"][0]["ifeval_mini"] = None
+    with pytest.raises(ValueError, match=r"per_seed\[0\]\.ifeval_mini must hold"):
+        check_results(bad)
+
+
+def test_group_table_puts_ours_beside_the_paper():
+    group = load_all()["table6"]
+    res = _results()
+    table = group_markdown(group, {"table6_both": res}, "micro")
+    line = next(l for l in table.splitlines() if l.startswith("| table6_both"))
+    assert line == "| table6_both | 50.0 (81.3) | 50.0 | 50.0 (93.3) | 50.0 |"
+    assert "| table6_standard | not run (71.3) | not run | not run | not run |" in table

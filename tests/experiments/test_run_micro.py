@@ -1,0 +1,100 @@
+"""End to end on the micro preset: `experiments/run.py` runs table6_both and a Table 4 row (sharing its SFT
+stage), writes results.json / results.md, refuses bad input, resumes, and the notebook executes on the outputs."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hat_jax.experiments.results import check_results
+
+ROOT = Path(__file__).resolve().parents[2]
+# Seconds-long stages: the micro presets with fewer steps.
+FAST = ["--set", "sft.steps=3", "--set", "rl.steps=1", "--set", "opd.steps=1", "--set", "base.steps=3"]
+
+
+def _load_run():
+    spec = importlib.util.spec_from_file_location("run_cli", ROOT / "experiments" / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One output root with table6_both and table4_hsa_opd run on micro (module-scoped: the slow part)."""
+    out = tmp_path_factory.mktemp("runs")
+    env = pytest.MonkeyPatch()
+    env.setenv("HAT_JAX_CACHE", str(tmp_path_factory.mktemp("cache")))
+    run = _load_run()
+    for exp in ("table6_both", "table4_hsa_opd"):
+        assert run.main(["--exp", exp, "--preset", "micro", "--out", str(out), "--no-progress", *FAST]) == 0
+    yield out, run
+    env.undo()
+
+
+def test_results_follow_the_schema_and_share_the_sft_stage(runs):
+    out, _ = runs
+    both = json.loads((out / "table6_both" / "results.json").read_text())
+    check_results(both)
+    assert both["experiment"] == "table6_both" and both["preset"] == "micro" and both["seeds"] == [0]
+    assert [(s["name"], s["harness"], s["steps"]) for s in both["stages"]] == [("sft", "hsa", 3), ("rl", "hsa", 1)]
+    assert both["metrics"]["ifeval_mini"] is not None and set(both["metrics"]["live_qa"]) == {"acc", "eff", "avg"}
+    row4 = json.loads((out / "table4_hsa_opd" / "results.json").read_text())
+    check_results(row4)
+    assert [(s["name"], s["cached"]) for s in row4["stages"]] == [("sft", True), ("opd", False)]
+    assert row4["stages"][0]["dirs"] == both["stages"][0]["dirs"]           # one SFT run dir for both rows
+    assert Path(row4["stages"][1]["dirs"][0], "stage_done.json").is_file()
+    md = (out / "table6_both" / "results.md").read_text()
+    assert "| Live QA avg |" in md and "| IFEval prompt strict |" in md and "81.3" in md
+
+
+def test_rerun_refuses_or_resumes(runs):
+    out, run = runs
+    args = ["--exp", "table6_both", "--preset", "micro", "--out", str(out), "--no-progress", *FAST]
+    with pytest.raises(FileExistsError, match="pass --resume"):
+        run.main(args)
+    assert run.main(args + ["--resume"]) == 0                       # finished: returns its results.json
+    with pytest.raises(ValueError, match=r"another configuration.*sft.*steps"):
+        run.main(args + ["--set", "sft.steps=4", "--resume"])          # the later --set wins
+
+
+def test_cli_errors_name_the_bad_input(tmp_path):
+    def cli(*args):
+        return subprocess.run([sys.executable, str(ROOT / "experiments" / "run.py"), *args], capture_output=True,
+                              text=True, cwd=tmp_path, timeout=300)
+
+    res = cli("--exp", "table6_bot", "--out", str(tmp_path))
+    assert res.returncode == 2 and "did you mean: table6_both" in res.stderr
+    res = cli("--exp", "table6_both", "--preset", "tinny", "--out", str(tmp_path))
+    assert res.returncode == 2 and "did you mean 'tiny'" in res.stderr
+    res = cli("--exp", "table6_both", "--set", "sftt.steps=3", "--out", str(tmp_path))
+    assert res.returncode == 2 and "unknown section 'sftt'" in res.stderr and "valid sections: base, sft" in res.stderr
+    res = cli("--exp", "table6_both", "--set", "sft.stepz=3", "--out", str(tmp_path))
+    assert res.returncode == 2 and "unknown field 'stepz'" in res.stderr
+    res = cli("--list")
+    assert res.returncode == 0 and "table6_both" in res.stdout and "table4_hsa_rl_hsa" in res.stdout
+
+
+def test_notebook_executes_on_the_micro_outputs(runs):
+    nbformat = pytest.importorskip("nbformat")
+    from nbclient import NotebookClient
+
+    out, _ = runs
+    nb = nbformat.read(ROOT / "notebooks" / "ablations.ipynb", as_version=4)
+    env = {"HAT_RUNS": str(out), "HAT_GROUP": "table6", "MPLBACKEND": "Agg"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "1 of 4 rows finished" in outputs
+    images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert len(images) >= 3

@@ -1,0 +1,243 @@
+"""The tiny base (hat_jax.train.pretrain) on the micro preset:
+
+- rows and loss mask by hand (the mask covers exactly the non-pad tokens after position 0), the data order and
+  its resume state, the config hash and bad fields;
+- base_checkpoint end to end: the stage-run-dir layout and report, a second call served from the cache, SFT
+  from the base (same tokenizer), a killed run resumed from its partial folder bit-identically, a concurrent
+  caller waiting on the lock, the CLI's JSON line;
+- import_hf_base on a micro HF export (save_hf_checkpoint) with a saved tokenizer, and its missing-file errors.
+World data and tokenizers are cached in a module temp dir (HAT_JAX_CACHE).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hat_jax.model.checkpoint_io import load_model_checkpoint
+from hat_jax.train import pretrain
+from hat_jax.train.losses import masked_token_ce_sum
+from hat_jax.train.pretrain import (PRETRAIN_PRESETS, PretrainBatches, PretrainConfig, base_checkpoint,
+                                    import_hf_base, pretrain_preset, pretraining_rows)
+from hat_jax.train.stage import apply_overrides
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cache")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("HAT_JAX_CACHE", str(path))
+    yield path
+    patch.undo()
+
+
+@pytest.fixture(scope="module")
+def base(cache, tmp_path_factory) -> Path:
+    """The uninterrupted micro base (in its own bases folder)."""
+    return base_checkpoint(pretrain_preset("micro"), cache_dir=tmp_path_factory.mktemp("bases"), progress=False)
+
+
+def _leaves(path):
+    return jax.tree_util.tree_leaves_with_path(load_model_checkpoint(path)[1])
+
+
+# ---------------------------------------------------------------------------------------------- by hand
+
+def test_rows_and_loss_mask_cover_exactly_the_non_pad_tokens():
+    rows = pretraining_rows([[5, 6, 7], [9], [1, 2, 3, 4, 5, 6]], seq_len=4, pad_id=0)
+    assert rows["input_ids"].tolist() == [[5, 6, 7, 0], [9, 0, 0, 0], [1, 2, 3, 4]]
+    assert rows["attention_mask"].tolist() == [[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]]
+    assert rows["loss_mask"].tolist() == [[0, 1, 1, 0], [0, 0, 0, 0], [0, 1, 1, 1]]  # t = 0 has no context
+    assert rows["truncated"].tolist() == [0, 0, 1]
+    # Uniform logits over V = 8: the CE sum is (number of loss tokens) * ln 8, the count 2 + 0 + 3.
+    ce, n = masked_token_ce_sum(jnp.zeros((3, 4, 8)), jnp.asarray(rows["input_ids"]), jnp.asarray(rows["loss_mask"]))
+    assert float(n) == 5 and math.isclose(float(ce), 5 * math.log(8), rel_tol=1e-6)
+
+
+class _CharTokenizer:
+    pad_token_id = 0
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [1 + ord(c) % 50 for c in text[-12:]]}
+
+
+def test_batches_visit_each_chat_once_per_epoch_and_resume_exactly():
+    chats = [([{"role": "user", "content": f"chat {i}"}], []) for i in range(6)]
+    stream = PretrainBatches(chats, _CharTokenizer(), seq_len=8, batch_size=2, seed=3)
+    assert sorted(stream.chat_index(r) for r in range(6)) == list(range(6))
+    assert [stream.chat_index(r) for r in range(6)] != [stream.chat_index(r) for r in range(6, 12)]  # reshuffled
+    first = [next(stream) for _ in range(4)]
+    state = stream.get_state()
+    assert state["batches"] == 4 and state["tokens"] == sum(int(b["attention_mask"].sum()) for b in first)
+    want = next(stream)
+    again = PretrainBatches(chats, _CharTokenizer(), seq_len=8, batch_size=2, seed=3)
+    again.set_state(json.loads(json.dumps(state)))
+    got = next(again)
+    assert all(np.array_equal(want[k], got[k]) for k in want)
+    with pytest.raises(ValueError, match="'tokens' must be an int"):
+        again.set_state({"batches": 1, "truncated_rows": 0})
+
+
+def test_config_hash_and_bad_fields():
+    micro = pretrain_preset("micro")
+    assert micro.digest() == pretrain_preset("micro").digest()
+    assert len({micro.digest(), apply_overrides(micro, ["seq_len=512"]).digest(),
+                apply_overrides(micro, ["optim.lr=0.001"]).digest(), PRETRAIN_PRESETS["tiny"].digest()}) == 4
+    for field, value, message in (("seq_len", 0, "PretrainConfig.seq_len = 0: expected an int >= 2"),
+                                  ("batch_size", 3, r"batch_size \(3\) must be a multiple of accum_steps \(2\)"),
+                                  ("compute_dtype", "fp8", "compute_dtype = 'fp8'; valid"),
+                                  ("preset", "huge", "unknown preset 'huge'.*Valid presets: micro, tiny"),
+                                  ("n_chats", 1.5, "PretrainConfig.n_chats = 1.5")):
+        extra = {"accum_steps": 2} if field == "batch_size" else {}
+        with pytest.raises(ValueError, match=message):
+            PretrainConfig(**{field: value, **extra})
+    from hat_jax.train.sft import SFT_PRESETS
+
+    for name, config in PRETRAIN_PRESETS.items():  # SFT from the base: same model, same cached tokenizer
+        sft = SFT_PRESETS[name]
+        assert config.model_config() == sft.model_config(), name
+        assert (config.world, config.tokenizer_texts) == (sft.world, sft.tokenizer_texts), name
+    with pytest.raises(ValueError, match="unknown pretrain preset 'small'; valid: micro, tiny"):
+        pretrain_preset("small")
+    with pytest.raises(ValueError, match="unknown field 'seqlen' of PretrainConfig; valid: .*seq_len"):
+        apply_overrides(micro, ["seqlen=3"])
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+
+def test_base_layout_report_and_cache(base, monkeypatch):
+    assert base.name == f"base-{pretrain_preset('micro').digest()}"
+    names = {p.name for p in base.iterdir()}
+    assert {"model_config.json", "tokenizer", "stage_config.json", "metrics.jsonl", "base_report.json", "4"} <= names
+    assert not base.with_name(base.name + ".partial").exists()
+    report = json.loads((base / "base_report.json").read_text())
+    assert report["steps"] == 4 and report["resumed_from"] is None and report["loss_first_step"] == 1
+    assert report["loss_final"] < report["loss_first"] < math.log(4096) + 0.1, report["loss_curve"]
+    assert report["tokens"] > 0 and report["rows"] == 8 and report["wall_s"] > 0
+    assert report["probe"]["n"] == 4 and 0 <= report["probe"]["exact"] <= 1 and report["probe"]["name_nll"] > 0
+    # The probe's targets: the tokens after the longest token prefix the prompt and prompt + name + ">" share.
+    from hat_jax.data.corpus import recall_probe, render_chat
+    from hat_jax.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(base / "tokenizer")
+    probes = recall_probe(4, 0)
+    for probe, (ids, c) in zip(probes, pretrain.probe_targets(tok, probes), strict=True):
+        prompt = render_chat(probe.messages, probe.tools, add_generation_prompt=True) + probe.assistant_prefix
+        head, tail = tok.decode(ids[:c]), tok.decode(ids[c:])
+        assert prompt.startswith(head) and head + tail == prompt + probe.expected_name + ">"
+        assert len(prompt) - len(head) <= 1, tail  # at most the "=" merges with the name's first piece
+    rows = [json.loads(line) for line in (base / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["eval/recall_exact"] == report["probe"]["exact"]
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a cached base was retrained")
+
+    monkeypatch.setattr(pretrain, "train_base", no_training)
+    assert base_checkpoint(pretrain_preset("micro"), cache_dir=base.parent) == base
+
+
+def test_sft_from_the_base_uses_its_tokenizer(base, tmp_path):
+    from hat_jax.train.sft import SFTConfig, run_sft, sft_preset, with_steps
+
+    config: SFTConfig = apply_overrides(with_steps(sft_preset("micro"), 1), [f"init={base}", "log_every=1"])
+    state = run_sft(config, tmp_path / "sft", progress=False)
+    assert int(state.step) == 1
+    assert (tmp_path / "sft" / "tokenizer" / "tokenizer.json").read_bytes() == \
+        (base / "tokenizer" / "tokenizer.json").read_bytes()
+
+
+def test_killed_run_resumes_from_its_partial_folder(base, tmp_path, monkeypatch):
+    calls = {"n": 0}
+    real_next = PretrainBatches.__next__
+
+    def dying_next(self):
+        calls["n"] += 1
+        if calls["n"] == 4:  # after the step-2 checkpoint
+            raise KeyboardInterrupt("killed")
+        return real_next(self)
+
+    monkeypatch.setattr(PretrainBatches, "__next__", dying_next)
+    with pytest.raises(KeyboardInterrupt):
+        base_checkpoint(pretrain_preset("micro"), cache_dir=tmp_path, progress=False)
+    partial = tmp_path / (base.name + ".partial")
+    assert not (tmp_path / base.name).exists() and (partial / "2").is_dir() and not (partial / "4").exists()
+    monkeypatch.setattr(PretrainBatches, "__next__", real_next)
+    resumed = base_checkpoint(pretrain_preset("micro"), cache_dir=tmp_path, progress=False)
+    assert resumed == tmp_path / base.name and not partial.exists()
+    assert json.loads((resumed / "base_report.json").read_text())["resumed_from"] == 2
+    for (path, want), (_, got) in zip(_leaves(base), _leaves(resumed), strict=True):
+        assert np.array_equal(np.asarray(want), np.asarray(got)), f"{jax.tree_util.keystr(path)} differs after resume"
+
+
+def test_concurrent_caller_waits_for_the_lock_then_finds_the_base(base, tmp_path, monkeypatch):
+    monkeypatch.setattr(pretrain, "train_base", lambda *a, **k: pytest.fail("the waiting caller trained"))
+    final = tmp_path / base.name
+    result = {}
+    with pretrain._exclusive_lock(tmp_path / (base.name + ".lock")):  # another process building the base
+        thread = threading.Thread(target=lambda: result.setdefault(
+            "path", base_checkpoint(pretrain_preset("micro"), cache_dir=tmp_path, progress=False)))
+        thread.start()
+        time.sleep(1.0)
+        assert thread.is_alive()  # blocked on the lock
+        shutil.copytree(base, final)  # the holder finishes (its rename)
+    thread.join(30)
+    assert result["path"] == final
+
+
+def test_cli_prints_the_cached_base(base, cache):
+    env = {**os.environ, "HAT_JAX_CACHE": str(cache), "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run([sys.executable, "-m", "hat_jax.train.pretrain", "--preset", "micro", "--no-progress",
+                           "--cache-dir", str(base.parent)], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert line["run_dir"] == str(base) and line["step"] == 4
+    with pytest.raises(ValueError, match="PretrainConfig.seq_len = 1: expected an int >= 2"):
+        pretrain.main(["--preset", "micro", "--set", "seq_len=1", "--cache-dir", str(base.parent)])
+
+
+# ---------------------------------------------------------------------------------------------- HF import
+
+def test_import_hf_base(tmp_path):
+    from hat_jax.model import init_params
+    from hat_jax.model.config import get_config
+    from hat_jax.model.hf_io import save_hf_checkpoint
+    from hat_jax.tokenizer import train_bpe_tokenizer
+    from hat_jax.train.sft import load_init_params, tokenizer_from_checkpoint
+
+    config = get_config("micro")
+    params = init_params(config, jax.random.key(0))
+    train_bpe_tokenizer(["a tiny corpus for a tiny tokenizer"] * 4, 300, tmp_path / "tok")
+    save_hf_checkpoint(params, config, tmp_path / "hf", tokenizer_dir=tmp_path / "tok")
+    out = import_hf_base(tmp_path / "hf", tmp_path / "base")
+    assert tokenizer_from_checkpoint(str(out)) == out / "tokenizer"
+    stored, loaded = load_model_checkpoint(out)
+    assert stored.replace(extra=()) == config  # extra: the HF file's own keys (architectures, dtype)
+    leaves = jax.tree_util.tree_leaves(loaded)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(params), leaves, strict=True):
+        assert np.array_equal(np.asarray(a), np.asarray(b)), jax.tree_util.keystr(path)
+    load_init_params(out, config, "SFT init")  # what every stage's --init does
+    assert import_hf_base(tmp_path / "hf", tmp_path / "base") == out  # a finished import is returned
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "x").write_text("")
+    with pytest.raises(FileExistsError, match="other.*not an empty folder"):
+        import_hf_base(tmp_path / "hf", tmp_path / "other")
+    broken = tmp_path / "broken"
+    shutil.copytree(tmp_path / "hf", broken)
+    (broken / "tokenizer.json").unlink()
+    (broken / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match=r"broken.*lacks: config.json .*; tokenizer.json"):
+        import_hf_base(broken, tmp_path / "base2")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        import_hf_base(tmp_path / "nowhere", tmp_path / "base3")
