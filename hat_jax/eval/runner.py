@@ -46,10 +46,10 @@ from hat_jax.eval.live import run_live_suite
 from hat_jax.harness.loader import production_harness
 from hat_jax.model.config import Qwen3_5MoeTextConfig
 from hat_jax.model.sampler import generate
+from hat_jax.train.stage import COMPUTE_DTYPES
 
 log = logging.getLogger(__name__)
 
-COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -73,13 +73,16 @@ def _micro() -> Scale:
 
     sft = sft_preset("micro")
     opd = opd_preset("micro")
+    # One padded prompt width (bucket = seq_len) for the rollouts and the eval: one sampler compilation per
+    # batch size, which is most of a micro stage's time.
+    rl = dataclasses.replace(rl_preset("micro"), rollout_bucket=2048)
     return Scale(
-        name="micro", base=BaseSpec(pretrain=PRETRAIN_PRESETS["micro"]), sft=sft, opd=opd, rl=rl_preset("micro"),
+        name="micro", base=BaseSpec(pretrain=PRETRAIN_PRESETS["micro"]), sft=sft, opd=opd, rl=rl,
         opd_live=opd_preset("micro_live"),
         teacher=TeacherSpec(sft=dataclasses.replace(sft, model_overrides=sft.model_overrides + (("hidden_size", 48),))),
         eval=EvalConfig(world=WorldDataConfig(sft_tasks=48, rl_tasks=16, eval_items=2), max_new_tokens=16,
-                        max_turns=2, seq_len=2048, batch_size=4, ifeval_limit=3, ifeval_mini_items=3,
-                        if_max_new_tokens=16))
+                        max_turns=2, seq_len=2048, batch_size=2, bucket=2048, ifeval_limit=3,
+                        ifeval_mini_items=3, if_max_new_tokens=16))
 
 
 def _tiny() -> Scale:

@@ -35,8 +35,9 @@ from hat_jax.model.checkpoint_io import load_model_checkpoint, save_model_checkp
 from hat_jax.tokenizer import load_tokenizer, train_bpe_tokenizer
 from hat_jax.train.checkpoints import IncompatibleCheckpointError, latest_step
 from hat_jax.train.metrics import read_metrics
-from hat_jax.train.opd import (OPDBatches, _entropy, _entropy_chunked, apply_opd_overrides, main, opd_loss_fn,
-                               opd_preset, prompt_pool, run_opd)
+from hat_jax.train.opd import apply_opd_overrides, main, opd_preset, run_opd
+from hat_jax.train.opd_batches import OPDBatches, prompt_pool
+from hat_jax.train.opd_loss import _entropy, _entropy_chunked, opd_loss_fn
 from hat_jax.train.optim import make_optimizer
 from hat_jax.train.sft import with_steps
 from hat_jax.train.trainer import accumulate_gradients, init_train_state, split_micro_batches

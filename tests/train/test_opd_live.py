@@ -38,8 +38,9 @@ from hat_jax.model import Qwen3_5MoeForCausalLM, get_config, init_params
 from hat_jax.model.checkpoint_io import load_model_checkpoint, save_model_checkpoint
 from hat_jax.train.checkpoints import latest_step
 from hat_jax.train.metrics import check_tag, read_metrics
-from hat_jax.train.opd import (EXACT_KEYS, LiveTasks, OPDBatches, apply_opd_overrides, live_pool, main, opd_loss_fn,
-                               opd_preset, run_opd)
+from hat_jax.train.opd import apply_opd_overrides, main, opd_preset, run_opd
+from hat_jax.train.opd_batches import EXACT_KEYS, LiveTasks, OPDBatches, live_pool
+from hat_jax.train.opd_loss import opd_loss_fn
 from hat_jax.train.rl import RLConfig, step_harnesses, step_task_indices
 from hat_jax.train.rollout_tokens import decode
 

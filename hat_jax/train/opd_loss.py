@@ -1,0 +1,147 @@
+"""The OPD stage's losses (`hat_jax.train.opd`): the reverse-KL loss function of the student, the entropy of its
+next-token distribution (a metric), and the frozen teacher's forward that gives the batch its teacher columns.
+
+Objective (issue 4 point 3; the HAT report, arXiv 2608.15763 (TaoLive, 2026), "Training, three stages",
+stage 2): GKD with lambda = 1 and the reverse-KL end (Agarwal et al. 2024, arXiv 2306.13649),
+KL_t = KL(pi_s(.|c_t) || pi_T(.|c_t)) on the student's sampled completions, as
+`hat_jax.train.kl` implements it (its docstring states both estimators, their sources and their biases):
+- "sampled" (default; Thinking Machines' OPD, K. Lu 2025, tinker-cookbook; marin's JAX
+  `sampled_token_reverse_kl_opd_loss`): `sampled_reverse_kl_loss`, per-token advantage
+  A_t = -kl_coef (log pi_old(y_t) - log pi_T(y_t)) with importance ratio pi_theta / pi_old and optional
+  PPO clip `clip_eps`. Unbiased for the gradient of sum_t KL_t at fixed contexts on-policy (discount 0: it
+  ignores y_t's effect on later KL terms); biased off-policy and where the clip is active.
+- "exact" (NeMo-RL's "full"): `exact_reverse_kl`, the full-vocabulary KL_t differentiated directly (no
+  estimator, no ratio; `clip_eps` unused); exact per position, contexts sampled from pi_old.
+Both divide every logit by the sampling temperature. top_p < 1 samples from a truncated distribution while
+the recorded and trained logprobs are untruncated: biased (TRL #6789); the presets keep top_p = 1.
+
+Teacher (`make_teacher_fn`): a jitted forward of the frozen teacher over the sampled rows, outside the
+gradient, giving teacher token logprobs [B, T] (both losses: the sampled loss and the k1/k3 metrics) and, for
+"exact", its final hidden states [B, T, H_T]. The exact loss computes the teacher logits inside the loss
+function from those hidden states and the teacher's lm_head kernel, passed with the batch (broadcast over the
+accumulation axis, under stop_gradient): memory B*T*H_T + accum*H_T*V instead of a [B, T, V] teacher-logit
+array; with `vocab_chunk` set, neither model's [B, T, V] logits ever exist (`reverse_kl_per_token_chunked`).
+The teacher may be a different architecture with the same vocabulary.
+
+Loss function (params, micro, rng) -> (loss_sum, n, aux): loss_sum = `aggregate(per-token loss, action_mask,
+aggregation, total_tokens=1, total_sequences=1)`, i.e. the aggregation's numerator, and n its denominator
+(loss tokens for "token-mean"; rows with at least one action token for "seq-mean-token-mean" and
+"seq-mean-token-sum-norm", whose constant L_max is max_new_tokens, or for "live" min(max_turns x
+max_new_tokens, seq_len) as RL's), so the trainer's sum(loss_sum) / sum(n) over micro-batches equals the full
+batch's aggregate. Plus lb_coef x the MoE load-balancing loss. The MTP block gets no gradient. Only the action
+positions enter the loss (either loss: the exact KL is computed at every position and masked), so a "live"
+episode's environment tokens are context for both models and never trained on.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+
+from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
+from hat_jax.train.kl import exact_reverse_kl, sampled_reverse_kl_loss
+from hat_jax.train.losses import (masked_mean, running_logsumexp, token_logprobs, token_logprobs_chunked,
+                                  vocab_chunk_logits)
+from hat_jax.train.rl_loss import counted_sequences
+from hat_jax.train.stage import COMPUTE_DTYPES
+from hat_jax.train.trainer import moe_aux
+
+if TYPE_CHECKING:
+    from hat_jax.train.opd import OPDConfig
+
+
+def _entropy(logits: jax.Array, temperature: float) -> jax.Array:
+    """[B, T, V] -> [B, T] entropy of the next-token distribution (entry t: of position t-1's logits)."""
+    lp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32) / temperature, axis=-1)
+    return jnp.pad(-jnp.sum(jnp.exp(lp) * lp, axis=-1), ((0, 0), (1, 0)))
+
+
+def _entropy_chunked(hidden: jax.Array, kernel: jax.Array, chunk: int, temperature: float, compute_dtype) -> jax.Array:
+    """`_entropy(hidden @ kernel)` over vocabulary chunks: H = lse - sum_v e^(z_v - m) z_v / S (no gradient)."""
+    b, t, h = hidden.shape
+    vocab = kernel.shape[1]
+    size = min(int(chunk), vocab)
+    x = jax.lax.stop_gradient(hidden[:, :-1].reshape(-1, h))
+    k = jax.lax.stop_gradient(kernel)
+
+    def body(carry, i):
+        m, s, w = carry
+        z, _, fresh = vocab_chunk_logits(x, k, i, size, temperature, compute_dtype)
+        m, s, e, scale = running_logsumexp(m, s, z, fresh)
+        return (m, s, w * scale + jnp.sum(e * jnp.where(fresh[None, :], z, 0.0), axis=-1)), None
+
+    rows = x.shape[0]
+    init = (jnp.full((rows,), -jnp.inf, jnp.float32), jnp.zeros((rows,), jnp.float32), jnp.zeros((rows,), jnp.float32))
+    (m, s, w), _ = jax.lax.scan(body, init, jnp.arange(-(-vocab // size)))
+    return jnp.pad((m + jnp.log(s) - w / s).reshape(b, t - 1), ((0, 0), (1, 0)))
+
+
+def opd_loss_fn(model: Qwen3_5MoeForCausalLM, config: OPDConfig):
+    """loss_fn(params, micro, rng) -> (aggregation numerator, its denominator, aux) (module docstring).
+
+    micro: input_ids/attention_mask/action_mask [b, T] int32, old_logprobs/teacher_logprobs [b, T] float32;
+    for "exact" also teacher_hidden [b, T, H_T] and teacher_kernel [H_T, V] (held out of the gradient).
+    """
+    chunk, temp, cd = config.vocab_chunk, config.temperature, COMPUTE_DTYPES[config.compute_dtype]
+    top_k = model.config.num_experts_per_tok
+    agg = dict(aggregation=config.aggregation, max_len=config.max_len, total_tokens=1.0, total_sequences=1.0)
+    sg = jax.lax.stop_gradient
+
+    def loss_fn(params, micro, rng):
+        del rng  # no dropout
+        ids, att, m = micro["input_ids"], micro["attention_mask"], micro["action_mask"]
+        old, tlp = micro["old_logprobs"], micro["teacher_logprobs"]
+        out = model.apply({"params": params}, ids, attention_mask=att, return_logits=chunk is None)
+        kernel = params["lm_head"]["kernel"]
+        if chunk is None:
+            lp, ent = token_logprobs(out.logits, ids, temp), _entropy(sg(out.logits), temp)
+        else:
+            lp = token_logprobs_chunked(out.hidden, kernel, ids, chunk, temp, cd)
+            ent = _entropy_chunked(out.hidden, kernel, chunk, temp, cd)
+        aux = moe_aux(out.router_logits, att, top_k)
+        if config.loss == "sampled":
+            loss_sum, met = sampled_reverse_kl_loss(lp, old, tlp, m, clip_eps=config.clip_eps, kl_coef=config.kl_coef,
+                                                    **agg)
+            aux["policy/clip_frac"] = met["clip_frac"]
+        else:
+            th, tk = sg(micro["teacher_hidden"]), sg(micro["teacher_kernel"])
+            if chunk is None:
+                t_logits = jnp.dot(th.reshape(-1, th.shape[-1]).astype(cd), tk.astype(cd)).reshape(*ids.shape, -1)
+                loss_sum, met = exact_reverse_kl(out.logits, t_logits, m, temperature=temp, **agg)
+            else:
+                loss_sum, met = exact_reverse_kl((out.hidden, kernel), (th, tk), m, chunk=chunk, temperature=temp,
+                                                 compute_dtype=cd, **agg)
+            loss_sum = config.kl_coef * loss_sum
+            aux["kl/reverse_exact"] = met["reverse_kl"]
+            aux["policy/clip_frac"] = jnp.zeros((), jnp.float32)
+        k1 = old.astype(jnp.float32) - tlp.astype(jnp.float32)
+        aux["kl/reverse_k1"] = masked_mean(k1, m)
+        aux["kl/reverse_k3"] = masked_mean(jnp.exp(-k1) - 1.0 + k1, m)
+        aux["policy/ratio_mean"] = masked_mean(jnp.exp(sg(lp) - old), m)
+        aux["policy/entropy"] = masked_mean(ent, m)
+        n = jnp.sum(m.astype(jnp.float32)) if config.aggregation == "token-mean" else counted_sequences(m)
+        return loss_sum, n, aux
+
+    return loss_fn
+
+
+def make_teacher_fn(model: Qwen3_5MoeForCausalLM, config: OPDConfig):
+    """Jitted (teacher params, ids [b, T], mask [b, T]) -> {teacher_logprobs [b, T] float32 (at the sampling
+    temperature), + teacher_hidden [b, T, H] for "exact"}."""
+    chunk, temp, cd = config.vocab_chunk, config.temperature, COMPUTE_DTYPES[config.compute_dtype]
+
+    @jax.jit
+    def fn(params, ids, mask):
+        out = model.apply({"params": params}, ids, attention_mask=mask, return_logits=chunk is None)
+        if chunk is None:
+            lp = token_logprobs(out.logits, ids, temp)
+        else:
+            lp = token_logprobs_chunked(out.hidden, params["lm_head"]["kernel"], ids, chunk, temp, cd)
+        res = {"teacher_logprobs": lp}
+        if config.loss == "exact":
+            res["teacher_hidden"] = out.hidden
+        return res
+
+    return fn
