@@ -1,4 +1,4 @@
-"""The four live-stream suites: greedy multi-turn episodes of the policy, judged by the rule judges.
+"""The four live-stream suites: multi-turn episodes of the policy (greedy by default), judged by the rule judges.
 
 The HAT report, arXiv 2608.15763 (TaoLive, 2026), "Evaluation sets and metrics": Live-Stream QA and
 Harness-Variant QA report Accuracy, Effectiveness and AVG; Tool robustness ADR, RC, TC and AVG; Prompt
@@ -7,8 +7,8 @@ robustness ADR, LLM, TCO and AVG (`hat_jax.data.suites.SUITE_METRICS`).
 Variant implemented and why:
 - Items: `hat_jax.data.world_data.eval_items` (held-out seeds). Each item runs under its own harness
   (`item_harness` of the production harness) and its own faults (`item_env_config`), one episode per item
-  (group size 1) through `hat_jax.train.rollout.rollout_batch` with temperature 0 (greedy; the PRNG key is
-  fixed and unused), in chunks of `batch_size` items (one `rollout_batch` call per chunk, its turns
+  (group size 1) through `hat_jax.train.rollout.rollout_batch`, greedy by default (temperature 0) or sampled
+  with the key fold_in(key(seed), chunk index), in chunks of `batch_size` items (one `rollout_batch` call per chunk, its turns
   batched). An episode cut by the token or turn limits is judged as a cut episode (outcome "truncated":
   Accuracy 0, no reply).
 - Judging: `hat_jax.judges.rules.judge_episode(episode, item harness)`. Short keys: accuracy -> acc,
@@ -96,8 +96,8 @@ class SuiteResult:
 def run_live_suite(params: dict, model_config: Qwen3_5MoeTextConfig, tokenizer: Any, suite: str,
                    items: Sequence[EvalItem], *, world: World, original: HarnessState, max_new_tokens: int,
                    max_turns: int, seq_len: int, batch_size: int, bucket: int, dtype=jnp.float32,
-                   moe_impl: str = "blocked", progress: bool = False,
-                   generate_fn: Callable = generate) -> SuiteResult:
+                   moe_impl: str = "blocked", progress: bool = False, generate_fn: Callable = generate,
+                   temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> SuiteResult:
     """Runs and judges every item of one suite (module docstring).
 
     Args:
@@ -106,7 +106,7 @@ def run_live_suite(params: dict, model_config: Qwen3_5MoeTextConfig, tokenizer: 
       max_new_tokens: tokens per model turn. max_turns: model turns per episode. seq_len: tokens per
         episode (<= max_position_embeddings - max_new_tokens). batch_size: episodes per `rollout_batch`.
       bucket: prompt padding bucket. dtype, moe_impl: passed to the sampler. progress: a tqdm bar.
-      generate_fn: the sampler (tests pass a scripted one).
+      generate_fn: the sampler (tests pass a scripted one). temperature, top_p, seed: decoding (0 = greedy).
     Returns:
       SuiteResult; extra = {"episodes", "turns" (mean model turns per episode), "reasoning_tokens" (mean per
       model turn), "truncated_pct", "tokens_generated", "generation_s", "wall_s", "episodes_per_s"}.
@@ -125,15 +125,16 @@ def run_live_suite(params: dict, model_config: Qwen3_5MoeTextConfig, tokenizer: 
     from tqdm.auto import tqdm
 
     t0 = time.perf_counter()
-    sampling = SamplingConfig(temperature=0.0, max_new_tokens=max_new_tokens)
+    sampling = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
     judgements, records, turns, reasoning, truncated = [], [], [], [], []
     generated, gen_s = 0, 0.0
     chunks = [items[s:s + batch_size] for s in range(0, len(items), batch_size)]
     bar = tqdm(total=len(items), desc=suite, unit="ep", disable=not progress, leave=False)
-    for chunk in chunks:
+    for c, chunk in enumerate(chunks):
         harnesses = [item_harness(it, original) for it in chunk]
+        rng = jax.random.fold_in(jax.random.key(seed), c)
         batch = rollout_batch(params, model_config, tokenizer, world, [it.task for it in chunk], harnesses, None,
-                              sampling, 1, jax.random.key(0), max_turns=max_turns, max_new_tokens=max_new_tokens,
+                              sampling, 1, rng, max_turns=max_turns, max_new_tokens=max_new_tokens,
                               seq_len=seq_len, dtype=dtype, moe_impl=moe_impl, bucket=bucket,
                               generate_fn=generate_fn, env_configs=[item_env_config(it) for it in chunk])
         generated += batch.stats["tokens_generated"]

@@ -9,7 +9,9 @@ The HAT report, arXiv 2608.15763 (TaoLive, 2026), "Evaluation sets and metrics".
      "extra": {per suite: timing and length statistics; "seq_len", "wall_s", ...}}
 
 every metric a float on the paper's 0-100 scale; only the suites of `EvalConfig.suites` are present.
-All decoding is greedy (temperature 0), so a score is a function of the params and the config.
+Decoding is greedy by default (`EvalConfig.temperature` 0); with a temperature > 0 (e.g. the paper's serving
+setting, 1.0 / top-p 0.95) every batch samples with a key derived from `EvalConfig.seed` and its index, so a
+score is still a function of the params and the config.
 
 - Live-stream suites: `hat_jax.eval.live` (items, harness and faults per item, rule judges, AVG).
 - IFEval: the official 541 prompts (`hat_jax.eval.ifeval`: local verified file, hub, or skipped with a
@@ -45,7 +47,7 @@ from hat_jax.eval.ifeval import IFEVAL_LINES, load_ifeval, skip_reason
 from hat_jax.eval.live import run_live_suite
 from hat_jax.harness.loader import production_harness
 from hat_jax.model.config import Qwen3_5MoeTextConfig
-from hat_jax.model.sampler import generate
+from hat_jax.model.sampler import SamplingConfig, generate
 from hat_jax.train.stage import COMPUTE_DTYPES
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,8 @@ class EvalConfig:
       ifeval_mini_items: held-out general prompts to score (0: skip). if_max_new_tokens: tokens per
         IFEval / ifeval_mini completion.
       compute_dtype: "float32" or "bfloat16" (the sampler's compute dtype).
+      temperature, top_p: decoding of every suite (0 = greedy; a small model decoded greedily can loop on
+        one tool call, which sampling breaks). seed: the sampling keys (batch c uses fold_in(key(seed), c)).
     Raises (on construction):
       ValueError: an unknown suite or dtype, or a count out of range (names the field and valid values).
     """
@@ -85,8 +89,12 @@ class EvalConfig:
     ifeval_mini_items: int = 100
     if_max_new_tokens: int = 256
     compute_dtype: str = "float32"
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
 
     def __post_init__(self) -> None:
+        SamplingConfig(temperature=self.temperature, top_p=self.top_p, max_new_tokens=1)  # names a bad value
         object.__setattr__(self, "suites", tuple(self.suites))
         bad = [s for s in self.suites if s not in SUITES]
         if bad or len(set(self.suites)) != len(self.suites):
@@ -119,11 +127,12 @@ def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
 
 def _instruction_suite(name: str, records: list[dict[str, Any]], params, model_config, tokenizer,
                        config: EvalConfig, dtype, progress: bool, generate_fn) -> tuple[dict, dict, list[dict]]:
-    """Greedy completions of `records` scored by the official checker loop: (scores, extra, per-prompt rows)."""
+    """Completions of `records` scored by the official checker loop: (scores, extra, per-prompt rows)."""
     t0 = time.perf_counter()
     comp = chat_completions(params, model_config, tokenizer, [r["prompt"] for r in records],
                             max_new_tokens=config.if_max_new_tokens, batch_size=config.batch_size,
-                            bucket=config.bucket, dtype=dtype, progress=progress, desc=name, generate_fn=generate_fn)
+                            bucket=config.bucket, dtype=dtype, progress=progress, desc=name, generate_fn=generate_fn,
+                            temperature=config.temperature, top_p=config.top_p, seed=config.seed)
     responses = [response_text(t) for t in comp.texts]
     t1 = time.perf_counter()
     scores, verdicts = score_responses(records, responses)
@@ -179,7 +188,8 @@ def evaluate(params: dict, model_config: Qwen3_5MoeTextConfig, tokenizer: Any, c
         res = run_live_suite(params, model_config, tokenizer, suite, items, world=world, original=original,
                              max_new_tokens=config.max_new_tokens, max_turns=config.max_turns, seq_len=seq_len,
                              batch_size=config.batch_size, bucket=config.bucket, dtype=dtype, progress=progress,
-                             generate_fn=generate_fn)
+                             generate_fn=generate_fn, temperature=config.temperature, top_p=config.top_p,
+                             seed=config.seed)
         results[suite], extra[suite] = res.scores, res.extra
         log.info("eval %s: %s (%d episodes, %.1f s)", suite, " ".join(f"{k} {v:.1f}" for k, v in res.scores.items()),
                  len(items), res.extra["wall_s"])

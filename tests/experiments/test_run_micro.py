@@ -86,7 +86,7 @@ def test_notebook_executes_on_the_micro_outputs(runs):
 
     out, _ = runs
     nb = nbformat.read(ROOT / "notebooks" / "ablations.ipynb", as_version=4)
-    env = {"HAT_RUNS": str(out), "HAT_GROUP": "table6", "MPLBACKEND": "Agg"}
+    env = {"HAT_RUNS": str(out), "HAT_GROUP": "table6"}
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
