@@ -76,11 +76,10 @@ from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.train.checkpoints import config_hash
 from hat_jax.train.losses import token_logprobs
 from hat_jax.train.metrics import MetricsWriter, read_metrics
-from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
-from hat_jax.train.sft import DEVICE_KEYS, SFT_PRESETS, bpe_tokenizer_dir, sft_loss_fn, with_steps
+from hat_jax.train.optim import OptimConfig
+from hat_jax.train.sft import SFT_PRESETS, bpe_tokenizer_dir, run_masked_ce, with_steps
 from hat_jax.train.stage import (COMPUTE_DTYPES, StageRun, add_set_progress, apply_overrides, cli, config_json,
                                  parse_stage_args, stage_parser)
-from hat_jax.train.trainer import LoopConfig, default_mesh, make_train_step, place_batch, split_micro_batches
 
 log = logging.getLogger(__name__)
 REPORT = "base_report.json"
@@ -366,22 +365,8 @@ def train_base(config: PretrainConfig, out_dir: str | Path, *, progress: bool = 
     batches = PretrainBatches(pretraining_chats(config.n_chats, config.seed), tokenizer, config.seq_len,
                               config.batch_size, config.seed)
     params = init_params(model_config, jax.random.key(config.seed)) if run.existing is None else None
-    optimizer = make_optimizer(config.optim)
-    mesh = default_mesh()
-    state, data_state = run.start(model_config, optimizer, mesh, params, config.seed)
-    if data_state is not None:
-        batches.set_state(data_state)
-    model = Qwen3_5MoeForCausalLM(model_config, dtype=COMPUTE_DTYPES[config.compute_dtype])
-    step_fn = make_train_step(sft_loss_fn(model), optimizer, lb_coef=config.lb_coef,
-                              schedule=lr_schedule(config.optim), shardings=run.shardings)
-
-    def prepare(host):
-        return place_batch(split_micro_batches(host, config.accum_steps, DEVICE_KEYS), mesh)
-
-    loop = LoopConfig(config.steps, config.log_every, config.ckpt_every, desc="pretrain", progress=progress)
     t_train = time.perf_counter()
-    state = run.run(loop, state, batches, step_fn, max_to_keep=config.max_to_keep, prepare=prepare,
-                    data_state=batches.get_state)
+    state = run_masked_ce(run, config, model_config, params, batches, desc="pretrain", progress=progress)
     train_s = time.perf_counter() - t_train
     t_probe = time.perf_counter()
     probe = recall_probe_figures(state.params, model_config, tokenizer, config.probe_items,

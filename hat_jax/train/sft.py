@@ -320,10 +320,31 @@ def run_sft(config: SFTConfig, out_dir: str | Path, *, resume: bool = False, for
     dataset = sft_dataset(records, {PRODUCTION: production_harness()}, tokenizer, config.data)
     batches = iter(dataset)
 
+    def hsa_share(host):
+        return {"data/hsa_share": float(np.mean(np.any(host["hsa_applied"] != 0, axis=1)))}
+
+    return run_masked_ce(run, config, model_config, params, batches, desc=f"sft[{config.harness_mode}]",
+                         mesh_shape=config.mesh, progress=progress, batch_metrics=hsa_share)
+
+
+def run_masked_ce(run: StageRun, config, model_config, params, batches, *, desc: str, mesh_shape=None,
+                  progress: bool = True, batch_metrics=None) -> TrainState:
+    """The masked token-CE training loop shared by SFT and the base pretraining (`hat_jax.train.pretrain`): the
+    state from `run.start` (restored with the iterator's data state on resume), `sft_loss_fn` + lb_coef x the MoE
+    load-balancing loss, `accum_steps` micro-batches of `DEVICE_KEYS`, `run.run` with the config's intervals.
+
+    Args:
+      run: the stage's `StageRun`. config: a stage config with optim, lb_coef, compute_dtype, accum_steps, steps,
+        log_every, ckpt_every, max_to_keep and seed. model_config: the architecture. params: the initial params
+        (None when resuming). batches: an iterator with get_state / set_state yielding host batches with
+        `DEVICE_KEYS`. desc: progress label. mesh_shape: `default_mesh`'s shape. batch_metrics: as `run_stage`.
+    Returns:
+      the final TrainState.
+    """
     optimizer = make_optimizer(config.optim)
-    mesh = default_mesh(config.mesh)
+    mesh = default_mesh(mesh_shape)
     state, data_state = run.start(model_config, optimizer, mesh, params, config.seed)
-    if run.existing is not None:
+    if data_state is not None:
         batches.set_state(data_state)
     model = Qwen3_5MoeForCausalLM(model_config, dtype=COMPUTE_DTYPES[config.compute_dtype])
     step_fn = make_train_step(sft_loss_fn(model), optimizer, lb_coef=config.lb_coef,
@@ -332,13 +353,9 @@ def run_sft(config: SFTConfig, out_dir: str | Path, *, resume: bool = False, for
     def prepare(host):
         return place_batch(split_micro_batches(host, config.accum_steps, DEVICE_KEYS), mesh)
 
-    def hsa_share(host):
-        return {"data/hsa_share": float(np.mean(np.any(host["hsa_applied"] != 0, axis=1)))}
-
-    loop = LoopConfig(config.steps, config.log_every, config.ckpt_every, desc=f"sft[{config.harness_mode}]",
-                      progress=progress)
+    loop = LoopConfig(config.steps, config.log_every, config.ckpt_every, desc=desc, progress=progress)
     return run.run(loop, state, batches, step_fn, max_to_keep=config.max_to_keep, prepare=prepare,
-                   data_state=batches.get_state, batch_metrics=hsa_share)
+                   data_state=batches.get_state, batch_metrics=batch_metrics)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
