@@ -26,13 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-
-def loadavg() -> str:
-    try:
-        with open("/proc/loadavg") as f:
-            return " ".join(f.read().split()[:3])
-    except OSError:
-        return "n/a"
+from bench_util import loadavg
 
 
 def bench_tokenizer(world, out_dir: Path):

@@ -8,9 +8,11 @@ Per value head, with state S in R^{Dk x Dv}, q/k L2-normalised and q scaled by D
     o_t = S_t^T q_t
 Two equal forms (tested against each other):
 - `recurrent_gated_delta_rule`: one step per token (`lax.scan`), used for one-token decoding.
-- `chunk_gated_delta_rule`: chunks of 64 tokens; inside a chunk the delta-rule updates are condensed by
+- `chunk_gated_delta_rule`: chunks of C tokens; inside a chunk the delta-rule updates are condensed by
   the UT transform (the inverse of a unit lower-triangular matrix, by recursive block inversion), across
-  chunks a `lax.scan` carries S. Used for training and prefill.
+  chunks a `lax.scan` carries S. Used for training and prefill. C = 64 (transformers' and FLA's choice) on
+  accelerators; 16 on CPU, where the small-matrix work inside a chunk costs more than the extra scan
+  steps (about 1.5x faster at the tiny preset's shapes; experiments/benchmarks/cpu_profile.py).
 Everything inside the kernels is float32 (the checkpoint's `mamba_ssm_dtype`).
 
 Layer: in_proj_qkv -> causal depthwise conv1d (kernel 4, no bias) + SiLU -> split q [Hk], k [Hk], v [Hv]
@@ -29,6 +31,13 @@ from hat_jax.model.norms import GatedRMSNorm
 from hat_jax.model.sharding import param_with_axes
 
 CHUNK_SIZE = 64
+CPU_CHUNK_SIZE = 16
+
+
+def default_chunk_size() -> int:
+    """The chunk size `GatedDeltaNet` uses: CPU_CHUNK_SIZE on the CPU backend, else CHUNK_SIZE. Any power of
+    two gives the same result up to float rounding."""
+    return CPU_CHUNK_SIZE if jax.default_backend() == "cpu" else CHUNK_SIZE
 
 
 def l2_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:
@@ -239,7 +248,7 @@ class GatedDeltaNet(nn.Module):
         if cache is not None and t == 1:
             o, state = recurrent_gated_delta_rule(q, k, v, g, beta, state0)
         else:
-            o, state = chunk_gated_delta_rule(q, k, v, g, beta, state0)
+            o, state = chunk_gated_delta_rule(q, k, v, g, beta, state0, default_chunk_size())
         o = GatedRMSNorm(c.rms_norm_eps, self.param_dtype, name="norm")(o.astype(self.dtype), z)
         y = dense("out_proj", c.hidden_size, ("linear_v", "embed"))(o.reshape(b, t, hv * dv))
         new_cache = None if cache is None else {"conv": new_conv_state.astype(cache["conv"].dtype), "state": state}

@@ -234,7 +234,9 @@ def _decode(params, prompt_ids, prompt_mask, rng, s: _Sampling, config, dtype, m
         stopped = alive & jnp.any(tok[:, None] == s.stop_ids[None, :], axis=-1)
         return tok, tokens, logprobs, lengths + alive.astype(jnp.int32), finished | stopped
 
-    logits, cache, prompt_eids = forward(prompt_ids, prompt_mask, init_cache(config, b, p + n, dtype))
+    # A static cache index (0) for the prefill, so its attention skips the masked upper triangle.
+    cache = {**init_cache(config, b, p + n, dtype), "index": 0}
+    logits, cache, prompt_eids = forward(prompt_ids, prompt_mask, cache)
     prompt_eids = jnp.where(prompt_mask[None, :, :, None], prompt_eids, -1)
     # [L, B, N, k] per generated token when requested, else a [0] placeholder carried untouched
     eids = jnp.full((num_layers, b, n, k) if return_expert_ids else (0,), -1, jnp.int32)
@@ -272,7 +274,8 @@ def generate(params: dict, config: Qwen3_5MoeTextConfig, prompt_ids, prompt_mask
         params: model parameters (`init_params` / a loaded checkpoint). config: the model config.
         prompt_ids: [B, P] int32, LEFT-padded (`left_pad`). prompt_mask: [B, P] bool, True on real tokens.
         rng: a PRNG key (unused when greedy). sampling: a SamplingConfig.
-        dtype: compute dtype (float32 or bfloat16); the cache uses it too. moe_impl: 'blocked' or 'ragged_dot'.
+        dtype: compute dtype (float32 or bfloat16); the cache uses it too.
+        moe_impl: a key of `hat_jax.model.moe.EXPERT_IMPLS` ('blocked', 'ragged_dot', 'dense').
         return_expert_ids: also return the routing of every token at sampling time (routing replay; see
             the module docstring).
     Returns:

@@ -125,8 +125,8 @@ class MultiTokenPredictor(nn.Module):
 
 class Qwen3_5MoeForCausalLM(nn.Module):
     """The model. `dtype` is the compute dtype, `param_dtype` the dtype of freshly initialised params
-    (imported params keep their own dtypes). `moe_impl`: 'blocked' or 'ragged_dot'. `remat`: rematerialise
-    each decoder layer in the backward pass."""
+    (imported params keep their own dtypes). `moe_impl`: 'blocked', 'ragged_dot' or 'dense'
+    (`hat_jax.model.moe`). `remat`: rematerialise each decoder layer in the backward pass."""
 
     config: Qwen3_5MoeTextConfig
     dtype: jnp.dtype = jnp.float32
@@ -151,7 +151,9 @@ class Qwen3_5MoeForCausalLM(nn.Module):
                 side; left padding is what batched decoding uses.
             positions: [B, T] int32 or None: then the count of real tokens before each token (equals
                 arange(T) without padding), taking the cache's earlier tokens into account.
-            cache: None (full causal forward) or a cache from `hat_jax.model.cache.init_cache`.
+            cache: None (full causal forward) or a cache from `hat_jax.model.cache.init_cache`. Its `index`
+                may be a static Python int (e.g. 0 for a prefill inside a jitted function): the attention
+                then skips the masked upper triangle (`causal_gqa_attention`); the result is the same.
             forced_expert_ids: optional [L, B*T, k] int32 (routing replay).
             return_logits: False skips the lm_head (losses that chunk the vocabulary use `hidden`).
             with_mtp: also run the MTP block on (hidden_t, input_ids_{t+1}) for the MTP training loss; the
@@ -186,7 +188,7 @@ class Qwen3_5MoeForCausalLM(nn.Module):
         logits = self.lm_head(hidden) if return_logits else None
         new_cache = None
         if cache is not None:
-            new_cache = {"index": index + t, "valid": valid, "layers": new_layers}
+            new_cache = {"index": jnp.asarray(index + t, jnp.int32), "valid": valid, "layers": new_layers}
         return ModelOutput(logits, hidden, router_logits, expert_ids, new_cache, mtp_logits, mtp_router_logits)
 
     def mtp_logits(self, hidden, next_ids, positions=None, attention_mask=None):

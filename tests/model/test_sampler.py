@@ -17,7 +17,7 @@ from hat_jax.model import Qwen3_5MoeForCausalLM, get_config, init_cache, init_pa
 from hat_jax.model.sampler import SamplingConfig, generate, left_pad, sample_tokens, top_k_mask, top_p_mask
 
 N = 16                      # new tokens
-LENGTHS = (66, 52, 9)       # row 0's prefill crosses the 64-token DeltaNet chunk, row 1 crosses it while decoding
+LENGTHS = (66, 52, 9)       # rows 0 and 1 cross 64 tokens (one accelerator DeltaNet chunk, four CPU chunks): row 0 in prefill, row 1 while decoding
 
 
 @pytest.fixture(scope="module")

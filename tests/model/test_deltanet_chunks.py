@@ -1,0 +1,34 @@
+"""The chunked gated delta rule gives the same outputs, final state and gradients at every chunk size."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hat_jax.model.deltanet import CPU_CHUNK_SIZE, chunk_gated_delta_rule, default_chunk_size
+
+
+def _inputs(b=2, t=77, h=3, dk=8, dv=5):
+    r = np.random.RandomState(0)
+    k = r.randn(b, t, h, dk)
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    arrays = (r.randn(b, t, h, dk) * dk**-0.5, k, r.randn(b, t, h, dv), -np.log1p(np.exp(r.randn(b, t, h))),
+              1 / (1 + np.exp(-r.randn(b, t, h))), r.randn(b, h, dk, dv) * 0.1)
+    return tuple(jnp.asarray(a, jnp.float32) for a in arrays)
+
+
+def test_chunk_sizes_agree_on_outputs_state_and_gradients():
+    args = _inputs()
+    ref_out, ref_state = chunk_gated_delta_rule(*args, chunk_size=64)
+    loss = lambda c: lambda *a: jnp.sum(jnp.sin(chunk_gated_delta_rule(*a, chunk_size=c)[0])) + jnp.sum(
+        chunk_gated_delta_rule(*a, chunk_size=c)[1] ** 2)
+    ref_grads = jax.grad(loss(64), argnums=tuple(range(6)))(*args)
+    for c in (8, 16, 32):
+        out, state = chunk_gated_delta_rule(*args, chunk_size=c)
+        np.testing.assert_allclose(out, ref_out, atol=2e-5)
+        np.testing.assert_allclose(state, ref_state, atol=2e-5)
+        for g, e in zip(jax.grad(loss(c), argnums=tuple(range(6)))(*args), ref_grads):
+            np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4)
+
+
+def test_cpu_backend_uses_the_cpu_chunk_size():
+    assert jax.default_backend() != "cpu" or default_chunk_size() == CPU_CHUNK_SIZE
