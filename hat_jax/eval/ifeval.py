@@ -6,7 +6,9 @@ Sources, in order (`load_ifeval`):
    official 541 lines and sha256 `IFEVAL_SHA256`; anything else is an error naming the file and both
    values. A path that is given but does not exist is an error too (no silent fallback to the hub).
 2. otherwise the Hugging Face hub dataset `google/IFEval` through `datasets.load_dataset` (for users with a
-   network); its rows must number 541. The hub rows carry every kwarg name with None for the unused ones;
+   network); its rows must number 541. The hub is not tried in offline mode (`HF_HUB_OFFLINE` /
+   `HF_DATASETS_OFFLINE`) or when a 3-second TCP connection to the hub's host fails (`datasets` would
+   otherwise retry for about half a minute). The hub rows carry every kwarg name with None for the unused ones;
    the None values are dropped, which gives the official file's kwargs.
 3. otherwise nothing: `load_ifeval` returns None and logs a warning naming where it looked and how to
    provide the file (IFEval is then reported as skipped).
@@ -19,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -32,8 +35,27 @@ IFEVAL_HUB = "google/IFEval"
 RECORD_KEYS: tuple[str, ...] = ("key", "prompt", "instruction_id_list", "kwargs")
 HOW_TO_PROVIDE = (f"to score IFEval, download the official input_data.jsonl (google-research "
                   f"instruction_following_eval/data/input_data.jsonl, {IFEVAL_LINES} lines, sha256 {IFEVAL_SHA256}) "
-                  f"and pass its path as EvalConfig.ifeval_data or in the environment variable {IFEVAL_ENV}, or "
-                  f"give this machine network access to the Hugging Face hub ({IFEVAL_HUB})")
+                  f"and pass its path with `experiments/run.py --ifeval-data FILE`, as EvalConfig.ifeval_data or in the "
+                  f"environment variable {IFEVAL_ENV}, or give this machine network access to the Hugging Face hub "
+                  f"({IFEVAL_HUB})")
+_OFFLINE_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+def hub_unreachable(timeout_s: float = 3.0) -> str | None:
+    """Why the hub cannot serve the dataset now (offline mode, or no TCP connection to `$HF_ENDPOINT`'s host,
+    default huggingface.co, within `timeout_s` seconds), or None when it may."""
+    for name in _OFFLINE_ENV:
+        if os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on"):
+            return f"{name} is set"
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return None
+    except OSError as err:
+        return f"no connection to {host}:{port} ({type(err).__name__}: {err})"
 
 
 def _check_record(record: Any, where: str) -> dict[str, Any]:
@@ -102,9 +124,14 @@ def load_ifeval(path: str | Path | None = None, limit: int | None = None) -> tup
     if chosen is not None:
         where = "EvalConfig.ifeval_data" if path is not None else f"${IFEVAL_ENV}"
         return read_verified(chosen, limit), f"{chosen} ({where})"
+    offline = hub_unreachable()
+    if offline is not None:
+        log.warning("IFEval skipped: no local file (EvalConfig.ifeval_data is not set, $%s is not set) and the hub "
+                    "dataset %s is out of reach (%s); %s", IFEVAL_ENV, IFEVAL_HUB, offline, HOW_TO_PROVIDE)
+        return None
     try:
         rows = _load_hub()
-    except Exception as err:  # no network, no `datasets`, offline mode, ...: IFEval is skipped
+    except Exception as err:  # no `datasets`, the dataset is gated or moved, ...: IFEval is skipped
         first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
         log.warning("IFEval skipped: no local file (EvalConfig.ifeval_data is not set, $%s is not set) and the "
                     "hub dataset %s could not be loaded (%s: %s); %s", IFEVAL_ENV, IFEVAL_HUB,
@@ -120,4 +147,4 @@ def load_ifeval(path: str | Path | None = None, limit: int | None = None) -> tup
 def skip_reason(path: str | Path | None) -> str:
     """A one-line note for results when IFEval was skipped (where it looked)."""
     return (f"no IFEval data: EvalConfig.ifeval_data={path!r}, ${IFEVAL_ENV}={os.environ.get(IFEVAL_ENV)!r}, "
-            f"hub {IFEVAL_HUB} unavailable")
+            f"hub {IFEVAL_HUB} unavailable; pass the official input_data.jsonl with --ifeval-data FILE")

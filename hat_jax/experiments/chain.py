@@ -122,11 +122,12 @@ def _run_stage(kind: str, config, out: Path, progress: bool):
     return run(config, out, resume=True, progress=progress)
 
 
-def run_stage_cached(kind: str, config, out: Path, record: dict, *, progress: bool = True) -> dict:
+def run_stage_cached(kind: str, config, out: Path, record: dict, *, progress: bool = True, tag: str = "") -> dict:
     """Runs one stage into `out` unless its `stage_done.json` exists; returns that record.
 
     The record is `record` + {"steps", "wall_s" (this stage's training wall time, from the run that finished
-    it), "resumed_from" (the step a killed run was resumed at, or null)}.
+    it), "resumed_from" (the step a killed run was resumed at, or null), "trained_by" (`tag`: the experiment
+    that trained it)}.
     """
     done = out / DONE_FILE
     if done.is_file():
@@ -136,20 +137,24 @@ def run_stage_cached(kind: str, config, out: Path, record: dict, *, progress: bo
     resumed = latest_step(out) if out.exists() else None
     t0 = time.perf_counter()
     _run_stage(kind, config, out, progress)
-    record = dict(record, steps=int(config.steps), wall_s=round(time.perf_counter() - t0, 3), resumed_from=resumed)
+    record = dict(record, steps=int(config.steps), wall_s=round(time.perf_counter() - t0, 3), resumed_from=resumed,
+                  trained_by=tag)
     write_json_atomic(done, record)
     return record
 
 
 def ensure_base(scale: Scale, out_root: Path, progress: bool = True) -> tuple[Path, dict]:
-    """The base checkpoint dir and a record {"source", "dir", "wall_s", "cached"} (pretrained and cached at
-    tiny scale; imported once into DIR/stages/base-<key> at real scale)."""
-    t0 = time.perf_counter()
+    """The base checkpoint dir and a record {"source", "dir", "wall_s" (this call), "trained" (whether this call
+    pretrained or imported it), "report"} (pretrained and cached at tiny scale; imported once into
+    DIR/stages/base-<key> at real scale)."""
+    t0, started = time.perf_counter(), time.time()
     if scale.base.pretrain is not None:
         from hat_jax.train.pretrain import base_checkpoint
 
         path = Path(base_checkpoint(scale.base.pretrain, progress=progress))
         source = "pretrained"
+        # the report is written once, at the end of the pretraining: a new one means this call trained the base
+        trained = (path / "base_report.json").stat().st_mtime >= started
     else:
         if not scale.base.hf_path:
             raise ValueError(f"preset {scale.name!r} imports its base: pass --set base.hf_path=/path/to/hf_folder "
@@ -157,13 +162,14 @@ def ensure_base(scale: Scale, out_root: Path, progress: bool = True) -> tuple[Pa
         from hat_jax.train.pretrain import import_hf_base
 
         path = out_root / "stages" / f"base-{base_key(scale)}"
-        if not (path / DONE_FILE).is_file():
+        trained = not (path / DONE_FILE).is_file()
+        if trained:
             import_hf_base(scale.base.hf_path, path)
             write_json_atomic(path / DONE_FILE, {"source": scale.base.hf_path})
         source = f"hf:{scale.base.hf_path}"
     wall = time.perf_counter() - t0
     report = path / "base_report.json"
-    return path, {"source": source, "dir": str(path), "wall_s": round(wall, 3),
+    return path, {"source": source, "dir": str(path), "wall_s": round(wall, 3), "trained": trained,
                   "report": json.loads(report.read_text()) if report.is_file() else None}
 
 
@@ -185,7 +191,7 @@ def ensure_teacher(scale: Scale, base: Path, out_root: Path, progress: bool = Tr
         shutil.copytree(base / "tokenizer", out / "tokenizer", dirs_exist_ok=True)
     config = dataclasses.replace(with_hsa(scale.teacher.sft, True), init=None, seed=0)
     log.info("teacher (Table 5): HSA-SFT of a larger model into %s", out)
-    run_stage_cached("sft", config, out, {"name": "teacher", "harness": "hsa"}, progress=progress)
+    run_stage_cached("sft", config, out, {"name": "teacher", "harness": "hsa"}, progress=progress, tag="teacher")
     return out
 
 
@@ -195,7 +201,8 @@ def run_chain(chain: Sequence[StageSpec], scale: Scale, seed: int, out_root: Pat
 
     Returns:
       (final checkpoint dir, its key, one record per stage {"name", "harness", "steps", "wall_s", "dir",
-       "cached", "resumed_from"}, the base record).
+       "cached" (trained by another experiment than `tag`, or before this call when it has no record of who),
+       "resumed_from", "trained_by"}, the base record).
     """
     base, base_record = ensure_base(scale, out_root, progress)
     teacher = ensure_teacher(scale, base, out_root, progress) if any(s.kind == "opd_live" for s in chain) else None
@@ -205,11 +212,13 @@ def run_chain(chain: Sequence[StageSpec], scale: Scale, seed: int, out_root: Pat
         label = ".".join(s.label for s in chain[:i + 1])
         out = out_root / "stages" / f"{label}-{key}" / f"seed{seed}"
         config = stage_config(scale, spec, init=previous, seed=seed, base=base, teacher=teacher)
-        cached = (out / DONE_FILE).is_file()
+        done_before = (out / DONE_FILE).is_file()
+        steps = f"{config.steps} step" + ("s" if config.steps != 1 else "")
         log.info("%s seed %d: stage %d/%d %s %s -> %s", tag, seed, i + 1, len(chain), spec,
-                 "(cached)" if cached else f"({config.steps} steps)", out)
+                 "(done: reused)" if done_before else f"({steps})", out)
         record = run_stage_cached(spec.kind, config, out, {"name": spec.kind, "harness": spec.harness},
-                                  progress=progress)
+                                  progress=progress, tag=tag)
+        cached = done_before and record.get("trained_by", "") != tag if tag else done_before
         records.append(dict(record, dir=str(out), cached=cached))
         previous = out
     return previous, key, records, base_record

@@ -106,15 +106,41 @@ def _cell(results: Mapping[str, Any], path: str) -> str:
     return f"{value:.1f}"
 
 
+def _time_line(results: Mapping[str, Any]) -> str:
+    """Where the experiment's time went: the base, its stages, the evaluation (results.json's fields)."""
+    base = results.get("base") or {}
+    report = base.get("report") or {}
+    if base.get("trained"):
+        base_text = f"base {report.get('wall_s', base.get('wall_s', 0.0)):.0f} s (pretrained here)"
+    elif report.get("wall_s") is not None:
+        base_text = f"base cached (pretrained once in {report['wall_s']:.0f} s)"
+    else:
+        base_text = f"base {base.get('source', 'cached')}"
+    stages = sum(s["wall_s"] for s in results["stages"] if not s.get("cached"))
+    evals = sum(results.get("eval_wall_s") or [])
+    return (f"Wall time {results['wall_s']:.0f} s: {base_text}, stages trained here {stages:.0f} s, evaluation "
+            f"{evals:.0f} s (the last command took {results.get('wall_s_this_invocation', results['wall_s']):.0f} s).")
+
+
+def ifeval_skip_reason(results: Mapping[str, Any]) -> str | None:
+    """Why IFEval was not scored (from the evaluation's `extra`), or None when it was."""
+    for extra in results.get("extra") or []:
+        reason = ((extra or {}).get("ifeval") or {}).get("skipped")
+        if reason:
+            return str(reason)
+    return None
+
+
 def experiment_markdown(results: Mapping[str, Any], experiment: Experiment) -> str:
     """results.md: the chain, the stages' wall time, and every metric beside the paper's number."""
     seeds = results["seeds"]
     lines = [f"# {experiment.name} ({results['preset']})", "", experiment.description, "",
              f"Chain: base -> {' -> '.join(str(s) for s in experiment.chain) or '(none: the base itself)'}; "
-             f"seeds {', '.join(map(str, seeds))}; wall {results['wall_s']:.0f} s.", ""]
+             f"seeds {', '.join(map(str, seeds))}.", "", _time_line(results), ""]
     if results["stages"]:
-        lines += ["| stage | harness | steps | wall s | cached |", "|---|---|---|---|---|"]
-        lines += [f"| {s['name']} | {s['harness']} | {s['steps']} | {s['wall_s']:.0f} | {s.get('cached', False)} |"
+        lines += ["| stage | harness | steps | wall s (all seeds) | trained |", "|---|---|---|---|---|"]
+        lines += [f"| {s['name']} | {s['harness']} | {s['steps']} | {s['wall_s']:.0f} | "
+                  f"{'reused (another experiment trained it)' if s.get('cached') else 'here'} |"
                   for s in results["stages"]]
         lines.append("")
     interval = " (mean [95% CI])" if len(seeds) > 1 else ""
@@ -124,6 +150,9 @@ def experiment_markdown(results: Mapping[str, Any], experiment: Experiment) -> s
             path = f"{suite}.{key}"
             paper = experiment.paper.get(path)
             lines.append(f"| {_label(path)} | {_cell(results, path)} | {'' if paper is None else f'{paper:.1f}'} |")
+    skipped = ifeval_skip_reason(results)
+    if skipped:
+        lines += ["", f"IFEval skipped: {skipped}."]
     lines += ["", "Paper: Qwen3.6-35B-A3B on the report's private sets (arXiv 2608.15763); ours: the simulator's "
               "held-out suites at this preset's scale. IF-mini is the in-domain IFEval-style gauge (no paper number)."]
     return "\n".join(lines) + "\n"
@@ -152,4 +181,7 @@ def group_markdown(group: Group, results: Mapping[str, Mapping[str, Any]], prese
             paper = diff["paper"].get(c)
             parts.append(ours + (f" ({paper:+.1f})" if paper is not None else ""))
         lines.append(f"| {diff['name']} | " + " | ".join(parts) + " |")
+    reasons = {ifeval_skip_reason(res) for res in results.values() if res} - {None}
+    if reasons and any(c.startswith("ifeval.") for c in group.columns):
+        lines += ["", f"IFEval skipped: {sorted(reasons)[0]}."]
     return "\n".join(lines) + "\n"

@@ -9,7 +9,9 @@ Outputs in `DIR/<experiment>/`:
   the chain's total step count, so `tensorboard --logdir DIR` shows every row of a table side by side
   (stage curves live in `DIR/stages/<chain>-<key>/seed<k>`, `hat_jax.experiments.chain`).
 - `stages/`: `<i>-<stage>.json` pointers to the stage run dirs (checkpoints) of seed 0, one per stage.
-- `results.json`, `results.md` (`hat_jax.experiments.results`).
+- `results.json`, `results.md` (`hat_jax.experiments.results`). Their `wall_s` is the time this experiment
+  spent over all its invocations (stages it trained, the base when it pretrained it, the evaluations; stages
+  reused from another experiment count 0); `wall_s_this_invocation` is the last command's.
 """
 
 from __future__ import annotations
@@ -65,6 +67,29 @@ def check_run_dir(exp_dir: Path, run_config: Mapping[str, Any], resume: bool) ->
                                      + ". Rerun with the original --preset/--seeds/--set, or use another --out")
 
 
+def run_config_for(experiment: Experiment, scale: Scale, seeds: Sequence[int]) -> dict:
+    """What `run_config.json` of `experiment` holds for this scale and seeds (compared by `--resume`)."""
+    return {"experiment": experiment.name, "preset": scale.name, "seeds": [int(s) for s in seeds],
+            "chain": [str(s) for s in experiment.chain], "scale": scale.to_json()}
+
+
+def check_run_dirs(experiments: Sequence[Experiment], scale: Scale, seeds: Sequence[int], out_root: str | Path,
+                   resume: bool) -> None:
+    """`check_run_dir` for every experiment of a group before any of them trains (a refused last row must not
+    surface after the others' hours of training). Raises as `check_run_dir`."""
+    for experiment in experiments:
+        check_run_dir(Path(out_root).resolve() / experiment.name, run_config_for(experiment, scale, seeds), resume)
+
+
+def _seed_wall(record: Mapping[str, Any]) -> float:
+    """Seconds this experiment spent on one seed: the stages it trained (each from the invocation that
+    finished it), the base when it pretrained (its report's time) or imported it, and the evaluation."""
+    stages = sum(s["wall_s"] for s in record["stages"] if not s.get("cached"))
+    base = record["base"]
+    base_s = (base.get("report") or {}).get("wall_s", base["wall_s"]) if base.get("trained") else 0.0
+    return round(stages + base_s + record["eval_wall_s"], 3)
+
+
 def _metrics_only(metrics: Mapping[str, Any]) -> dict:
     return {suite: metrics.get(suite) for suite in SUITE_KEYS}
 
@@ -88,16 +113,16 @@ def run_experiment(experiment: Experiment, scale: Scale, seeds: Sequence[int], o
     """
     out_root = Path(out_root).resolve()
     exp_dir = out_root / experiment.name
-    run_config = {"experiment": experiment.name, "preset": scale.name, "seeds": [int(s) for s in seeds],
-                  "chain": [str(s) for s in experiment.chain], "scale": scale.to_json()}
+    run_config = run_config_for(experiment, scale, seeds)
     check_run_dir(exp_dir, run_config, resume)
     results_path = exp_dir / "results.json"
     if results_path.is_file():
         log.info("%s: already complete (%s)", experiment.name, results_path)
         return json.loads(results_path.read_text())
     write_json_atomic(exp_dir / "run_config.json", run_config)
+    kinds = [s.kind for s in experiment.chain]
     log.info("%s (%s): %s; budget %s", experiment.name, scale.name,
-             " -> ".join(["base"] + [str(s) for s in experiment.chain]), describe(scale))
+             " -> ".join(["base"] + [str(s) for s in experiment.chain]), describe(scale, kinds))
 
     t0 = time.perf_counter()
     per_seed, seed_records = [], []
@@ -111,6 +136,7 @@ def run_experiment(experiment: Experiment, scale: Scale, seeds: Sequence[int], o
             evaluation = evaluate_cached(final, key, seed, scale, out_root, progress=progress)
             record = {"seed": seed, "checkpoint": str(final), "stages": stages, "base": base,
                       "metrics": evaluation["metrics"], "eval_wall_s": evaluation["wall_s"]}
+            record["wall_s"] = _seed_wall(record)
             _log_eval_scalars(exp_dir / "eval" / f"seed{seed}", evaluation["metrics"],
                               sum(s["steps"] for s in stages))
             write_json_atomic(seed_path, record)
@@ -130,10 +156,11 @@ def run_experiment(experiment: Experiment, scale: Scale, seeds: Sequence[int], o
                        "dirs": [r["stages"][i]["dir"] for r in seed_records]})
     results = {
         "experiment": experiment.name, "preset": scale.name, "seeds": [int(s) for s in seeds],
-        "wall_s": round(time.perf_counter() - t0, 3), "stages": stages, "metrics": mean, "per_seed": per_seed,
+        "wall_s": round(sum(r.get("wall_s", 0.0) for r in seed_records), 3),
+        "wall_s_this_invocation": round(time.perf_counter() - t0, 3), "stages": stages, "metrics": mean, "per_seed": per_seed,
         "intervals": intervals, "chain": [str(s) for s in experiment.chain], "paper": dict(experiment.paper),
         "base": seed_records[0]["base"], "eval_wall_s": [r["eval_wall_s"] for r in seed_records],
-        "extra": [r["metrics"].get("extra") for r in seed_records], "budget": describe(scale),
+        "extra": [r["metrics"].get("extra") for r in seed_records], "budget": describe(scale, kinds),
     }
     check_results(results)
     write_json_atomic(results_path, results)

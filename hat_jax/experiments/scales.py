@@ -97,17 +97,18 @@ def _tiny() -> Scale:
 
     # The 20-minute budget of table6_both on 2 cores (module docstring): SFT 4 rows x 2,048 tokens per step.
     sft = sft_steps(sft_preset("tiny"), 100)
+    # Checkpoints every quarter of a stage, so a killed stage loses at most that much (resume restarts there).
     sft = dataclasses.replace(sft, accum_steps=1, data=dataclasses.replace(sft.data, batch_size=4),
-                              optim=dataclasses.replace(sft.optim, lr=2e-3, warmup_steps=8))
-    opd = opd_steps(opd_preset("tiny"), 20)
+                              optim=dataclasses.replace(sft.optim, lr=2e-3, warmup_steps=8), ckpt_every=25)
+    opd = dataclasses.replace(opd_steps(opd_preset("tiny"), 20), ckpt_every=5)
     # Wide padding buckets: each new (rows, width) shape costs a 15-20 s compilation on 2 cores.
     rl = dataclasses.replace(rl_steps(rl_preset("tiny"), 4), max_new_tokens=96, max_turns=5, rollout_bucket=1024,
-                             train_bucket=1024)
+                             train_bucket=1024, ckpt_every=1)
     return Scale(
         name="tiny", base=BaseSpec(pretrain=PRETRAIN_PRESETS["tiny"]), sft=sft, opd=opd, rl=rl,
-        opd_live=opd_steps(opd_preset("tiny_live"), 4),
+        opd_live=dataclasses.replace(opd_steps(opd_preset("tiny_live"), 4), ckpt_every=1),
         teacher=TeacherSpec(sft=dataclasses.replace(
-            sft_steps(sft, 160), model_overrides=(("hidden_size", 192), ("moe_intermediate_size", 192)))),
+            sft_steps(sft, 160), model_overrides=(("hidden_size", 192), ("moe_intermediate_size", 192)), ckpt_every=40)),
         # 50 items per suite (the paper-size default, 200, takes ~4x the eval time); decoding as the paper's
         # serving (temperature 1.0, top-p 0.95): greedy decoding of the tiny model repeats one tool call.
         eval=EvalConfig(world=WorldDataConfig(eval_items=50), max_new_tokens=96, max_turns=5, batch_size=16,
@@ -215,9 +216,13 @@ def apply_scale_overrides(scale: Scale, assignments: Sequence[str]) -> Scale:
     return scale
 
 
-def describe(scale: Scale) -> Mapping[str, Any]:
-    """A short summary of the budget (steps per stage, eval items) for logs and results.json."""
+def describe(scale: Scale, kinds: Sequence[str] | None = None) -> Mapping[str, Any]:
+    """A short summary of the budget for logs and results.json: the base, the steps of each stage kind in
+    `kinds` (every kind when None: "sft", "opd", "rl", "opd_live") and the eval items per suite."""
     base = scale.base.pretrain
-    return {"base": ("hf:" + str(scale.base.hf_path)) if base is None else f"pretrain {base.steps} steps",
-            "sft_steps": scale.sft.steps, "opd_steps": scale.opd.steps, "rl_steps": scale.rl.steps,
-            "opd_live_steps": scale.opd_live.steps, "eval_items": scale.eval.world.eval_items}
+    out: dict[str, Any] = {"base": ("hf:" + str(scale.base.hf_path)) if base is None else f"pretrain {base.steps} steps"}
+    for kind in ("sft", "opd", "rl", "opd_live"):
+        if kinds is None or kind in kinds:
+            out[f"{kind}_steps"] = getattr(scale, kind).steps
+    out["eval_items"] = scale.eval.world.eval_items
+    return out

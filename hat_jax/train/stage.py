@@ -72,7 +72,7 @@ class StageRun:
             raise FileExistsError(f"--out {str(self.out)!r} is a file, not a run directory")
         self.existing = ckpt.latest_step(self.out)
         if self.existing is None and resume:
-            self.log.info("--resume: %s holds no checkpoint yet; starting from scratch", self.out)
+            self.log.debug("resume: %s holds no checkpoint yet; starting from scratch", self.out)
         if self.existing is not None and not resume:
             raise FileExistsError(f"{str(self.out)!r} already holds checkpoints (latest step {self.existing}); pass "
                                   f"--resume to continue, or choose a new --out")

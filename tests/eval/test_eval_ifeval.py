@@ -27,6 +27,30 @@ def _cache(tmp_path_factory, monkeypatch):
     monkeypatch.delenv(IFEVAL_ENV, raising=False)
 
 
+REAL_HUB_UNREACHABLE = ifeval_data.hub_unreachable
+
+
+@pytest.fixture(autouse=True)
+def _hub_reachable(monkeypatch):
+    """The tests that fake `_load_hub` need the connectivity check to pass (this machine has no network)."""
+    monkeypatch.setattr(ifeval_data, "hub_unreachable", lambda: None)
+
+
+def test_offline_mode_skips_the_hub_without_asking_it(monkeypatch, caplog):
+    monkeypatch.setattr(ifeval_data, "hub_unreachable", REAL_HUB_UNREACHABLE)
+    monkeypatch.delenv(IFEVAL_ENV, raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(ifeval_data, "_load_hub", lambda: pytest.fail("the hub must not be asked offline"))
+    assert REAL_HUB_UNREACHABLE() == "HF_HUB_OFFLINE is set"
+    with caplog.at_level(logging.WARNING, logger="hat_jax.eval.ifeval"):
+        assert load_ifeval(None) is None
+    assert "HF_HUB_OFFLINE is set" in caplog.text and "--ifeval-data FILE" in caplog.text
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens there
+    assert REAL_HUB_UNREACHABLE(timeout_s=1.0).startswith("no connection to 127.0.0.1:9")
+
+
 def _rec(key, ids, kwargs, prompt="p"):
     return {"key": key, "prompt": prompt, "instruction_id_list": ids, "kwargs": kwargs}
 

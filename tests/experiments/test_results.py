@@ -5,7 +5,7 @@ import copy
 import pytest
 
 from hat_jax.experiments.declarations import load_all
-from hat_jax.experiments.results import aggregate, check_results, group_markdown, mean_interval
+from hat_jax.experiments.results import aggregate, check_results, experiment_markdown, group_markdown, mean_interval
 
 
 def _metrics(x: float, ifeval=True) -> dict:
@@ -64,3 +64,25 @@ def test_group_table_puts_ours_beside_the_paper():
     line = next(l for l in table.splitlines() if l.startswith("| table6_both"))
     assert line == "| table6_both | 50.0 (81.3) | 50.0 | 50.0 (93.3) | 50.0 |"
     assert "| table6_standard | not run (71.3) | not run | not run | not run |" in table
+
+
+def test_results_md_splits_the_time_and_says_why_ifeval_was_skipped():
+    experiment = next(r for r in load_all()["table6"].rows if r.name == "table6_both")
+    res = _results()
+    res.update(wall_s=700.0, wall_s_this_invocation=90.0, eval_wall_s=[100.0],
+               stages=[{"name": "sft", "harness": "hsa", "steps": 100, "wall_s": 400.0, "cached": True},
+                       {"name": "rl", "harness": "hsa", "steps": 4, "wall_s": 200.0, "cached": False}],
+               base={"trained": False, "wall_s": 0.01, "report": {"wall_s": 307.4}},
+               extra=[{"ifeval": {"skipped": "no IFEval data: pass --ifeval-data FILE"}}])
+    res["metrics"]["ifeval"] = None
+    md = experiment_markdown(res, experiment)
+    assert ("Wall time 700 s: base cached (pretrained once in 307 s), stages trained here 200 s, evaluation 100 s "
+            "(the last command took 90 s).") in md
+    assert "| sft | hsa | 100 | 400 | reused (another experiment trained it) |" in md
+    assert "| rl | hsa | 4 | 200 | here |" in md
+    assert "IFEval skipped: no IFEval data: pass --ifeval-data FILE." in md
+    assert "| IFEval prompt strict | skipped |" in md
+    res["base"] = {"trained": True, "wall_s": 310.0, "report": {"wall_s": 307.4}}
+    assert "base 307 s (pretrained here)" in experiment_markdown(res, experiment)
+    table = group_markdown(load_all()["table6"], {"table6_both": res}, "micro")
+    assert table.endswith("\nIFEval skipped: no IFEval data: pass --ifeval-data FILE.\n")  # Table 6 has an IFE-P column

@@ -51,6 +51,11 @@ def test_results_follow_the_schema_and_share_the_sft_stage(runs):
     assert Path(row4["stages"][1]["dirs"][0], "stage_done.json").is_file()
     md = (out / "table6_both" / "results.md").read_text()
     assert "| Live QA avg |" in md and "| IFEval prompt strict |" in md and "81.3" in md
+    assert "(pretrained here)" in md and "base cached (pretrained once in" in (out / "table4_hsa_opd" / "results.md").read_text()
+    # wall_s counts what this experiment trained: table4_hsa_opd reuses the SFT stage, so it is not counted
+    assert row4["wall_s"] == pytest.approx(row4["stages"][1]["wall_s"] + sum(row4["eval_wall_s"]), abs=0.01)
+    if both["metrics"]["ifeval"] is None:
+        assert "IFEval skipped:" in md and "--ifeval-data FILE" in md
 
 
 def test_rerun_refuses_or_resumes(runs):
@@ -61,6 +66,15 @@ def test_rerun_refuses_or_resumes(runs):
     assert run.main(args + ["--resume"]) == 0                       # finished: returns its results.json
     with pytest.raises(ValueError, match=r"another configuration.*sft.*steps"):
         run.main(args + ["--set", "sft.steps=4", "--resume"])          # the later --set wins
+
+
+def test_group_checks_every_row_before_training(runs):
+    out, run = runs
+    before = sorted(p.name for p in out.iterdir())
+    # table6_both already ran in `out`: without --resume the group is refused before any other row trains
+    with pytest.raises(FileExistsError, match="table6_both"):
+        run.main(["--exp", "table6", "--preset", "micro", "--out", str(out), "--no-progress", *FAST])
+    assert sorted(p.name for p in out.iterdir()) == before
 
 
 def test_cli_errors_name_the_bad_input(tmp_path):
