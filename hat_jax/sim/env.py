@@ -134,13 +134,14 @@ class LiveStreamEnv:
     """The episode environment over a `World` (see the module docstring).
 
     Args:
-      world: the catalog the tools run over.
+      world: the catalog the tools run over (None with a `tool_runner` that does not need it, e.g. one that
+        calls a remote MCP tool server).
       config: limits and fault rates.
       tool_runner: executes one call; defaults to the in-process `execute_tool_call` (a deployment
         can pass one that goes over MCP).
     """
 
-    def __init__(self, world: World, config: EnvConfig | None = None, tool_runner: ToolRunner | None = None):
+    def __init__(self, world: World | None, config: EnvConfig | None = None, tool_runner: ToolRunner | None = None):
         self.world = world
         self.config = config or EnvConfig()
         self._runner = tool_runner or (lambda w, h, name, args, fault: execute_tool_call(w, h, name, args, fault=fault))
