@@ -3,33 +3,44 @@
 - `import_hf`: a `qwen3_5_moe` safetensors folder (text or VL layout, either expert layout, `mtp.*`
   included) -> a `hat_jax.model.checkpoint_io` checkpoint; tokenizer files go to `<out>/tokenizer/`.
   Tensors keep their on-disk dtypes unless a dtype is given.
-- `export_hf`: our checkpoint -> a servable folder via `hf_io.save_hf_checkpoint`: text layout
+- `--ckpt` is resolved by `hat_jax.export_sources.resolve_export_source` (a checkpoint, a training run dir,
+  an experiment stage dir or an experiment dir).
+- `export_hf`: that checkpoint -> a servable folder via `hf_io.save_hf_checkpoint`: text layout
   (`Qwen3_5MoeForCausalLM`) or the drop-in layout of a source folder (its config.json and vision tower
-  kept byte for byte), MTP always, tokenizer files from `<ckpt>/tokenizer/` (else the source), and a
-  `generation_config.json` with the paper's deployment sampling (`DEPLOYMENT_SAMPLING`) plus the
-  config's eos/pad ids.
-Both check everything they can before writing, so a failure leaves no output behind.
+  kept byte for byte), MTP always, tokenizer files from `<ckpt>/tokenizer/` (else the source), a
+  `generation_config.json` with the paper's deployment sampling (`DEPLOYMENT_SAMPLING`) plus the config's
+  eos/pad ids, and the provenance file `hat_export.json` (`PROVENANCE_FILE`): the checkpoint exported, its
+  step, experiment/stage/seed when known, layout and dtype, the export time, the hat-jax git commit, and
+  `policy_version`, 12 hex digits of the SHA-256 of the written weight files and config.json (the same
+  checkpoint exported with the same options always gets the same version; the deployment reports carry it).
+Both check everything they can before writing (the drop-in source's architecture is compared with the
+checkpoint's model_config.json before the parameters are read), so a failure leaves no output behind.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import hashlib
+import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
+from hat_jax.export_sources import ExportSource, resolve_export_source
 from hat_jax.model.checkpoint_io import load_model_checkpoint, save_model_checkpoint
 from hat_jax.model.config import Qwen3_5MoeTextConfig
-from hat_jax.model.hf_io import TOKENIZER_FILES, CheckpointError, load_hf_checkpoint, save_hf_checkpoint
+from hat_jax.model.hf_io import (INDEX_FILE, TOKENIZER_FILES, CheckpointError, architecture_differences,
+                                 load_hf_checkpoint, read_hf_config, save_hf_checkpoint)
 
 DEPLOYMENT_SAMPLING = {"do_sample": True, "temperature": 1.0, "top_p": 0.95}
 TOKENIZER_SUBDIR = "tokenizer"
-
-
+PROVENANCE_FILE = "hat_export.json"
 def _require_empty(out: Path, hint: str = "") -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not an empty directory{hint}")
@@ -86,31 +97,108 @@ def deployment_generation_config(config: Qwen3_5MoeTextConfig) -> dict:
     return gen
 
 
-def export_hf(ckpt_dir: str | Path, out_dir: str | Path, *, layout: str = "text", source: str | Path | None = None,
-              dtype: str = "bfloat16", expert_layout: str = "fused", force: bool = False) -> list[str]:
-    """Exports a model checkpoint to a servable HF folder (see the module docstring).
+# --------------------------------------------------------------------------------------------------------
+# Export
+# --------------------------------------------------------------------------------------------------------
+def policy_version(hf_dir: str | Path, names) -> str:
+    """12 hex digits of the SHA-256 over the weight files and config.json among `names` (each file's name,
+    size and bytes, in name order): identical for identical exported tensors and config."""
+    digest = hashlib.sha256()
+    for name in sorted(n for n in names if n.endswith(".safetensors") or n in (INDEX_FILE, "config.json")):
+        path = Path(hf_dir) / name
+        digest.update(f"{name}\0{path.stat().st_size}\0".encode())
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 24), b""):
+                digest.update(block)
+    return digest.hexdigest()[:12]
+
+
+def _git_commit() -> tuple[str | None, bool | None]:
+    """(commit, has uncommitted changes to tracked files) of the hat-jax checkout, or (None, None)."""
+    repo = Path(__file__).resolve().parents[1]
+    if not (repo / ".git").exists():
+        return None, None
+    try:
+        commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    return commit or None, bool(dirty)
+
+
+def provenance(source: ExportSource, out_dir: Path, written: list[str], *, layout: str, dropin_source: Path | None,
+               dtype: str, expert_layout: str, tokenizer: Path | None) -> dict:
+    """The content of `hat_export.json` (module docstring); `policy_version` is a str."""
+    commit, dirty = _git_commit()
+    return {
+        "policy_version": policy_version(out_dir, written),
+        "source_checkpoint": str(source.directory), "params_item": str(source.params_item), "step": source.step,
+        "kind": source.kind, "requested": str(source.requested), "experiment": source.experiment,
+        "stage": source.stage, "seed": source.seed, "stage_done": source.stage_record,
+        "layout": layout, "dropin_source": str(dropin_source) if dropin_source else None, "dtype": dtype,
+        "expert_layout": expert_layout if layout == "text" else None,
+        "tokenizer": str(tokenizer) if tokenizer else None,
+        "exported_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "hat_jax_commit": commit, "hat_jax_dirty": dirty,
+    }
+
+
+def check_dropin_source(config_path: Path, source: Path) -> None:
+    """Raises CheckpointError naming every architecture field where the checkpoint's model config
+    (`config_path`) and the drop-in source's config.json differ (ours vs source), or an unreadable source."""
+    ours = read_hf_config(config_path)
+    if not (Path(source) / "config.json").is_file():
+        raise CheckpointError(f"--source {source}: no config.json (expected a Hugging Face qwen3_5_moe folder)")
+    diffs = architecture_differences(ours, read_hf_config(Path(source) / "config.json"))
+    if diffs:
+        raise CheckpointError(f"the checkpoint's model config {config_path} does not match the drop-in source "
+                              f"{source}/config.json; mismatched fields (checkpoint vs source): {'; '.join(diffs)}")
+
+
+def export_hf(ckpt: str | Path | ExportSource, out_dir: str | Path, *, layout: str = "text",
+              source: str | Path | None = None, dtype: str = "bfloat16", expert_layout: str = "fused",
+              force: bool = False) -> list[str]:
+    """Exports a checkpoint (anything `resolve_export_source` accepts, or its result) to a servable HF folder
+    with `hat_export.json` (module docstring).
 
     Returns:
         One line per file written, with its size.
     Raises:
         FileExistsError: `out_dir` is not empty and not `force`. CheckpointError: a checkpoint without the
-        MTP block, a bad layout or source. FileNotFoundError / ValueError: an unreadable checkpoint.
+        MTP block, a bad layout or source, a drop-in source of another architecture (names the fields).
+        FileNotFoundError / UnfinishedStageError / ValueError: see `resolve_export_source`; an unreadable
+        checkpoint.
     """
-    ckpt_dir, out_dir = Path(ckpt_dir), Path(out_dir)
+    out_dir = Path(out_dir)
     if not force:
         _require_empty(out_dir, "; pass --force to overwrite it")
     if layout == "dropin" and source is None:
         raise CheckpointError("--layout dropin needs --source HF_BASE_DIR (its config.json and vision weights)")
-    config, params = load_model_checkpoint(ckpt_dir)
+    resolved = ckpt if isinstance(ckpt, ExportSource) else resolve_export_source(ckpt)
+    if layout == "dropin":
+        check_dropin_source(resolved.config_path, Path(source))   # before reading a 70 GB checkpoint
+    config, params = load_model_checkpoint(resolved.directory)
     if not config.mtp_num_hidden_layers:
-        raise CheckpointError(f"{ckpt_dir}: the checkpoint has no MTP block (mtp_num_hidden_layers=0); the export "
-                              "always writes mtp.* for vLLM MTP speculative decoding")
-    tokenizer_dir = ckpt_dir / TOKENIZER_SUBDIR
+        raise CheckpointError(f"{resolved.directory}: the checkpoint has no MTP block (mtp_num_hidden_layers=0); "
+                              "the export always writes mtp.* for vLLM MTP speculative decoding")
+    tokenizer_dir = resolved.directory / TOKENIZER_SUBDIR
+    tokenizer_dir = tokenizer_dir if tokenizer_dir.is_dir() else None
+    if force and (out_dir / PROVENANCE_FILE).is_file():
+        (out_dir / PROVENANCE_FILE).unlink()   # never left describing the weights of an earlier export
     written = save_hf_checkpoint(
         params, config, out_dir, layout=layout, source=source, dtype=dtype, expert_layout=expert_layout,
-        tokenizer_dir=tokenizer_dir if tokenizer_dir.is_dir() else None,
-        generation_config=deployment_generation_config(config), force=force)
-    return _file_lines(out_dir, written)
+        tokenizer_dir=tokenizer_dir, generation_config=deployment_generation_config(config), force=force)
+    record = provenance(resolved, out_dir, written, layout=layout, dropin_source=Path(source) if source else None,
+                        dtype=dtype, expert_layout=expert_layout,
+                        tokenizer=tokenizer_dir or (Path(source) if source and any(
+                            (Path(source) / n).is_file() for n in TOKENIZER_FILES) else None))
+    tmp = out_dir / f".{PROVENANCE_FILE}.partial"
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, out_dir / PROVENANCE_FILE)
+    return _file_lines(out_dir, written + [PROVENANCE_FILE])
 
 
 def _size(path: Path) -> int:
@@ -141,11 +229,31 @@ def from_hf_main(argv=None) -> int:
     return _run(parser.prog, import_hf, dict(hf_dir=a.hf, out_dir=a.out, dtype=None if a.dtype == "keep" else a.dtype))
 
 
+def _export_cli(prog: str, args: argparse.Namespace) -> list[str]:
+    """Resolves --ckpt, says on stderr what was chosen (and when the folder gets no tokenizer), exports."""
+    resolved = resolve_export_source(args.ckpt, seed=args.seed, allow_unfinished=args.allow_unfinished)
+    print(f"{prog}: exporting {resolved.describe()}", file=sys.stderr)
+    has_tokenizer = (resolved.directory / TOKENIZER_SUBDIR).is_dir() or (
+        args.source is not None and any((args.source / n).is_file() for n in TOKENIZER_FILES))
+    if not has_tokenizer:
+        print(f"{prog}: warning: {resolved.directory} has no {TOKENIZER_SUBDIR}/ folder and there is no --source "
+              "tokenizer: the HF folder gets no tokenizer (vLLM and transformers serve need one)", file=sys.stderr)
+    return export_hf(resolved, args.out, layout=args.layout, source=args.source, dtype=args.dtype,
+                     expert_layout=args.expert_layout, force=args.force)
+
+
 def to_hf_main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="export/to_hf.py", description="Export a hat-jax model checkpoint to "
-                                     "a Hugging Face folder servable by vLLM with MTP.")
-    parser.add_argument("--ckpt", type=Path, required=True, help="checkpoint directory (checkpoint_io)")
+    parser = argparse.ArgumentParser(prog="export/to_hf.py", description="Export a hat-jax checkpoint (a model "
+                                     "checkpoint, a training run dir, an experiment stage dir or an experiment dir) "
+                                     "to a Hugging Face folder servable by vLLM with MTP.")
+    parser.add_argument("--ckpt", type=Path, required=True,
+                        help="model checkpoint, training run dir (latest step), experiment stage dir "
+                             "DIR/stages/<chain>-<key>/seed<k>, or experiment dir DIR/<experiment> (its last stage)")
     parser.add_argument("--out", type=Path, required=True, help="output HF folder")
+    parser.add_argument("--seed", type=int, help="with an experiment dir: which seed's last stage (default: the "
+                        "run's first seed)")
+    parser.add_argument("--allow-unfinished", action="store_true",
+                        help="export a stage dir without stage_done.json (its latest checkpoint)")
     parser.add_argument("--layout", choices=("text", "dropin"), default="text",
                         help="text: Qwen3_5MoeForCausalLM; dropin: the layout and config.json of --source")
     parser.add_argument("--source", type=Path, help="HF base folder (needed by --layout dropin)")
@@ -154,5 +262,4 @@ def to_hf_main(argv=None) -> int:
                         help="main-layer experts in the text layout (MTP experts are always per expert)")
     parser.add_argument("--force", action="store_true", help="write into a non-empty --out")
     a = parser.parse_args(argv)
-    return _run(parser.prog, export_hf, dict(ckpt_dir=a.ckpt, out_dir=a.out, layout=a.layout, source=a.source,
-                                             dtype=a.dtype, expert_layout=a.expert_layout, force=a.force))
+    return _run(parser.prog, lambda: _export_cli(parser.prog, a), {})

@@ -1,8 +1,8 @@
 """`export/to_hf.py` and `export/from_hf.py` end to end (subprocesses) on a micro checkpoint.
 
 to_hf output loads in transformers; from_hf of that output, then to_hf again, gives byte-identical
-tensors and config.json; the drop-in layout keeps the source's config.json and vision tensors; bad input
-exits non-zero with a message and writes nothing.
+tensors and config.json and the same `policy_version` in hat_export.json; the drop-in layout keeps the
+source's config.json and vision tensors; bad input exits non-zero with a message and writes nothing.
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ def test_to_hf_from_hf_to_hf_round_trip(ckpt, tmp_path):
     assert proc.returncode == 0, proc.stderr
     printed = _printed_files(proc.stdout)
     assert printed == {p.name: p.stat().st_size for p in hf1.iterdir()}
-    assert set(printed) == {"model.safetensors", "config.json", "generation_config.json", *TOKENIZER}
+    assert set(printed) == {"model.safetensors", "config.json", "generation_config.json", "hat_export.json", *TOKENIZER}
+    assert json.loads((hf1 / "config.json").read_text())["architectures"] == ["Qwen3_5MoeForCausalLM"]
     for name, data in TOKENIZER.items():
         assert (hf1 / name).read_bytes() == data
     assert json.loads((hf1 / "generation_config.json").read_text()) == {
@@ -106,6 +107,8 @@ def test_to_hf_from_hf_to_hf_round_trip(ckpt, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert raw_tensors(hf2) == tensors
     assert (hf2 / "config.json").read_bytes() == (hf1 / "config.json").read_bytes()
+    versions = [json.loads((d / "hat_export.json").read_text())["policy_version"] for d in (hf1, hf2)]
+    assert versions[0] == versions[1]                     # same tensors and config: same policy version
 
 
 @pytest.fixture(scope="module")

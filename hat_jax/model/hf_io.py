@@ -1,7 +1,7 @@
 """Hugging Face checkpoint I/O for qwen3_5_moe: lossless import and export of safetensors folders.
 
 Name mapping (ours -> HF; `P` is `model.` in `Qwen3_5MoeForCausalLM` checkpoints and
-`model.language_model.` in the VL `Qwen3_5MoeForConditionalGeneration` ones; shared/ARCH.md 1.3, 1.5):
+`model.language_model.` in the VL `Qwen3_5MoeForConditionalGeneration` ones; transformers 5.23 `modeling_qwen3_5_moe` and vLLM `qwen3_5_mtp` names):
     model/embed_tokens/embedding            P embed_tokens.weight             as is  [V, H]
     model/norm/weight                       P norm.weight                     as is
     lm_head/kernel [H, V]                   lm_head.weight [V, H]             transpose (every Linear)
@@ -370,7 +370,9 @@ _NON_ARCHITECTURE_FIELDS = ("extra", "pad_token_id", "bos_token_id", "eos_token_
                             "attention_dropout", "full_attention_interval", "mtp_num_hidden_layers")
 
 
-def _architecture_differences(a: Qwen3_5MoeTextConfig, b: Qwen3_5MoeTextConfig) -> list[str]:
+def architecture_differences(a: Qwen3_5MoeTextConfig, b: Qwen3_5MoeTextConfig) -> list[str]:
+    """'field: a_value vs b_value' for every field that changes the tensors or the math (not the ids or the
+    metadata in `_NON_ARCHITECTURE_FIELDS`); empty when `a` and `b` describe the same model."""
     return [f"{f.name}: {getattr(a, f.name)!r} vs {getattr(b, f.name)!r}" for f in dataclasses.fields(a)
             if f.name not in _NON_ARCHITECTURE_FIELDS and getattr(a, f.name) != getattr(b, f.name)]
 
@@ -465,7 +467,7 @@ def save_hf_checkpoint(params: dict, config: Qwen3_5MoeTextConfig, out_dir: str 
     if layout == "dropin":
         if source is None:
             raise CheckpointError("layout 'dropin' needs source=HF_BASE_DIR (its config.json and vision weights)")
-        diffs = _architecture_differences(config, read_hf_config(source / "config.json"))
+        diffs = architecture_differences(config, read_hf_config(source / "config.json"))
         if diffs:
             raise CheckpointError(f"{source}/config.json describes a different model than the params "
                                   f"(ours vs source): {'; '.join(diffs)}")
