@@ -87,6 +87,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S", force=True)
     logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax's per-checkpoint INFO lines drown the progress
+    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "Unable to initialize backend 'tpu'"
     groups = load_all(args.ablations)
     if args.list:
         print(list_experiments(groups))

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 
+from hat_jax.cli_types import positive_int
 from hat_jax.data import suites, world_data
 from hat_jax.data.pipeline import SFTDataConfig, transform_shares
 from hat_jax.harness.loader import PRODUCTION_DIR, production_harness
@@ -68,22 +69,11 @@ def mcp_latency(n: int) -> dict[str, dict[str, float]]:
     return out
 
 
-def _positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (every figure needs at least one task, item and call)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
-
-
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sft-tasks", type=_positive_int, default=2000)
-    parser.add_argument("--eval-items", type=_positive_int, default=200)
-    parser.add_argument("--mcp-calls", type=_positive_int, default=200)
+    parser.add_argument("--sft-tasks", type=positive_int, default=2000)
+    parser.add_argument("--eval-items", type=positive_int, default=200)
+    parser.add_argument("--mcp-calls", type=positive_int, default=200)
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     config = world_data.WorldDataConfig(sft_tasks=args.sft_tasks, eval_items=args.eval_items)

@@ -49,7 +49,7 @@ no MTP); the parameter counts of both are printed as a check that the models hav
   delta-rule kernel alone, gated attention layer, lm_head + cross-entropy (3-D vs 2-D input); plus the
   decode step of single layers. Summing layers x counts approximates a step.
 - Big model (`--big-preset`, default qwen3_6_35b_a3b): `jax.eval_shape` only, no allocation.
-  `param_counts` (total / active per token / MTP / routed experts) against shared/ARCH.md 1.2, and the
+  `param_counts` (total / active per token / MTP / routed experts) against the counts of the real config.json (ARCH_REF), and the
   bytes per device of params + AdamW state under `--mesh` (default data=1, fsdp=8, expert=8, tensor=1 =
   64 devices) computed from the shardings `logical_to_mesh` gives on a `jax.sharding.AbstractMesh`
   (each leaf's `shard_shape`; replicated leaves count in full on every device). Optimizer state shapes
@@ -87,7 +87,7 @@ import time
 from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ARCH_REF = {"total": 34.66e9, "active": 3.45e9, "mtp": 0.85e9, "experts": 32.21e9}  # shared/ARCH.md 1.2
+ARCH_REF = {"total": 34.66e9, "active": 3.45e9, "mtp": 0.85e9, "experts": 32.21e9}  # counted from the released Qwen3.6-35B-A3B config.json
 
 
 def _cores() -> int:
@@ -747,7 +747,7 @@ def report(args, jx: dict, th: dict, notes: list[str]) -> None:
         for k, label in (("total", "total (text model, no MTP)"), ("active", "active per token"),
                          ("experts", "routed experts"), ("mtp", "MTP block")):
             ref = ARCH_REF[k]
-            p(f"  {label:28s} {cnt[k] / 1e9:8.3f} B   ARCH.md 1.2: {ref / 1e9:.2f} B   ({100 * (cnt[k] / ref - 1):+.2f}%)")
+            p(f"  {label:28s} {cnt[k] / 1e9:8.3f} B   reference: {ref / 1e9:.2f} B   ({100 * (cnt[k] / ref - 1):+.2f}%)")
         p(f"  mesh {big['mesh']} = {big['devices']} devices (AbstractMesh); DEFAULT_RULES: {big['default_rules']}")
         if "rules_used" in big:
             p(f"  -> used {big['rules_used']}")

@@ -22,6 +22,7 @@ against the config's parameter shapes.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import jax
@@ -30,6 +31,18 @@ import orbax.checkpoint as ocp
 from hat_jax.model.config import Qwen3_5MoeTextConfig
 from hat_jax.model.hf_io import read_hf_config
 from hat_jax.model.params import params_shapes
+
+
+class _MissingMetadataFilter(logging.Filter):
+    """Drops Orbax's "Metadata file does not exist" warning, logged for every checkpoint written or read
+    without the optional metadata file (harmless: the tree structure is read from the checkpoint itself);
+    other Orbax messages pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Metadata file does not exist")
+
+
+logging.getLogger("absl").addFilter(_MissingMetadataFilter())
 
 CONFIG_FILE = "model_config.json"
 PARAMS_ITEM = "params"

@@ -8,7 +8,7 @@ Presets:
 - `micro`: unit tests, seconds on CPU; 4 layers (3 Gated DeltaNet + 1 gated attention), 8 experts top-2,
   one MTP layer.
 - `tiny`: the CPU default for experiments (~4M parameters, ~1.6M active per token).
-- `qwen3_6_35b_a3b`: the real Qwen3.5/3.6-35B-A3B text model (shared/ARCH.md 1.2).
+- `qwen3_6_35b_a3b`: the real Qwen3.5/3.6-35B-A3B text model (its released config.json).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ FULL_ATTENTION = "full_attention"
 @dataclasses.dataclass(frozen=True)
 class RopeParameters:
     """`rope_parameters` of the HF config. Text positions use plain 1-D RoPE: with identical (T, H, W)
-    position rows, interleaved mRoPE reduces exactly to 1-D RoPE (shared/ARCH.md 1.4), so `mrope_*`
-    are carried only for export."""
+    position rows, interleaved mRoPE reduces exactly to 1-D RoPE (transformers'
+    `Qwen3_5MoeTextRotaryEmbedding`), so `mrope_*` are carried only for export."""
 
     rope_type: str = "default"
     rope_theta: float = 10_000_000.0

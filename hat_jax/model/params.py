@@ -40,7 +40,7 @@ def params_shapes(config: Qwen3_5MoeTextConfig, param_dtype=jnp.float32) -> dict
 def param_counts(config: Qwen3_5MoeTextConfig) -> dict[str, int]:
     """Parameter counts: 'total' (main model, as transformers' `Qwen3_5MoeForCausalLM`), 'mtp', 'experts'
     (routed experts of the main model) and 'active' (per token: everything but the unused routed experts,
-    i.e. total - experts * (1 - k/E); embeddings and lm_head included, as in shared/ARCH.md 1.2)."""
+    i.e. total - experts * (1 - k/E); embeddings and lm_head included, as in the model card's 35B total / 3B active)."""
     shapes = params_shapes(config)
     size = lambda tree: int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(tree)))
     mtp = size(shapes.get("mtp", {}))

@@ -53,6 +53,7 @@ import anyio
 import mcp_types as types
 from mcp.server import Server, ServerRequestContext
 
+from hat_jax.cli_types import int_in
 from hat_jax.harness.loader import load_harness
 from hat_jax.harness.state import HarnessState
 from hat_jax.sim.catalog import MAX_PRODUCTS, MIN_PRODUCTS, World
@@ -203,34 +204,19 @@ async def serve_http(
     await uvicorn.Server(config).serve(sockets=[sock])
 
 
-def _int_in(low: int, high: int) -> Callable[[str], int]:
-    """An argparse `type`: an int in [low, high]."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"expected an integer in [{low}, {high}], got {value}")
-        return value
-
-    return parse
-
-
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m hat_jax.sim.mcp_server", description=__doc__.split("\n")[0])
     p.add_argument("--harness", required=True, help="harness.yaml file or harness directory")
     p.add_argument("--seed", type=int, required=True, help="world seed (World.generate)")
     p.add_argument(
         "--n-products",
-        type=_int_in(MIN_PRODUCTS, MAX_PRODUCTS),
+        type=int_in(MIN_PRODUCTS, MAX_PRODUCTS),
         default=240,
         help=f"catalog size, {MIN_PRODUCTS}-{MAX_PRODUCTS}",
     )
     p.add_argument("--transport", choices=("stdio", "http"), default="stdio")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=_int_in(1, 65535), default=8765, help="HTTP port, 1-65535")
+    p.add_argument("--port", type=int_in(1, 65535), default=8765, help="HTTP port, 1-65535")
     p.add_argument("--fault-error", type=float, default=0.0, help="rate of injected tool errors")
     p.add_argument("--fault-timeout", type=float, default=0.0, help="rate of injected timeouts (real sleeps)")
     p.add_argument("--fault-empty", type=float, default=0.0, help="rate of injected empty results")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import tempfile
 from collections.abc import Mapping
@@ -38,17 +37,6 @@ import orbax.checkpoint as ocp
 
 from hat_jax.model.checkpoint_io import CONFIG_FILE, PARAMS_ITEM
 from hat_jax.train.trainer import TrainState
-
-
-class _NewCheckpointMetadataFilter(logging.Filter):
-    """Drops Orbax's "Metadata file does not exist" warning, which it logs for every checkpoint it writes
-    (it looks for the metadata of the step it is about to create); other Orbax messages pass."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Metadata file does not exist")
-
-
-logging.getLogger("absl").addFilter(_NewCheckpointMetadataFilter())
 
 ITEMS = (PARAMS_ITEM, "opt_state", "rng", "meta", "data_state", "config")
 

@@ -1,4 +1,4 @@
-"""Parity with transformers' `qwen3_5_moe` on CPU (shared/ARCH.md section 6, CPU recipe).
+"""Parity with transformers' `qwen3_5_moe` on CPU: a tiny config with both layer kinds, non-trivial initialisation, export, load, logits, decoding, MTP.
 
 One tiny `Qwen3_5MoeForCausalLM` is built per module from `get_config("micro")`, initialised with the
 non-trivial recipe of section 6.2 (zero-centred norms ~ N(0, 0.1), DeltaNet gated norm ~ 1 + N(0, 0.1),
@@ -227,7 +227,7 @@ def test_text_export_loads_in_transformers(config, params, ids, hf_logits, our_l
 @pytest.fixture(scope="module")
 def vl_source(config, tmp_path_factory):
     """A VL-layout folder written by transformers' `Qwen3_5MoeForConditionalGeneration` (tiny vision
-    tower of shared/ARCH.md 4): keys `model.language_model.*`, `model.visual.*`, VL wrapper config.json."""
+    tower: depth 1, hidden 32): keys `model.language_model.*`, `model.visual.*`, VL wrapper config.json."""
     folder = tmp_path_factory.mktemp("vl_source")
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=config.hidden_size,
                   patch_size=4, spatial_merge_size=1, temporal_patch_size=2, num_position_embeddings=64)

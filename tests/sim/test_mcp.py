@@ -116,7 +116,7 @@ def test_malformed_harness_exits_2_naming_the_file(tmp_path):
     "option, value, expected",
     [
         ("--n-products", "3", "--n-products: expected an integer in [10, 2000], got 3"),
-        ("--n-products", "many", "--n-products: expected an integer, got 'many'"),
+        ("--n-products", "many", "--n-products: expected an integer in [10, 2000], got 'many'"),
         ("--port", "0", "--port: expected an integer in [1, 65535], got 0"),
         ("--port", "70000", "--port: expected an integer in [1, 65535], got 70000"),
     ],
