@@ -10,8 +10,8 @@ Sizes:
 - micro: the test suite's end-to-end runs (seconds per stage, 2 items per suite).
 - tiny: the CPU default, sized so that `table6_both` (base, HSA-SFT, HSA-RL, every suite) fits in 20 minutes on
   a 2-core machine (measured: 14 minutes from an empty cache, of which base 2.3, SFT 4.2, RL 3.1, evaluation
-  4.3 minutes, compilations included): 50 items per live-stream suite (`--set eval.world.eval_items=200` for the larger sets, about
-  4x the evaluation time), all 541 IFEval prompts when the data is given, decoding as the paper's serving
+  4.3 minutes, compilations included): 50 items per live-stream suite (`--set eval.world.eval_items=200`
+  for the larger sets, about 4x the evaluation time), all 541 IFEval prompts when the data is given, decoding as the paper's serving
   (temperature 1.0, top-p 0.95, seeded).
 - qwen3_6_35b_a3b: the paper's setting for an accelerator host (HAT report, arXiv 2608.15763, "Training"); the base
   must be given with `--set base.hf_path=/path/to/Qwen3.6-35B-A3B` and the teacher with `--set teacher.path=...`.
