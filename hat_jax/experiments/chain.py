@@ -103,9 +103,16 @@ def stage_template(scale: Scale, spec: StageSpec):
 
 
 def stage_config(scale: Scale, spec: StageSpec, *, init: Path, seed: int, base: Path, teacher: Path | None):
-    """The runnable config: the template with init (previous checkpoint or base), seed and teacher set."""
+    """The runnable config: the template with init (previous checkpoint or base), seed and teacher set.
+
+    The experiment's seed is every stage's `seed` and also SFT's data seed (record order and HSA draws,
+    `SFTDataConfig.seed`): SFT from a pretrained base has no other randomness, so without it every seed would
+    train the same SFT stage. RL and OPD draw tasks, harnesses and samples from their `seed`.
+    """
     config = dataclasses.replace(stage_template(scale, spec), init=str(init), seed=int(seed))
-    if spec.kind == "opd":
+    if spec.kind == "sft":
+        config = dataclasses.replace(config, data=dataclasses.replace(config.data, seed=int(seed)))
+    elif spec.kind == "opd":
         config = dataclasses.replace(config, teacher=str(base))
     elif spec.kind == "opd_live":
         config = dataclasses.replace(config, teacher=str(teacher))

@@ -42,6 +42,7 @@ def test_stage_configs_follow_the_chain(tmp_path):
     sft_hsa, rl_hsa = _chain("table6_both")
     config = stage_config(scale, sft_hsa, init=tmp_path / "base", seed=3, base=tmp_path / "base", teacher=None)
     assert config.data.p_hsa > 0 and config.init == str(tmp_path / "base") and config.seed == 3
+    assert config.data.seed == 3  # the seed reaches SFT's record order and HSA draws
     sft_original = _chain("table6_standard")[0]
     assert stage_config(scale, sft_original, init=tmp_path, seed=0, base=tmp_path, teacher=None).data.p_hsa == 0
     config = stage_config(scale, rl_hsa, init=tmp_path / "sft", seed=0, base=tmp_path, teacher=None)
