@@ -33,6 +33,8 @@ from hat_jax.experiments.declarations import DeclarationError, load_all, resolve
 from hat_jax.experiments.scales import SCALES, apply_scale_overrides, get_scale  # noqa: E402
 
 log = logging.getLogger("run")
+# transformers is used for its tokenizers only; without torch it prints "PyTorch was not found" on import
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -57,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ifeval-data", help="the official IFEval input_data.jsonl (default: $HAT_IFEVAL_DATA)")
     parser.add_argument("--list", action="store_true", help="list every experiment with a one-line description")
     parser.add_argument("--ablations", default=None, help=argparse.SUPPRESS)  # another declarations dir (tests)
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bars: one log line per logging window with s/step and ETA (for log files)")
     return parser
 
 
