@@ -225,7 +225,7 @@ def run_chain(chain: Sequence[StageSpec], scale: Scale, seed: int, out_root: Pat
                  "(done: reused)" if done_before else f"({steps})", out)
         record = run_stage_cached(spec.kind, config, out, {"name": spec.kind, "harness": spec.harness},
                                   progress=progress, tag=tag)
-        cached = done_before and record.get("trained_by", "") != tag if tag else done_before
+        cached = done_before and (not tag or record.get("trained_by") != tag)
         records.append(dict(record, dir=str(out), cached=cached))
         previous = out
     return previous, key, records, base_record
