@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from moe_helpers import expert_grads, expert_inputs
 
 from hat_jax.model.attention import gqa_attention
 from hat_jax.model.deltanet import (causal_depthwise_conv, chunk_gated_delta_rule, l2_normalize,
@@ -150,16 +151,8 @@ def test_expert_dispatch_matches_per_token_loop(n, e, k, impl):
 
 
 def test_blocked_dispatch_gradients_match_ragged():
-    r = np.random.RandomState(0)
-    n, e, k, h, i = 40, 4, 2, 6, 5
-    x = jnp.asarray(r.randn(n, h), jnp.float32)
-    ids = jnp.asarray(np.stack([r.choice(e, k, replace=False) for _ in range(n)]), jnp.int32)
-    gate_up = jnp.asarray(r.randn(e, h, 2 * i), jnp.float32)
-    down = jnp.asarray(r.randn(e, i, h), jnp.float32)
-    loss = lambda f: lambda *a: jnp.sum(jnp.sin(f(a[0], ids, a[1], a[2])))
-    g1 = jax.grad(loss(blocked_expert_ffn), argnums=(0, 1, 2))(x, gate_up, down)
-    g2 = jax.grad(loss(ragged_expert_ffn), argnums=(0, 1, 2))(x, gate_up, down)
-    for a, b in zip(g1, g2):
+    inputs = expert_inputs(np.random.RandomState(0), n=40, e=4, k=2, h=6, i=5)
+    for a, b in zip(expert_grads(blocked_expert_ffn, *inputs), expert_grads(ragged_expert_ffn, *inputs)):
         np.testing.assert_allclose(a, b, atol=1e-4)
 
 

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from moe_helpers import expert_grads, expert_inputs
 
 from hat_jax.model import Qwen3_5MoeForCausalLM, get_config, init_params
 from hat_jax.model.moe import blocked_expert_ffn, dense_expert_ffn
@@ -12,18 +13,9 @@ from hat_jax.model.sampler import SamplingConfig, generate, left_pad
 
 @pytest.mark.parametrize("n,e,k", [(1, 16, 4), (16, 8, 2), (300, 8, 2)])
 def test_dense_dispatch_equals_blocked_values_and_gradients(n, e, k):
-    r = np.random.RandomState(n + e)
-    h, i = 6, 5
-    x = jnp.asarray(r.randn(n, h), jnp.float32)
-    ids = jnp.asarray(np.stack([r.choice(e, k, replace=False) for _ in range(n)]), jnp.int32)
-    gate_up = jnp.asarray(r.randn(e, h, 2 * i) * 0.3, jnp.float32)
-    down = jnp.asarray(r.randn(e, i, h) * 0.3, jnp.float32)
-    np.testing.assert_allclose(dense_expert_ffn(x, ids, gate_up, down), blocked_expert_ffn(x, ids, gate_up, down),
-                               atol=1e-6)
-    loss = lambda f: lambda *a: jnp.sum(jnp.sin(f(a[0], ids, a[1], a[2])))
-    g_dense = jax.grad(loss(dense_expert_ffn), argnums=(0, 1, 2))(x, gate_up, down)
-    g_blocked = jax.grad(loss(blocked_expert_ffn), argnums=(0, 1, 2))(x, gate_up, down)
-    for a, b in zip(g_dense, g_blocked):
+    inputs = expert_inputs(np.random.RandomState(n + e), n, e, k, h=6, i=5, scale=0.3)
+    np.testing.assert_allclose(dense_expert_ffn(*inputs), blocked_expert_ffn(*inputs), atol=1e-6)
+    for a, b in zip(expert_grads(dense_expert_ffn, *inputs), expert_grads(blocked_expert_ffn, *inputs)):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
