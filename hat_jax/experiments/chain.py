@@ -64,9 +64,11 @@ def _config_identity(config) -> dict:
 
 
 def base_key(scale: Scale) -> str:
-    """The base's identity: its pretraining config's digest, or the imported folder's absolute path."""
+    """The base's identity: its pretraining config and init scheme, or the imported folder's absolute path."""
     if scale.base.pretrain is not None:
-        return digest({"pretrain": _config_identity(scale.base.pretrain)})
+        from hat_jax.model.params import INIT_SCHEME
+
+        return digest({"pretrain": _config_identity(scale.base.pretrain), "init_scheme": INIT_SCHEME})
     return digest({"hf_path": str(Path(scale.base.hf_path).resolve())})
 
 

@@ -183,6 +183,23 @@ def _a_log_init(key, shape, dtype):
     return jnp.log(jax.random.uniform(key, shape, jnp.float32, 0.01, 16.0)).astype(dtype)
 
 
+DT_MIN, DT_MAX, DT_FLOOR = 1e-3, 1e-1, 1e-4
+
+
+def _dt_bias_init(key, shape, dtype):
+    """dt_bias = softplus^-1(dt) with dt ~ logU(DT_MIN, DT_MAX) floored at DT_FLOOR: the from-scratch init of
+    the Gated DeltaNet authors' layer (fla-org/flash-linear-attention `fla/layers/gated_deltanet.py`, as Mamba-2's).
+
+    The per-token log-decay is g = -A * softplus(a_t + dt_bias); with A ~ U(0.01, 16) this gives memories from
+    about one token to thousands. transformers' `_init_weights` fills dt_bias with 1 (softplus 1.31), a placeholder
+    before pretrained weights are loaded: from scratch it makes most heads forget within a token
+    (exp(-8 * 1.31) per step at A = 8), and a tiny model trained for minutes never learns to read its context.
+    """
+    u = jax.random.uniform(key, shape, jnp.float32)
+    dt = jnp.maximum(jnp.exp(u * (jnp.log(DT_MAX) - jnp.log(DT_MIN)) + jnp.log(DT_MIN)), DT_FLOOR)
+    return (dt + jnp.log(-jnp.expm1(-dt))).astype(dtype)
+
+
 class CausalConv1d(nn.Module):
     """Holds the depthwise conv kernel [K, conv_dim]; init U(-1/sqrt(K), 1/sqrt(K)) as torch's Conv1d."""
 
@@ -230,7 +247,7 @@ class GatedDeltaNet(nn.Module):
 
         conv_kernel = CausalConv1d(kk, c.linear_conv_dim, self.param_dtype, name="conv1d")()
         a_log = param_with_axes(self, "A_log", _a_log_init, (hv,), self.param_dtype, ("linear_heads",))
-        dt_bias = param_with_axes(self, "dt_bias", nn.initializers.ones, (hv,), self.param_dtype, ("linear_heads",))
+        dt_bias = param_with_axes(self, "dt_bias", _dt_bias_init, (hv,), self.param_dtype, ("linear_heads",))
 
         conv_state = cache["conv"] if cache is not None else jnp.zeros((b, kk - 1, c.linear_conv_dim), self.dtype)
         qkv, new_conv_state = causal_depthwise_conv(qkv, conv_kernel.astype(self.dtype), conv_state)

@@ -10,6 +10,10 @@ import numpy as np
 from hat_jax.model.config import Qwen3_5MoeTextConfig
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 
+# Names the initialisation below. Part of a pretrained-from-scratch base's identity (`hat_jax.train.pretrain`
+# digests it with the config), so a base cached under an earlier scheme is retrained, not reused.
+INIT_SCHEME = "transformers-init_weights+fla-dt_bias"
+
 
 def _boxed_init(config: Qwen3_5MoeTextConfig, rng: jax.Array, param_dtype):
     model = Qwen3_5MoeForCausalLM(config, param_dtype=param_dtype)
@@ -21,7 +25,9 @@ def init_params(config: Qwen3_5MoeTextConfig, rng: jax.Array, param_dtype=jnp.fl
     """Freshly initialised parameters: a plain nested dict of arrays (no boxing).
 
     Init follows transformers' `_init_weights`: linear/embedding/experts ~ N(0, initializer_range),
-    zero-centred norms 0, DeltaNet gated norm 1, dt_bias 1, A_log = log U(0.01, 16), conv ~ torch default.
+    zero-centred norms 0, DeltaNet gated norm 1, A_log = log U(0.01, 16), conv ~ torch default; except dt_bias,
+    which follows the Gated DeltaNet authors' from-scratch init (softplus(dt_bias) ~ logU(1e-3, 0.1);
+    `hat_jax.model.deltanet._dt_bias_init` says why). `INIT_SCHEME` names this scheme.
     """
     return nn.unbox(jax.jit(_boxed_init, static_argnums=(0, 2))(config, rng, param_dtype))
 

@@ -33,11 +33,12 @@ SFT then builds on). For the real preset the base is imported from a local Huggi
    resumed run continues at exactly the next batch (bit-identical to an uninterrupted run).
 
 Caching (`base_checkpoint`): `<cache root>/bases/base-<hash12>` (cache root of `hat_jax.data.world_data`,
-hash of the whole PretrainConfig). A run trains into `base-<hash12>.partial` with resume (a killed run
-continues from its last checkpoint), measures the recall probe, writes `base_report.json`, then renames the
-folder to its final name (atomic on POSIX): the final folder only ever exists complete. An exclusive
-`fcntl.flock` on `base-<hash12>.lock` serialises concurrent callers; the second one waits and then finds
-the finished base (a killed holder releases the lock, and the next caller resumes its partial folder).
+hash of the whole PretrainConfig and the init scheme `INIT_SCHEME`). A run trains into
+`base-<hash12>.partial` with resume (a killed run continues from its last checkpoint), measures the recall
+probe, writes `base_report.json`, then renames the folder to its final name (atomic on POSIX): the final
+folder only ever exists complete. An exclusive `fcntl.flock` on `base-<hash12>.lock` serialises concurrent
+callers; the second one waits and then finds the finished base (a killed holder releases the lock, and the
+next caller resumes its partial folder).
 The folder is a stage run directory (`hat_jax.train.stage`): StageCheckpointer root + model_config.json +
 tokenizer/ + TensorBoard events + metrics.jsonl, as every stage's --init accepts.
 
@@ -71,7 +72,7 @@ import numpy as np
 from hat_jax.data.corpus import pretraining_chats, recall_probe, render_chat
 from hat_jax.data.world_data import WorldDataConfig, cache_root
 from hat_jax.model.config import get_config
-from hat_jax.model.params import init_params
+from hat_jax.model.params import INIT_SCHEME, init_params
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.train.checkpoints import config_hash
 from hat_jax.train.losses import token_logprobs
@@ -153,8 +154,9 @@ class PretrainConfig:
         return config_json(self)
 
     def digest(self) -> str:
-        """12 hex digits of the hash of the config's canonical JSON (names the cached base)."""
-        return config_hash(self.to_json())[:12]
+        """12 hex digits of the hash of the config's canonical JSON and the parameter-init scheme
+        (`hat_jax.model.params.INIT_SCHEME`): names the cached base."""
+        return config_hash({**self.to_json(), "init_scheme": INIT_SCHEME})[:12]
 
 
 def _from_sft(name: str, **fields) -> PretrainConfig:
@@ -169,15 +171,17 @@ PRETRAIN_PRESETS: dict[str, PretrainConfig] = {
     "micro": _from_sft("micro", n_chats=32, seq_len=256, batch_size=2, steps=4,
                        optim=OptimConfig(lr=3e-3, warmup_steps=1, total_steps=4), probe_items=4,
                        log_every=1, ckpt_every=2),
-    # CPU experiments: about 3 minutes on 2 cores, cold tokenizer included. A step costs ~2.4 CPU-seconds per
-    # 4 x 1024 row slots (~1,700 slots per CPU-second, linear in the batch), compilation ~25 CPU-seconds (~8
-    # with a warm JAX cache); seq_len 1024 holds 99.9% of the chats whole (tool chats ~770 tokens, general
-    # ~160). At a fixed token budget 4 rows x 2 steps beat 8 rows x 1 step slightly (GPU runs: loss 1.35 vs
-    # 1.49 after 270k tokens; lr 1e-2 no better than 3e-3). The loss falls from ~8.1 to ~1.4; the recall
-    # probe stays near 0 at this budget (also after 1,200 steps of 8 rows on a GPU, loss 0.34: exact 0/64).
-    "tiny": _from_sft("tiny", n_chats=1024, seq_len=1024, batch_size=4, steps=64,
-                      optim=OptimConfig(lr=3e-3, warmup_steps=6, total_steps=64, weight_decay=0.01),
-                      probe_items=32, log_every=4, ckpt_every=32),
+    # CPU experiments: about 4 minutes on 2 idle cores, cold tokenizer included (~1.1 s per step of 4 x 1024
+    # row slots). seq_len 1024 holds 99.9% of the chats whole (tool chats ~770 tokens, general ~160). At a
+    # fixed token budget 4 rows x 2 steps beat 8 rows x 1 step slightly (GPU runs: loss 1.35 vs 1.49 after
+    # 270k tokens; lr 1e-2 no better than 3e-3). Longer pretraining is what the tiny chain is most short of
+    # (CPU, from-scratch dt_bias init, the same 100 HSA-SFT steps after it: base 64 steps, loss 1.88 -> SFT
+    # loss 1.52; base 256 steps, loss 0.66 -> SFT loss 1.28, and the first reasoning token starts to depend on
+    # the viewer's question); 192 steps is what the 20-minute main job leaves room for. The recall probe stays
+    # near 0 at this budget (also after 1,200 steps of 8 rows on a GPU, loss 0.34: exact 0/64).
+    "tiny": _from_sft("tiny", n_chats=1024, seq_len=1024, batch_size=4, steps=192,
+                      optim=OptimConfig(lr=3e-3, warmup_steps=6, total_steps=192, weight_decay=0.01),
+                      probe_items=32, log_every=8, ckpt_every=48),
 }
 
 

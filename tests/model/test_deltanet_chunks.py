@@ -1,4 +1,5 @@
-"""The chunked gated delta rule gives the same outputs, final state and gradients at every chunk size."""
+"""The chunked gated delta rule gives the same outputs, final state and gradients at every chunk size; the
+from-scratch dt_bias init."""
 
 import jax
 import jax.numpy as jnp
@@ -32,3 +33,14 @@ def test_chunk_sizes_agree_on_outputs_state_and_gradients():
 
 def test_cpu_backend_uses_the_cpu_chunk_size():
     assert jax.default_backend() != "cpu" or default_chunk_size() == CPU_CHUNK_SIZE
+
+
+def test_dt_bias_init_spans_the_gated_deltanet_authors_range():
+    from hat_jax.model.deltanet import DT_MAX, DT_MIN, _dt_bias_init
+
+    dt_bias = _dt_bias_init(jax.random.key(0), (4096,), jnp.float32)
+    dt = np.asarray(jax.nn.softplus(dt_bias))  # softplus inverts the init: dt ~ logU(DT_MIN, DT_MAX)
+    assert dt.min() >= DT_MIN * (1 - 1e-4) and dt.max() <= DT_MAX * (1 + 1e-4)
+    log_dt = np.log(dt)  # log-uniform: mean and quartiles of U(log 1e-3, log 0.1)
+    np.testing.assert_allclose(log_dt.mean(), np.log(1e-2), atol=0.05)
+    np.testing.assert_allclose(np.percentile(log_dt, [25, 75]), [np.log(10**-2.5), np.log(10**-1.5)], atol=0.08)

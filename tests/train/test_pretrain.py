@@ -90,9 +90,15 @@ def test_batches_visit_each_chat_once_per_epoch_and_resume_exactly():
         again.set_state({"batches": 1, "truncated_rows": 0})
 
 
-def test_config_hash_and_bad_fields():
+def test_config_hash_and_bad_fields(monkeypatch):
     micro = pretrain_preset("micro")
     assert micro.digest() == pretrain_preset("micro").digest()
+    from hat_jax.train import pretrain
+
+    before = micro.digest()
+    monkeypatch.setattr(pretrain, "INIT_SCHEME", "another-init")  # a base cached under another init is not reused
+    assert micro.digest() != before
+    monkeypatch.undo()
     assert len({micro.digest(), apply_overrides(micro, ["seq_len=512"]).digest(),
                 apply_overrides(micro, ["optim.lr=0.001"]).digest(), PRETRAIN_PRESETS["tiny"].digest()}) == 4
     for field, value, message in (("seq_len", 0, "PretrainConfig.seq_len = 0: expected an int >= 2"),
