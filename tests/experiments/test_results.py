@@ -52,9 +52,17 @@ def test_check_results_accepts_the_schema_and_names_bad_fields():
     with pytest.raises(ValueError, match=r"stages\[0\] lacks 'harness'"):
         check_results(bad)
     bad = copy.deepcopy(_results())
-    bad["per_seed"][0]["ifeval_mini"] = None
+    bad["per_seed"][0]["ifeval_mini"] = {"prompt_strict": 1.0}
     with pytest.raises(ValueError, match=r"per_seed\[0\]\.ifeval_mini must hold"):
         check_results(bad)
+    bad = copy.deepcopy(_results())
+    del bad["per_seed"][0]["variant_qa"]
+    with pytest.raises(ValueError, match=r"per_seed\[0\] lacks 'variant_qa'"):
+        check_results(bad)
+    not_run = copy.deepcopy(_results())  # --set eval.suites='["live_qa"]': the other suites are null
+    for suite in ("variant_qa", "tool_robustness", "prompt_robustness", "ifeval_mini"):
+        not_run["metrics"][suite] = not_run["per_seed"][0][suite] = None
+    check_results(not_run)
 
 
 def test_group_table_puts_ours_beside_the_paper():
