@@ -35,7 +35,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -261,9 +261,16 @@ def cached(
     return records, {**json.loads(json.dumps(meta, ensure_ascii=False)), "from_cache": False}
 
 
-def _build_sft(config: WorldDataConfig) -> tuple[list[dict], dict]:
+def oracle_records(config: WorldDataConfig, tasks: Sequence[Task], prefix: str = "sft") -> tuple[list[dict], dict]:
+    """The oracle's rejection-sampled trajectories of `tasks` under the production harness, as SFT records.
+
+    Args:
+      config: the world, oracle noise, fault rates and attempts. tasks: the tasks to roll out.
+      prefix: the record ids' prefix ("<prefix>-000000", ...).
+    Returns:
+      (records in `sft_records`' layout, `RejectionStats` as a dict).
+    """
     world, harness = world_for(config.world_seed, config.n_products), production_harness()
-    tasks = sample_tasks(world, config.sft_tasks, SFT_TASK_SEED)
     oracle = OracleTeacher(world, config.oracle)
     env = LiveStreamEnv(world, EnvConfig(fault_rates=dict(config.sft_fault_rates)))
     judge = functools.partial(judge_episode, harness=harness, world=world)
@@ -272,7 +279,7 @@ def _build_sft(config: WorldDataConfig) -> tuple[list[dict], dict]:
     for i, episode in enumerate(kept):
         messages = oracle.sft_messages(episode)
         records.append({
-            "record_id": f"sft-{i:06d}",
+            "record_id": f"{prefix}-{i:06d}",
             "task_id": episode.task.task_id,
             "harness_id": PRODUCTION,
             "seed": episode.seed,
@@ -281,6 +288,11 @@ def _build_sft(config: WorldDataConfig) -> tuple[list[dict], dict]:
             "hook_retry_kept": any(m["role"] == "tool" and '"hook"' in m["content"] for m in messages),
         })
     return records, dataclasses.asdict(stats)
+
+
+def _build_sft(config: WorldDataConfig) -> tuple[list[dict], dict]:
+    world = world_for(config.world_seed, config.n_products)
+    return oracle_records(config, sample_tasks(world, config.sft_tasks, SFT_TASK_SEED))
 
 
 def sft_records(config: WorldDataConfig = WorldDataConfig(), cache_dir: Path | None = None) -> tuple[list[dict], dict]:
