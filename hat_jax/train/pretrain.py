@@ -396,7 +396,8 @@ def train_base(config: PretrainConfig, out_dir: str | Path, *, progress: bool = 
     tmp.write_text(json.dumps(report, indent=1) + "\n")
     os.replace(tmp, out / REPORT)
     log.info("base %s: %d steps, loss %.3f (step %s) -> %.3f (step %s), %.0f s (train %.0f s, %s tok/s); recall "
-             "probe (n=%d): exact %.3f, first token %.3f, name NLL %.3f", out.name, step, report["loss_first"] or 0,
+             "probe (n=%d; near 0 at the tiny presets' budgets): exact %.3f, first token %.3f, name NLL %.3f",
+             out.name.removesuffix(".partial"), step, report["loss_first"] or 0,
              report["loss_first_step"], report["loss_final"] or 0, report["loss_final_step"], report["wall_s"],
              train_s, report["tokens_per_s"], probe["n"], probe["exact"], probe["first_token"], probe["name_nll"])
     return report
