@@ -53,8 +53,9 @@ def span_hits(pieces: Sequence[str], correct: Sequence[bool],
     if len(pieces) != len(correct):
         raise ValueError(f"span_hits: {len(pieces)} pieces but {len(correct)} correctness flags")
     text = "".join(pieces)
-    ends = np.cumsum([len(p) for p in pieces])
-    starts = ends - np.asarray([len(p) for p in pieces], dtype=ends.dtype) if pieces else ends
+    lengths = np.asarray([len(p) for p in pieces], dtype=np.int64)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
     ok = np.asarray(correct, dtype=bool)
     out = {}
     for name, pattern in patterns.items():
@@ -108,18 +109,20 @@ def read_probe(logits_fn, tokenizer: Any, batches: Iterable[Mapping[str, np.ndar
     Raises:
       ValueError: the batches hold no loss token.
     """
+    import jax.numpy as jnp
+
+    from hat_jax.train.losses import token_logprobs
+
     spans = {k: [0, 0] for k in patterns}
     total = right = 0
     nll = 0.0
     for batch in batches:
         ids = np.asarray(batch["input_ids"])
         mask = np.asarray(batch["loss_mask"])[:, 1:].astype(bool)
-        logits = np.asarray(logits_fn(ids, np.asarray(batch["attention_mask"]).astype(bool)), np.float32)[:, :-1]
+        logits = np.asarray(logits_fn(ids, np.asarray(batch["attention_mask"]).astype(bool)), np.float32)
         target = ids[:, 1:]
-        pred = logits.argmax(-1)
-        top = logits.max(-1, keepdims=True)
-        logz = np.log(np.exp(logits - top).sum(-1)) + top[..., 0]
-        nll += float(-(np.take_along_axis(logits, target[..., None], -1)[..., 0] - logz)[mask].sum())
+        pred = logits[:, :-1].argmax(-1)
+        nll -= float(np.asarray(token_logprobs(jnp.asarray(logits), jnp.asarray(ids)))[:, 1:][mask].sum())
         total += int(mask.sum())
         right += int(((pred == target) & mask).sum())
         for r in range(ids.shape[0]):
