@@ -184,6 +184,8 @@ def _a_log_init(key, shape, dtype):
 
 
 DT_MIN, DT_MAX, DT_FLOOR = 1e-3, 1e-1, 1e-4
+# From-scratch init std of out_proj: 0, the branch starts as the identity (`hat_jax.model.params.init_params`).
+OUT_PROJ_INIT_STD = 0.0
 
 
 def _dt_bias_init(key, shape, dtype):
@@ -267,6 +269,8 @@ class GatedDeltaNet(nn.Module):
         else:
             o, state = chunk_gated_delta_rule(q, k, v, g, beta, state0, default_chunk_size())
         o = GatedRMSNorm(c.rms_norm_eps, self.param_dtype, name="norm")(o.astype(self.dtype), z)
-        y = dense("out_proj", c.hidden_size, ("linear_v", "embed"))(o.reshape(b, t, hv * dv))
+        # Zero-initialised (OUT_PROJ_INIT_STD): the residual branch starts as the identity (`params.INIT_SCHEME`).
+        y = Linear(c.hidden_size, ("linear_v", "embed"), self.dtype, self.param_dtype, OUT_PROJ_INIT_STD,
+                   name="out_proj")(o.reshape(b, t, hv * dv))
         new_cache = None if cache is None else {"conv": new_conv_state.astype(cache["conv"].dtype), "state": state}
         return y, new_cache

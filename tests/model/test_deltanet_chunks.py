@@ -44,3 +44,27 @@ def test_dt_bias_init_spans_the_gated_deltanet_authors_range():
     log_dt = np.log(dt)  # log-uniform: mean and quartiles of U(log 1e-3, log 0.1)
     np.testing.assert_allclose(log_dt.mean(), np.log(1e-2), atol=0.05)
     np.testing.assert_allclose(np.percentile(log_dt, [25, 75]), [np.log(10**-2.5), np.log(10**-1.5)], atol=0.08)
+
+
+def test_deltanet_out_proj_starts_at_zero_so_its_residual_branch_is_the_identity():
+    import flax
+
+    from hat_jax.model.config import get_config
+    from hat_jax.model.params import init_params
+    from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
+
+    config = get_config("micro")
+    params = init_params(config, jax.random.key(0))
+    flat = flax.traverse_util.flatten_dict(params)
+    out_proj = {k: v for k, v in flat.items() if k[-2:] == ("out_proj", "kernel")}
+    assert len(out_proj) == config.layer_types.count("linear_attention") == 3
+    assert all(not np.any(np.asarray(v)) for v in out_proj.values())
+    # Other linear layers keep N(0, initializer_range): the attention output projection is not zeroed.
+    o_proj = np.asarray(params["model"]["layers_3"]["self_attn"]["o_proj"]["kernel"])
+    np.testing.assert_allclose(o_proj.std(), config.initializer_range, rtol=0.1)
+    # So at init a DeltaNet layer adds only its MoE block's output to the residual stream.
+    ids = jnp.asarray(np.random.RandomState(0).randint(3, config.vocab_size, (2, 9)), jnp.int32)
+    _, inter = Qwen3_5MoeForCausalLM(config).apply({"params": params}, ids, capture_intermediates=True,
+                                                   mutable=["intermediates"])
+    layer0 = inter["intermediates"]["model"]["layers_0"]
+    np.testing.assert_array_equal(np.asarray(layer0["linear_attn"]["__call__"][0][0]), 0.0)
