@@ -1,6 +1,6 @@
 """Runs an ablation experiment (a row of the HAT report's Tables 3-6) or a whole table, and writes its results.
 
-    python experiments/run.py --exp table6_both                 # the main job: tiny preset, CPU, ~19 minutes on 2 cores
+    python experiments/run.py --exp table6_both                 # the main job: tiny preset, CPU, ~17 minutes on 2 cores
     python experiments/run.py --exp table6 --seeds 0            # every row of Table 6, then the table
     python experiments/run.py --exp table6_both --seeds 0,1,2   # mean and 95% interval over seeds
     python experiments/run.py --exp table3_hat --preset qwen3_6_35b_a3b --set base.hf_path=/ckpt/Qwen3.6-35B-A3B

@@ -119,8 +119,9 @@ def main(argv=None) -> int:
     from hat_jax.model.config import get_config
 
     config = get_config(args.preset, **_parse_set(args.set))
-    print(f"copy task: preset {args.preset} ({''.join('A' if t == 'full_attention' else 'D' for t in config.layer_types)}"
-          f"), L {args.length}, alphabet {args.alphabet}, batch {args.batch}, lr {args.lr}, load {loadavg()}")
+    layers = "".join("A" if t == "full_attention" else "D" for t in config.layer_types)  # D = Gated DeltaNet
+    print(f"copy task: preset {args.preset} ({layers}), L {args.length}, alphabet {args.alphabet}, "
+          f"batch {args.batch}, lr {args.lr}, load {loadavg()}")
     for std in args.gdn_out_std:
         for i, loss, acc, secs in run(config, std, args.steps, args.lr, args.length, args.alphabet, args.batch,
                                       args.seed):
