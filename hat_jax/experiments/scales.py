@@ -157,7 +157,7 @@ def get_scale(name: str) -> Scale:
     """The named preset. Raises ValueError listing the valid ones (with close matches)."""
     if name not in _BUILDERS:
         close = difflib.get_close_matches(name, SCALES, n=2)
-        raise ValueError(f"unknown preset {name!r}" + (f"; did you mean {close[0]!r}?" if close else "")
+        raise ValueError(f"unknown preset {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
                          + f"; valid presets: {', '.join(SCALES)}")
     return _BUILDERS[name]()
 

@@ -31,10 +31,11 @@ def init_params(config: Qwen3_5MoeTextConfig, rng: jax.Array, param_dtype=jnp.fl
       `hat_jax.model.deltanet._dt_bias_init` says why);
     - out_proj is zero (`hat_jax.model.deltanet.OUT_PROJ_INIT_STD`), so each DeltaNet residual branch starts as
       the identity: the "zero" residual strategy of fla-org/flash-linear-attention's `_init_weights`, applied to
-      the DeltaNet layers only. With N(0, 0.02) each DeltaNet layer writes a unit-RMS (gated RMSNorm) mix of
-      earlier tokens into the residual stream, as large as the embedding itself, and the tiny hybrid model
-      does not learn to copy from its context in 300 steps (`experiments/benchmarks/copy_task.py`: copy accuracy 0.03
-      vs 1.00 after 300 steps; zeroing the attention and expert output projections too is as slow as neither).
+      the DeltaNet layers only. Its input is the gated RMSNorm's unit-RMS output whatever the layer's input, so
+      with N(0, 0.02) each DeltaNet layer adds a mix of earlier tokens of RMS ~0.022 to the residual stream, as
+      large as the embedding (0.020), and the tiny hybrid model does not learn to copy from its context in 300
+      steps (`experiments/benchmarks/copy_task.py`: copy accuracy 0.03 vs 1.00 after 300 steps; zeroing the
+      attention and expert output projections too is as slow as neither).
     `INIT_SCHEME` names this scheme.
     """
     return nn.unbox(jax.jit(_boxed_init, static_argnums=(0, 2))(config, rng, param_dtype))

@@ -177,10 +177,10 @@ PRETRAIN_PRESETS: dict[str, PretrainConfig] = {
     # 270k tokens; lr 1e-2 no better than 3e-3). Longer pretraining is what the tiny chain is most short of
     # (CPU, from-scratch dt_bias init, the same 100 HSA-SFT steps after it: base 64 steps, loss 1.88 -> SFT
     # loss 1.52; base 256 steps, loss 0.66 -> SFT loss 1.28, and the first reasoning token starts to depend on
-    # the viewer's question); 192 steps is what the 20-minute main job leaves room for. With the zero-initialised
-    # DeltaNet out_proj (`hat_jax.model.params.INIT_SCHEME`) 192 steps reach loss 0.83 (0.96 before). The recall
-    # probe stays near 0 at this budget (also after 1,200 steps of 8 rows on a GPU under the earlier init,
-    # loss 0.34: exact 0/64).
+    # the viewer's question); 192 steps is what the main job's 20-minute budget leaves room for. With the
+    # zero-initialised DeltaNet out_proj (`hat_jax.model.params.INIT_SCHEME`) 192 steps reach loss 0.83 (0.96
+    # before). The recall probe stays near 0 at this budget (also after 1,200 steps of 8 rows on a GPU under the
+    # earlier init, loss 0.34: exact 0/64).
     "tiny": _from_sft("tiny", n_chats=1024, seq_len=1024, batch_size=4, steps=192,
                       optim=OptimConfig(lr=3e-3, warmup_steps=6, total_steps=192, weight_decay=0.01),
                       probe_items=32, log_every=8, ckpt_every=48),

@@ -117,7 +117,8 @@ def test_config_hash_and_bad_fields(monkeypatch):
         assert (config.world, config.tokenizer_texts) == (sft.world, sft.tokenizer_texts), name
     with pytest.raises(ValueError, match="unknown pretrain preset 'small'; valid: micro, tiny"):
         pretrain_preset("small")
-    with pytest.raises(ValueError, match="unknown field 'seqlen' of PretrainConfig; valid: .*seq_len"):
+    with pytest.raises(ValueError,
+                       match=r"unknown field 'seqlen' of PretrainConfig \(did you mean 'seq_len'\?\); valid: .*seq_len"):
         apply_overrides(micro, ["seqlen=3"])
 
 

@@ -155,9 +155,10 @@ def test_overrides_and_switches():
     assert config.init == "/some/dir"
     assert with_hsa(config, False).harness_mode == "original" and with_hsa(config, True).harness_mode == "hsa"
     assert with_steps(config, 7).optim.total_steps == 7
-    with pytest.raises(ValueError, match="unknown field 'seqlen' of SFTDataConfig; valid: seq_len"):
+    with pytest.raises(ValueError,
+                       match=r"unknown field 'seqlen' of SFTDataConfig \(did you mean 'seq_len'\?\); valid: seq_len"):
         apply_overrides(config, ["data.seqlen=3"])
-    with pytest.raises(ValueError, match="unknown model field 'vocab'"):
+    with pytest.raises(ValueError, match=r"unknown model field 'vocab' \(did you mean 'vocab_size'\?\)"):
         apply_overrides(config, ["model.vocab=3"])
     with pytest.raises(ValueError, match="accum_steps"):
         apply_overrides(config, ["accum_steps=3"])
