@@ -4,8 +4,8 @@
         [--length 32] [--alphabet 54] [--batch 16] [--gdn-out-std 0.0 0.02] [--set num_hidden_layers=2 ...]
 
 The task is the textbook induction probe: a row is [BOS] x_1..x_L [SEP] x_1..x_L with x drawn uniformly from
-`--alphabet` token ids, and the loss is the cross-entropy on the copied half after its first token (which
-the model cannot know). Each x_i must be found by matching the previous token in the first half, so a model
+`--alphabet` token ids, and the loss is the cross-entropy on the copied half x_1..x_L. Each x_i must be found
+by matching the previous token (SEP standing for BOS before x_1) in the first half, so a model
 solves it only once it reads its context; "copy accuracy" is the share of those tokens that are the argmax.
 Run once per `--gdn-out-std`: the init std of every Gated DeltaNet `out_proj` (0.0 is hat-jax's init,
 `hat_jax.model.params.INIT_SCHEME`; 0.02 = `initializer_range` is transformers' `_init_weights`). Training:
@@ -65,7 +65,7 @@ def run(config, gdn_out_std: float, steps: int, lr: float, length: int, alphabet
 
     from hat_jax.model.params import init_params
     from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
-    from hat_jax.train.losses import token_logprobs
+    from hat_jax.train.losses import masked_token_ce_sum
 
     model = Qwen3_5MoeForCausalLM(config)
     params = flax.traverse_util.flatten_dict(init_params(config, jax.random.key(seed)))
@@ -78,14 +78,15 @@ def run(config, gdn_out_std: float, steps: int, lr: float, length: int, alphabet
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
     opt_state = opt.init(params)
     width = 2 * length + 2
-    mask = jnp.zeros((width - 1,), jnp.float32).at[length + 1:].set(1.0)  # targets x_2..x_L of the copy
+    # loss_mask [T] (token t predicted from t - 1): the whole copy x_1..x_L, positions length + 2 .. 2 length + 1.
+    mask = jnp.zeros((width,), jnp.float32).at[length + 2:].set(1.0)
 
     def loss_fn(p, ids):
         logits = model.apply({"params": p}, ids, attention_mask=jnp.ones_like(ids)).logits
-        logprobs = token_logprobs(logits, ids)[:, 1:]
+        loss_mask = jnp.broadcast_to(mask, ids.shape)
+        nll, n = masked_token_ce_sum(logits, ids, loss_mask)
         hits = (logits[:, :-1].argmax(-1) == ids[:, 1:]).astype(jnp.float32)
-        n = mask.sum() * ids.shape[0]
-        return -(logprobs * mask).sum() / n, (hits * mask).sum() / n
+        return nll / n, (hits * loss_mask[:, 1:]).sum() / n
 
     @jax.jit
     def step(p, s, ids):
