@@ -9,8 +9,10 @@ results.json (issue 5 point 6; every metric on the paper's 0-100 scale):
      "per_seed": [{the same metrics for each seed}], ...extra fields (chain, paper, intervals, base, eval_wall_s)}
 
 With several seeds, "metrics" holds the mean over seeds and "intervals" the 95% confidence interval of the
-mean (Student's t with n - 1 degrees of freedom, `scipy.stats.t`); a metric that is null for some seed (IFEval
-skipped) is null in the mean. A suite that was not run is null: IFEval without its data, or a suite left out
+mean (Student's t with n - 1 degrees of freedom, `scipy.stats.t`), clipped to the metrics' 0-100 range (with 3
+seeds the t-interval of a score near 100 otherwise passes 100); a metric that is null for some seed (IFEval
+skipped) is null in the mean. Means and bounds keep 4 decimals, so that results.md's one decimal rounds the
+same value the evaluation log rounds (2 decimals would round 11.646 to 11.65, then to 11.7, against the log's 11.6). A suite that was not run is null: IFEval without its data, or a suite left out
 with `--set eval.suites=[...]` or `--set eval.ifeval_mini_items=0`.
 """
 
@@ -49,7 +51,7 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[fl
 
 
 def aggregate(per_seed: Sequence[Mapping[str, Any]]) -> tuple[dict, dict]:
-    """(mean metrics, 95% intervals) over seeds, in the results.json layout (module docstring)."""
+    """(mean metrics, 95% intervals clipped to [0, 100]) over seeds, in the results.json layout (module docstring)."""
     mean, intervals = {}, {}
     for suite, keys in SUITE_KEYS.items():
         blocks = [m.get(suite) for m in per_seed]
@@ -59,8 +61,8 @@ def aggregate(per_seed: Sequence[Mapping[str, Any]]) -> tuple[dict, dict]:
         mean[suite], intervals[suite] = {}, {}
         for key in keys:
             m, lo, hi = mean_interval([float(b[key]) for b in blocks])
-            mean[suite][key] = round(m, 2)
-            intervals[suite][key] = [round(lo, 2), round(hi, 2)]
+            mean[suite][key] = round(m, 4)
+            intervals[suite][key] = [round(max(lo, 0.0), 4), round(min(hi, 100.0), 4)]
     return mean, intervals
 
 

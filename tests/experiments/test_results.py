@@ -28,8 +28,16 @@ def test_mean_interval_hand_computed():
 def test_aggregate_means_and_null_ifeval():
     mean, intervals = aggregate([_metrics(10.0), _metrics(30.0)])
     assert mean["live_qa"] == {"acc": 20.0, "eff": 20.0, "avg": 20.0}
-    # n = 2: t_{0.975, 1} = 12.706204736174698, s = 14.142135623730951, half = 12.7062 * 14.1421 / sqrt 2 = 127.06
-    assert intervals["live_qa"]["avg"] == [round(20 - 127.062047, 2), round(20 + 127.062047, 2)]
+    # n = 2: t_{0.975, 1} = 12.706204736174698, s = 14.142135623730951, half = 12.7062 * 14.1421 / sqrt 2 = 127.06,
+    # so [-107.06, 147.06], clipped to the metric's range
+    assert intervals["live_qa"]["avg"] == [0.0, 100.0]
+    mean, intervals = aggregate([_metrics(60.0), _metrics(62.0), _metrics(67.0)])
+    # mean 63, s = sqrt((9 + 1 + 16) / 2) = 3.605551, half = 4.302652729911275 * 3.605551 / sqrt 3 = 8.956686
+    assert mean["live_qa"]["acc"] == 63.0
+    assert intervals["live_qa"]["acc"] == [54.0433, 71.9567]
+    # IFE-P of one seed, 63/541 = 11.645...: kept to 4 decimals, so the table prints 11.6 as the log does
+    mean, _ = aggregate([_metrics(63 / 541 * 100)])
+    assert mean["live_qa"]["acc"] == 11.6451 and f"{mean['live_qa']['acc']:.1f}" == "11.6"
     mean, _ = aggregate([_metrics(10.0), _metrics(30.0, ifeval=False)])
     assert mean["ifeval"] is None and mean["ifeval_mini"]["prompt_strict"] == 20.0
 
