@@ -12,8 +12,9 @@ With several seeds, "metrics" holds the mean over seeds and "intervals" the 95% 
 mean (Student's t with n - 1 degrees of freedom, `scipy.stats.t`), clipped to the metrics' 0-100 range (with 3
 seeds the t-interval of a score near 100 otherwise passes 100); a metric that is null for some seed (IFEval
 skipped) is null in the mean. Means and bounds keep 4 decimals, so that results.md's one decimal rounds the
-same value the evaluation log rounds (2 decimals would round 11.646 to 11.65, then to 11.7, against the log's 11.6). A suite that was not run is null: IFEval without its data, or a suite left out
-with `--set eval.suites=[...]` or `--set eval.ifeval_mini_items=0`.
+same value the evaluation log rounds (2 decimals would round 11.646 to 11.65, then to 11.7, against the log's
+11.6). A suite that was not run is null: IFEval without its data, or a suite left out with
+`--set eval.suites=[...]` or `--set eval.ifeval_mini_items=0`.
 """
 
 from __future__ import annotations
