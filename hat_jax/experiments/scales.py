@@ -9,8 +9,8 @@ stage also moves the end of its learning-rate schedule (the stage's `with_steps`
 Sizes:
 - micro: the test suite's end-to-end runs (seconds per stage, 2 items per suite).
 - tiny: the CPU default, sized so that `table6_both` (base, HSA-SFT, HSA-RL, every suite) fits in 20 minutes on
-  a 2-core machine (measured on 2 idle cores: 16.7 minutes from an empty cache, of which base 4.3 (tokenizer and
-  world data included), SFT 4.1, RL 4.0, evaluation 4.3 minutes, compilations included, and 2.3 more with the
+  a 2-core machine (measured on 2 idle cores: 16.8 minutes from an empty cache, of which base 4.2 (tokenizer and
+  world data included), SFT 4.3, RL 4.2, evaluation 4.1 minutes, compilations included, and 2.3 more with the
   541 IFEval prompts; peak memory 8.2 GiB): 50 items per live-stream suite
   (`--set eval.world.eval_items=200` for the larger sets, about 4x the evaluation time), all 541 IFEval
   prompts when the data is given, decoding as the paper's serving (temperature 1.0, top-p 0.95, seeded).
