@@ -149,6 +149,7 @@ def run_stage_cached(kind: str, config, out: Path, record: dict, *, progress: bo
     record = dict(record, steps=int(config.steps), wall_s=round(time.perf_counter() - t0, 3), resumed_from=resumed,
                   trained_by=tag)
     write_json_atomic(done, record)
+    log.info("%s stage done: %d steps in %.0f s -> %s", kind, record["steps"], record["wall_s"], out)
     return record
 
 
@@ -243,6 +244,7 @@ def evaluate_cached(checkpoint: Path, key: str, seed: int, scale: Scale, out_roo
     done = out / "metrics.json"
     if done.is_file():
         return json.loads(done.read_text())
+    log.info("evaluating %s (seed %d) on %s", checkpoint, seed, ", ".join(scale.eval.suites))
     t0 = time.perf_counter()
     metrics = evaluate_checkpoint(checkpoint, scale.eval, out_dir=out, progress=progress)
     result = {"metrics": metrics, "wall_s": round(time.perf_counter() - t0, 3), "checkpoint": str(checkpoint)}

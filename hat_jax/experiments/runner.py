@@ -3,7 +3,7 @@
 Outputs in `DIR/<experiment>/`:
 - `run_config.json`: what the run is (experiment, preset, seeds, chain, every config of the scale). `--resume`
   on a directory whose run_config differs refuses and lists the differing fields; without `--resume` an
-  existing run directory is refused (nothing is overwritten).
+  existing run directory is refused (nothing is overwritten), unless no seed of it finished (a failed start).
 - `seed<k>.json`: that seed's stages and metrics (written as soon as the seed is done, so a resumed run
   redoes nothing that finished); `eval/seed<k>/`: the metrics as TensorBoard scalars `eval/<suite>/<key>` at
   the chain's total step count, so `tensorboard --logdir DIR` shows every row of a table side by side
@@ -47,12 +47,19 @@ def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
 def check_run_dir(exp_dir: Path, run_config: Mapping[str, Any], resume: bool) -> None:
     """Refuses an existing run dir without resume, or one from another configuration with resume.
 
+    A run dir that holds no finished seed (`seed<k>.json`) and no results.json is a start that failed before
+    any seed finished (a missing base folder, a stage error): it is taken over, whatever its configuration, as
+    nothing in it could mix with the new run (stage checkpoints live under DIR/stages, keyed by their config).
+
     Raises:
-      FileExistsError: `exp_dir/run_config.json` exists and resume is False.
+      FileExistsError: `exp_dir/run_config.json` exists, some seed finished, and resume is False.
       RunConfigMismatchError: resume, but the stored run_config differs (the message lists up to 8 fields).
     """
     path = exp_dir / "run_config.json"
     if not path.is_file():
+        return
+    if not (exp_dir / "results.json").is_file() and not any(exp_dir.glob("seed*.json")):
+        log.info("%s: no seed finished in the earlier start; starting it again", exp_dir)
         return
     if not resume:
         raise FileExistsError(f"{str(exp_dir)!r} already holds a run of {run_config['experiment']}; pass --resume "

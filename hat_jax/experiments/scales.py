@@ -11,7 +11,7 @@ Sizes:
 - tiny: the CPU default, sized so that `table6_both` (base, HSA-SFT, HSA-RL, every suite) fits in 20 minutes on
   a 2-core machine (measured on 2 idle cores: 16.8 minutes from an empty cache, of which base 4.2 (tokenizer and
   world data included), SFT 4.3, RL 4.2, evaluation 4.1 minutes, compilations included, and 2.3 more with the
-  541 IFEval prompts; peak memory 8.2 GiB): 50 items per live-stream suite
+  541 IFEval prompts; peak memory 7.9 GiB): 50 items per live-stream suite
   (`--set eval.world.eval_items=200` for the larger sets, about 4x the evaluation time), all 541 IFEval
   prompts when the data is given, decoding as the paper's serving (temperature 1.0, top-p 0.95, seeded).
 - qwen3_6_35b_a3b: the paper's setting for an accelerator host (HAT report, arXiv 2608.15763, "Training"); the base
@@ -29,6 +29,15 @@ from hat_jax.train.stage import apply_overrides
 
 SCALES: tuple[str, ...] = ("micro", "tiny", "qwen3_6_35b_a3b")
 SECTIONS: tuple[str, ...] = ("base", "sft", "opd", "rl", "opd_live", "teacher", "eval")
+STAGE_SECTIONS: tuple[str, ...] = ("sft", "opd", "rl", "opd_live")
+# Stage fields that `hat_jax.experiments.chain.stage_config` sets, so a --set of them would be overwritten.
+CHAIN_FIELDS: dict[str, str] = {
+    "init": "each stage starts from the previous stage's checkpoint, the first from the base",
+    "seed": "every stage's seed is the experiment's seed, from --seeds",
+    "data.seed": "SFT's data seed is the experiment's seed, from --seeds",
+    "teacher": "OPD's teacher is the base (general OPD) or Table 5's strong teacher (live OPD)",
+    "harness_mode": "the harness, original or hsa, is the stage's variant in the ablation's declaration",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +180,17 @@ def opd_steps(config, steps: int):
     return dataclasses.replace(config, steps=steps, optim=optim)
 
 
+def _positive_steps(value: str) -> int:
+    """A stage's `steps` from --set text. Raises ValueError unless it is an integer >= 1."""
+    try:
+        steps = int(value)
+    except ValueError:
+        raise ValueError(f"steps = {value!r}: expected an integer >= 1") from None
+    if steps < 1:
+        raise ValueError(f"steps = {steps}: expected an integer >= 1")
+    return steps
+
+
 def _with_steps(section: str, config, steps: int):
     from hat_jax.train import rl, sft
 
@@ -187,14 +207,21 @@ def apply_scale_overrides(scale: Scale, assignments: Sequence[str]) -> Scale:
 
     Raises:
       ValueError: a malformed assignment, an unknown section (lists `SECTIONS`) or field (lists the valid ones),
-        a value of the wrong type.
+        a section without a field, a field the chain sets (`CHAIN_FIELDS`), a value of the wrong type, a
+        stage's steps below 1.
     """
     for item in assignments:
         if "=" not in item:
             raise ValueError(f"--set {item!r}: expected section.field=value")
         key, value = item.split("=", 1)
         section, _, rest = key.strip().partition(".")
-        if section not in SECTIONS or not rest:
+        if section in SECTIONS and not rest:
+            raise ValueError(f"--set {item!r}: {section!r} is a section; name a field of it, as "
+                             f"{section}.field=value (e.g. {section}.steps=6)")
+        if section in STAGE_SECTIONS and rest in CHAIN_FIELDS:
+            raise ValueError(f"--set {item!r}: {section}.{rest} is set by the experiment chain ({CHAIN_FIELDS[rest]}); "
+                             f"pick it with --exp or --seeds instead")
+        if section not in SECTIONS:
             close = difflib.get_close_matches(section, SECTIONS, n=1)
             raise ValueError(f"--set {item!r}: unknown section {section!r}" + (f" (did you mean {close[0]!r}?)" if close
                              else "") + f"; valid sections: {', '.join(SECTIONS)}, as section.field=value")
@@ -209,8 +236,8 @@ def apply_scale_overrides(scale: Scale, assignments: Sequence[str]) -> Scale:
             raise ValueError(f"--set {item!r}: preset {scale.name!r} has no {section} config to override "
                              f"(its {section} is {'imported' if section == 'base' else 'a given checkpoint'})")
         try:
-            if rest == "steps" and section in ("sft", "rl", "opd", "opd_live"):
-                updated = _with_steps(section, target, int(value))
+            if rest == "steps" and section in STAGE_SECTIONS:
+                updated = _with_steps(section, target, _positive_steps(value))
             else:
                 updated = apply_overrides(target, [f"{rest}={value}"])
         except ValueError as err:

@@ -67,7 +67,33 @@ def test_scale_overrides():
         apply_scale_overrides(scale, ["sft.stepz=3"])
     with pytest.raises(ValueError, match="expected a value of type int"):
         apply_scale_overrides(scale, ["rl.group_size=big"])
+    with pytest.raises(ValueError, match=r"'rl' is a section; name a field of it, as rl.field=value"):
+        apply_scale_overrides(scale, ["rl=3"])
+    for bad in ("abc", "1.5", "0", "-1"):
+        with pytest.raises(ValueError, match=r"--set 'rl.steps=.*': steps = .*: expected an integer >= 1"):
+            apply_scale_overrides(scale, [f"rl.steps={bad}"])
+    # Fields the chain sets would be silently overwritten: refused, naming who sets them
+    for item, who in [("rl.seed=5", "--seeds"), ("sft.data.seed=7", "--seeds"), ("rl.init=/x", "previous stage"),
+                      ("rl.harness_mode=original", "declaration"), ("opd.teacher=/t", "teacher is the base")]:
+        with pytest.raises(ValueError, match=f"is set by the experiment chain .*{who}"):
+            apply_scale_overrides(scale, [item])
     with pytest.raises(ValueError, match=r"unknown preset 'tinny' \(did you mean 'tiny'\?\); valid presets: "):
         get_scale("tinny")
     real = get_scale("qwen3_6_35b_a3b")
     assert real.base.pretrain is None and dataclasses.replace(real.sft).preset == "qwen3_6_35b_a3b"
+
+
+def test_a_failed_start_does_not_block_the_corrected_command(tmp_path):
+    from hat_jax.experiments.runner import RunConfigMismatchError, check_run_dir
+
+    exp_dir = tmp_path / "table3_hat"
+    exp_dir.mkdir()
+    (exp_dir / "run_config.json").write_text('{"experiment": "table3_hat", "scale": {"base": {"hf_path": null}}}')
+    fixed = {"experiment": "table3_hat", "scale": {"base": {"hf_path": "/ckpt"}}}
+    check_run_dir(exp_dir, fixed, resume=False)        # no seed finished: taken over, with or without --resume
+    check_run_dir(exp_dir, fixed, resume=True)
+    (exp_dir / "seed0.json").write_text("{}")          # once a seed finished, the run dir is protected
+    with pytest.raises(FileExistsError, match="pass --resume"):
+        check_run_dir(exp_dir, fixed, resume=False)
+    with pytest.raises(RunConfigMismatchError, match=r"scale.base.hf_path: stored None != now '/ckpt'"):
+        check_run_dir(exp_dir, fixed, resume=True)
