@@ -1,13 +1,14 @@
 """Runs an ablation experiment (a row of the HAT report's Tables 3-6) or a whole table, and writes its results.
 
     python experiments/run.py --exp table6_both                 # the main job: tiny preset, CPU, ~17 minutes on 2 cores
-    python experiments/run.py --exp table6 --seeds 0            # every row of Table 6, then the table
-    python experiments/run.py --exp table6_both --seeds 0,1,2   # mean and 95% interval over seeds
+    python experiments/run.py --exp table6 --resume             # every row of Table 6 (finished ones reused), the table
+    python experiments/run.py --exp table6_both --seeds 0,1,2 --out runs3   # mean and 95% interval over seeds
     python experiments/run.py --exp table3_hat --preset qwen3_6_35b_a3b --set base.hf_path=/ckpt/Qwen3.6-35B-A3B
     python experiments/run.py --list
 
 Options: --preset micro|tiny|qwen3_6_35b_a3b (default tiny), --seeds (default 0), --out (default runs/),
---resume (continue an interrupted run; a group resumes its unfinished rows only), --set section.field=value
+--resume (reprint a finished run, continue an interrupted one; a group runs its unfinished rows only),
+--set section.field=value
 (sections: base, sft, opd, rl, opd_live, teacher, eval; e.g. --set sft.steps=50 --set eval.world.eval_items=100),
 --ifeval-data FILE (the official IFEval input_data.jsonl; default $HAT_IFEVAL_DATA, then the hub, else skipped),
 --no-progress. Outputs: DIR/<experiment>/results.json, results.md, eval curves; DIR/stages/ (stage run dirs,
@@ -53,7 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--preset", default="tiny", help=f"scale: {', '.join(SCALES)} (default tiny)")
     parser.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
     parser.add_argument("--out", default="runs", help="output root (default runs/)")
-    parser.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+    parser.add_argument("--resume", action="store_true",
+                        help="reuse what --out already holds: reprint a finished run, continue an interrupted one "
+                             "(a group runs its unfinished rows only); refused if --out holds another configuration")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                         help="override a config field, e.g. sft.steps=50, rl.group_size=8, eval.world.eval_items=100")
     parser.add_argument("--ifeval-data", help="the official IFEval input_data.jsonl (default: $HAT_IFEVAL_DATA)")

@@ -44,6 +44,12 @@ def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: data}
 
 
+def _failed_start(exp_dir: Path) -> bool:
+    """Whether `exp_dir` holds a run_config.json but no finished seed and no results.json."""
+    return ((exp_dir / "run_config.json").is_file() and not (exp_dir / "results.json").is_file()
+            and not any(exp_dir.glob("seed*.json")))
+
+
 def check_run_dir(exp_dir: Path, run_config: Mapping[str, Any], resume: bool) -> None:
     """Refuses an existing run dir without resume, or one from another configuration with resume.
 
@@ -58,8 +64,7 @@ def check_run_dir(exp_dir: Path, run_config: Mapping[str, Any], resume: bool) ->
     path = exp_dir / "run_config.json"
     if not path.is_file():
         return
-    if not (exp_dir / "results.json").is_file() and not any(exp_dir.glob("seed*.json")):
-        log.info("%s: no seed finished in the earlier start; starting it again", exp_dir)
+    if _failed_start(exp_dir):
         return
     if not resume:
         raise FileExistsError(f"{str(exp_dir)!r} already holds a run of {run_config['experiment']}; pass --resume "
@@ -126,6 +131,8 @@ def run_experiment(experiment: Experiment, scale: Scale, seeds: Sequence[int], o
     if results_path.is_file():
         log.info("%s: already complete (%s)", experiment.name, results_path)
         return json.loads(results_path.read_text())
+    if _failed_start(exp_dir):
+        log.info("%s: no seed finished in the earlier start; starting it again", exp_dir)
     write_json_atomic(exp_dir / "run_config.json", run_config)
     kinds = [s.kind for s in experiment.chain]
     log.info("%s (%s): %s; budget %s", experiment.name, scale.name,

@@ -32,11 +32,15 @@ SECTIONS: tuple[str, ...] = ("base", "sft", "opd", "rl", "opd_live", "teacher", 
 STAGE_SECTIONS: tuple[str, ...] = ("sft", "opd", "rl", "opd_live")
 # Stage fields that `hat_jax.experiments.chain.stage_config` sets, so a --set of them would be overwritten.
 CHAIN_FIELDS: dict[str, str] = {
-    "init": "each stage starts from the previous stage's checkpoint, the first from the base",
-    "seed": "every stage's seed is the experiment's seed, from --seeds",
-    "data.seed": "SFT's data seed is the experiment's seed, from --seeds",
-    "teacher": "OPD's teacher is the base (general OPD) or Table 5's strong teacher (live OPD)",
-    "harness_mode": "the harness, original or hsa, is the stage's variant in the ablation's declaration",
+    "init": "each stage starts from the previous stage's checkpoint, the first from the base; choose the chain "
+            "with --exp and the base with --set base.*",
+    "seed": "every stage's seed is the experiment's seed; choose it with --seeds",
+    "data.seed": "SFT's data seed is the experiment's seed; choose it with --seeds",
+    "ref": "the KL reference is the stage's starting checkpoint; choose the chain with --exp",
+    "teacher": "general OPD distils from the base, live OPD from Table 5's strong teacher; give that one with "
+               "--set teacher.path=DIR",
+    "harness_mode": "the harness (original or hsa) is the stage's variant in the row's declaration; choose the "
+                    "row with --exp",
 }
 
 
@@ -185,9 +189,9 @@ def _positive_steps(value: str) -> int:
     try:
         steps = int(value)
     except ValueError:
-        raise ValueError(f"steps = {value!r}: expected an integer >= 1") from None
+        raise ValueError(f"{value!r}: expected an integer >= 1") from None
     if steps < 1:
-        raise ValueError(f"steps = {steps}: expected an integer >= 1")
+        raise ValueError(f"{steps}: expected an integer >= 1")
     return steps
 
 
@@ -219,8 +223,7 @@ def apply_scale_overrides(scale: Scale, assignments: Sequence[str]) -> Scale:
             raise ValueError(f"--set {item!r}: {section!r} is a section; name a field of it, as "
                              f"{section}.field=value (e.g. {section}.steps=6)")
         if section in STAGE_SECTIONS and rest in CHAIN_FIELDS:
-            raise ValueError(f"--set {item!r}: {section}.{rest} is set by the experiment chain ({CHAIN_FIELDS[rest]}); "
-                             f"pick it with --exp or --seeds instead")
+            raise ValueError(f"--set {item!r}: {section}.{rest} is set by the experiment chain: {CHAIN_FIELDS[rest]}")
         if section not in SECTIONS:
             close = difflib.get_close_matches(section, SECTIONS, n=1)
             raise ValueError(f"--set {item!r}: unknown section {section!r}" + (f" (did you mean {close[0]!r}?)" if close
@@ -237,7 +240,11 @@ def apply_scale_overrides(scale: Scale, assignments: Sequence[str]) -> Scale:
                              f"(its {section} is {'imported' if section == 'base' else 'a given checkpoint'})")
         try:
             if rest == "steps" and section in STAGE_SECTIONS:
-                updated = _with_steps(section, target, _positive_steps(value))
+                try:
+                    steps = _positive_steps(value)
+                except ValueError as err:
+                    raise ValueError(f"{section}.steps = {err}") from None
+                updated = _with_steps(section, target, steps)
             else:
                 updated = apply_overrides(target, [f"{rest}={value}"])
         except ValueError as err:

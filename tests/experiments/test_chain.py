@@ -70,12 +70,13 @@ def test_scale_overrides():
     with pytest.raises(ValueError, match=r"'rl' is a section; name a field of it, as rl.field=value"):
         apply_scale_overrides(scale, ["rl=3"])
     for bad in ("abc", "1.5", "0", "-1"):
-        with pytest.raises(ValueError, match=r"--set 'rl.steps=.*': steps = .*: expected an integer >= 1"):
+        with pytest.raises(ValueError, match=r"--set 'rl.steps=.*': rl.steps = .*: expected an integer >= 1"):
             apply_scale_overrides(scale, [f"rl.steps={bad}"])
     # Fields the chain sets would be silently overwritten: refused, naming who sets them
-    for item, who in [("rl.seed=5", "--seeds"), ("sft.data.seed=7", "--seeds"), ("rl.init=/x", "previous stage"),
-                      ("rl.harness_mode=original", "declaration"), ("opd.teacher=/t", "teacher is the base")]:
-        with pytest.raises(ValueError, match=f"is set by the experiment chain .*{who}"):
+    for item, how in [("rl.seed=5", "--seeds"), ("sft.data.seed=7", "--seeds"), ("rl.init=/x", "--set base"),
+                      ("rl.ref=/x", "--exp"), ("rl.harness_mode=original", "--exp"),
+                      ("opd_live.teacher=/t", "--set teacher.path=DIR")]:
+        with pytest.raises(ValueError, match=f"is set by the experiment chain: .*choose .*{how}|give .*{how}"):
             apply_scale_overrides(scale, [item])
     with pytest.raises(ValueError, match=r"unknown preset 'tinny' \(did you mean 'tiny'\?\); valid presets: "):
         get_scale("tinny")
