@@ -38,6 +38,20 @@ log = logging.getLogger(__name__)
 DONE_FILE = "stage_done.json"
 _NOT_HASHED = ("init", "teacher", "ref", "seed")
 
+# Stage fields that `stage_config` (and `stage_template`: harness_mode) set, so a --set of them would be
+# overwritten (refused by `hat_jax.experiments.scales.apply_scale_overrides`), and how to choose them instead.
+CHAIN_FIELDS: dict[str, str] = {
+    "init": "each stage starts from the previous stage's checkpoint, the first from the base; choose the chain "
+            "with --exp and the base with --set base.*",
+    "seed": "every stage's seed is the experiment's seed; choose it with --seeds",
+    "data.seed": "SFT's data seed is the experiment's seed; choose it with --seeds",
+    "ref": "the KL reference is the stage's starting checkpoint; choose the chain with --exp",
+    "teacher": "general OPD distils from the base, live OPD from Table 5's strong teacher; give that one with "
+               "--set teacher.path=DIR",
+    "harness_mode": "the harness (original or hsa) is the stage's variant in the row's declaration; choose the "
+                    "row with --exp",
+}
+
 
 def digest(data: Any, n: int = 10) -> str:
     """First `n` hex digits of the SHA-256 of `data` as canonical JSON."""

@@ -20,28 +20,17 @@ Sizes:
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-import difflib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hat_jax.train.stage import apply_overrides
+from hat_jax.cli_types import positive_int
+from hat_jax.train.stage import apply_overrides, did_you_mean
 
 SCALES: tuple[str, ...] = ("micro", "tiny", "qwen3_6_35b_a3b")
 SECTIONS: tuple[str, ...] = ("base", "sft", "opd", "rl", "opd_live", "teacher", "eval")
 STAGE_SECTIONS: tuple[str, ...] = ("sft", "opd", "rl", "opd_live")
-# Stage fields that `hat_jax.experiments.chain.stage_config` sets, so a --set of them would be overwritten.
-CHAIN_FIELDS: dict[str, str] = {
-    "init": "each stage starts from the previous stage's checkpoint, the first from the base; choose the chain "
-            "with --exp and the base with --set base.*",
-    "seed": "every stage's seed is the experiment's seed; choose it with --seeds",
-    "data.seed": "SFT's data seed is the experiment's seed; choose it with --seeds",
-    "ref": "the KL reference is the stage's starting checkpoint; choose the chain with --exp",
-    "teacher": "general OPD distils from the base, live OPD from Table 5's strong teacher; give that one with "
-               "--set teacher.path=DIR",
-    "harness_mode": "the harness (original or hsa) is the stage's variant in the row's declaration; choose the "
-                    "row with --exp",
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,9 +161,7 @@ _BUILDERS = {"micro": _micro, "tiny": _tiny, "qwen3_6_35b_a3b": _real}
 def get_scale(name: str) -> Scale:
     """The named preset. Raises ValueError listing the valid ones (with close matches)."""
     if name not in _BUILDERS:
-        close = difflib.get_close_matches(name, SCALES, n=2)
-        raise ValueError(f"unknown preset {name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
-                         + f"; valid presets: {', '.join(SCALES)}")
+        raise ValueError(f"unknown preset {name!r}{did_you_mean(name, SCALES)}; valid presets: {', '.join(SCALES)}")
     return _BUILDERS[name]()
 
 
@@ -182,17 +169,6 @@ def opd_steps(config, steps: int):
     """An OPD config with `steps` and its schedule's end at `steps` (warmup capped)."""
     optim = dataclasses.replace(config.optim, total_steps=steps, warmup_steps=min(config.optim.warmup_steps, steps))
     return dataclasses.replace(config, steps=steps, optim=optim)
-
-
-def _positive_steps(value: str) -> int:
-    """A stage's `steps` from --set text. Raises ValueError unless it is an integer >= 1."""
-    try:
-        steps = int(value)
-    except ValueError:
-        raise ValueError(f"{value!r}: expected an integer >= 1") from None
-    if steps < 1:
-        raise ValueError(f"{steps}: expected an integer >= 1")
-    return steps
 
 
 def _with_steps(section: str, config, steps: int):
@@ -211,7 +187,7 @@ def apply_scale_overrides(scale: Scale, assignments: Sequence[str]) -> Scale:
 
     Raises:
       ValueError: a malformed assignment, an unknown section (lists `SECTIONS`) or field (lists the valid ones),
-        a section without a field, a field the chain sets (`CHAIN_FIELDS`), a value of the wrong type, a
+        a section without a field, a field the chain sets (`hat_jax.experiments.chain.CHAIN_FIELDS`), a value of the wrong type, a
         stage's steps below 1.
     """
     for item in assignments:
@@ -222,12 +198,15 @@ def apply_scale_overrides(scale: Scale, assignments: Sequence[str]) -> Scale:
         if section in SECTIONS and not rest:
             raise ValueError(f"--set {item!r}: {section!r} is a section; name a field of it, as "
                              f"{section}.field=value (e.g. {section}.steps=6)")
-        if section in STAGE_SECTIONS and rest in CHAIN_FIELDS:
-            raise ValueError(f"--set {item!r}: {section}.{rest} is set by the experiment chain: {CHAIN_FIELDS[rest]}")
+        if section in STAGE_SECTIONS:
+            from hat_jax.experiments.chain import CHAIN_FIELDS
+
+            if rest in CHAIN_FIELDS:
+                raise ValueError(f"--set {item!r}: {section}.{rest} is set by the experiment chain: "
+                                 f"{CHAIN_FIELDS[rest]}")
         if section not in SECTIONS:
-            close = difflib.get_close_matches(section, SECTIONS, n=1)
-            raise ValueError(f"--set {item!r}: unknown section {section!r}" + (f" (did you mean {close[0]!r}?)" if close
-                             else "") + f"; valid sections: {', '.join(SECTIONS)}, as section.field=value")
+            raise ValueError(f"--set {item!r}: unknown section {section!r}{did_you_mean(section, SECTIONS)}; "
+                             f"valid sections: {', '.join(SECTIONS)}, as section.field=value")
         if section == "base" and rest == "hf_path":
             scale = dataclasses.replace(scale, base=BaseSpec(pretrain=None, hf_path=value))
             continue
@@ -241,9 +220,9 @@ def apply_scale_overrides(scale: Scale, assignments: Sequence[str]) -> Scale:
         try:
             if rest == "steps" and section in STAGE_SECTIONS:
                 try:
-                    steps = _positive_steps(value)
-                except ValueError as err:
-                    raise ValueError(f"{section}.steps = {err}") from None
+                    steps = positive_int(value)
+                except argparse.ArgumentTypeError as err:
+                    raise ValueError(f"{section}.steps: {err}") from None
                 updated = _with_steps(section, target, steps)
             else:
                 updated = apply_overrides(target, [f"{rest}={value}"])

@@ -163,7 +163,7 @@ def apply_overrides(config, assignments: Sequence[str], *, no_model: str | None 
         if parts[0] == "model" and len(parts) == 2:
             valid = [f.name for f in dataclasses.fields(type(config.model_config()))]
             if parts[1] not in valid:
-                raise ValueError(f"--set {key}: unknown model field {parts[1]!r}{_did_you_mean(parts[1], valid)}; "
+                raise ValueError(f"--set {key}: unknown model field {parts[1]!r}{did_you_mean(parts[1], valid)}; "
                                  f"valid: {', '.join(valid)}")
             current = getattr(config.model_config(), parts[1])
             overrides = dict(config.model_overrides)
@@ -177,7 +177,7 @@ def apply_overrides(config, assignments: Sequence[str], *, no_model: str | None 
     return config
 
 
-def _did_you_mean(name: str, valid: Sequence[str]) -> str:
+def did_you_mean(name: str, valid: Sequence[str]) -> str:
     """' (did you mean 'x'?)' for the closest valid name, '' when none is close."""
     close = difflib.get_close_matches(name, valid, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
@@ -189,7 +189,7 @@ def _replace_path(obj: Any, parts: list[str], text: str, key: str) -> Any:
     names = [f.name for f in dataclasses.fields(obj)]
     if parts[0] not in names:
         raise ValueError(f"--set {key}: unknown field {parts[0]!r} of {type(obj).__name__}"
-                         f"{_did_you_mean(parts[0], names)}; valid: {', '.join(names)}")
+                         f"{did_you_mean(parts[0], names)}; valid: {', '.join(names)}")
     current = getattr(obj, parts[0])
     if len(parts) > 1:
         value = _replace_path(current, parts[1:], text, key)

@@ -70,7 +70,7 @@ def test_scale_overrides():
     with pytest.raises(ValueError, match=r"'rl' is a section; name a field of it, as rl.field=value"):
         apply_scale_overrides(scale, ["rl=3"])
     for bad in ("abc", "1.5", "0", "-1"):
-        with pytest.raises(ValueError, match=r"--set 'rl.steps=.*': rl.steps = .*: expected an integer >= 1"):
+        with pytest.raises(ValueError, match=r"--set 'rl.steps=.*': rl.steps: expected an integer >= 1, got"):
             apply_scale_overrides(scale, [f"rl.steps={bad}"])
     # Fields the chain sets would be silently overwritten: refused, naming who sets them
     for item, how in [("rl.seed=5", "--seeds"), ("sft.data.seed=7", "--seeds"), ("rl.init=/x", "--set base"),
