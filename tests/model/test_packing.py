@@ -9,7 +9,7 @@ import pytest
 
 from hat_jax.model import (Qwen3_5MoeForCausalLM, check_segment_ids, get_config, init_cache, init_params,
                            segment_positions, segment_starts)
-from hat_jax.model.attention import attention, causal_gqa_attention, gqa_attention
+from hat_jax.model.attention import attention, causal_gqa_attention
 from hat_jax.model.deltanet import (causal_depthwise_conv, chunk_gated_delta_rule, default_chunk_size,
                                     recurrent_gated_delta_rule)
 from hat_jax.model.moe import load_balancing_loss
@@ -61,59 +61,70 @@ def test_check_segment_ids_names_the_field_and_row(seg, positions, match):
 # ---------------------------------------------------------------- Gated DeltaNet kernels and conv
 
 
-def _delta_inputs(t, h=2, dk=4, dv=3, seed=0):
+def _delta_inputs(t, b=1, h=2, dk=4, dv=3, seed=0):
     r = np.random.RandomState(seed)
-    k = r.randn(1, t, h, dk)
+    k = r.randn(b, t, h, dk)
     k /= np.linalg.norm(k, axis=-1, keepdims=True)
-    arrays = (r.randn(1, t, h, dk) * dk**-0.5, k, r.randn(1, t, h, dv), -np.log1p(np.exp(r.randn(1, t, h))),
-              1 / (1 + np.exp(-r.randn(1, t, h))))
+    arrays = (r.randn(b, t, h, dk) * dk**-0.5, k, r.randn(b, t, h, dv), -np.log1p(np.exp(r.randn(b, t, h))),
+              1 / (1 + np.exp(-r.randn(b, t, h))))
     return tuple(jnp.asarray(a, jnp.float32) for a in arrays)
 
 
 CHUNK = 8  # explicit small chunk: lengths 1, C-1, C, C+1, placed so that documents cross chunk boundaries
+_chunked = jax.jit(chunk_gated_delta_rule, static_argnums=6)   # (eager dispatch is slower than compiling)
+_recurrent = jax.jit(recurrent_gated_delta_rule)
 
 
-@pytest.mark.parametrize("lengths", [(CHUNK + 1, 1, CHUNK - 1, CHUNK), (CHUNK, CHUNK - 1, 1, CHUNK + 1)])
-def test_delta_rule_with_resets_equals_documents_run_separately(lengths):
-    t = sum(lengths) + 3
-    seg = jnp.asarray(_pack(lengths, t)[None])
-    reset = segment_starts(seg)
-    args = _delta_inputs(t)
-    s0 = jnp.zeros((1, 2, 4, 3), jnp.float32)
-    bounds = np.cumsum((0,) + lengths)
+def test_delta_rule_with_resets_equals_documents_run_separately():
+    """Both forms with resets, on two packed rows, against the same documents one per row (right-padded
+    to C+1 with zero initial states: padding after a document does not reach its outputs)."""
+    orders = [(CHUNK + 1, 1, CHUNK - 1, CHUNK), (CHUNK, CHUNK - 1, 1, CHUNK + 1)]
+    t = 3 * CHUNK + 4
+    seg = np.stack([_pack(lengths, t) for lengths in orders])
+    reset = segment_starts(jnp.asarray(seg))
+    args = _delta_inputs(t, b=2)
+    s0 = jnp.zeros((2, 2, 4, 3), jnp.float32)
+    docs = [np.flatnonzero(seg[row] == d) for row in range(2) for d in range(1, 5)]
+    rows = np.repeat([0, 1], 4)
+    gather = np.stack([np.pad(idx, (0, CHUNK + 1 - len(idx)), mode="edge") for idx in docs])  # [8, C+1]
+    real = np.zeros((8, CHUNK + 1), bool)
+    for i, idx in enumerate(docs):
+        real[i, : len(idx)] = True
 
     def separate(*a):
-        outs = [chunk_gated_delta_rule(*(x[:, s:e] for x in a), s0, CHUNK)[0] for s, e in zip(bounds, bounds[1:])]
-        return jnp.concatenate(outs, axis=1)
+        out, _ = chunk_gated_delta_rule(*(x[rows[:, None], gather] for x in a), jnp.zeros((8, 2, 4, 3)), CHUNK)
+        packed = jnp.zeros((2, t) + out.shape[2:])
+        return packed.at[rows[:, None], gather].add(jnp.where(real[..., None, None], out, 0))
 
-    chunked = lambda *a: chunk_gated_delta_rule(*a, s0, CHUNK, reset)[0][:, : bounds[-1]]
-    recurrent = lambda *a: recurrent_gated_delta_rule(*a, s0, reset)[0][:, : bounds[-1]]
-    ref = separate(*args)
-    np.testing.assert_allclose(chunked(*args), ref, atol=1e-6)
-    np.testing.assert_allclose(recurrent(*args), ref, atol=1e-6)
-    # the state after the last document equals that document's own final state (padding after it: g, beta
-    # of padding tokens are kept here, so compare at the row's last document end by cutting the padding)
-    cut = tuple(a[:, : bounds[-1]] for a in args)
-    _, state = chunk_gated_delta_rule(*cut, s0, CHUNK, reset[:, : bounds[-1]])
-    _, ref_state = chunk_gated_delta_rule(*(a[:, bounds[-2]:bounds[-1]] for a in args), s0, CHUNK)
-    np.testing.assert_allclose(state, ref_state, atol=1e-6)
-
-    loss = lambda fn: lambda *a: jnp.sum(jnp.sin(3 * fn(*a)))
-    ref_grads = jax.grad(loss(separate), argnums=tuple(range(5)))(*args)
+    chunked = lambda *a: chunk_gated_delta_rule(*a, s0, CHUNK, reset)[0]
+    recurrent = lambda *a: recurrent_gated_delta_rule(*a, s0, reset)[0]
+    on_real = jnp.asarray(seg > 0)[..., None, None]
+    # outputs and the gradients w.r.t. q, k, v, g, beta of a loss of the real tokens' outputs
+    run = lambda fn: jax.jit(jax.value_and_grad(
+        lambda *a: (lambda o: (jnp.sum(jnp.where(on_real, jnp.sin(3 * o), 0)), jnp.where(on_real, o, 0)))(fn(*a)),
+        argnums=tuple(range(5)), has_aux=True))(*args)
+    (_, ref), ref_grads = run(separate)
     for fn in (chunked, recurrent):
-        for g, e in zip(jax.grad(loss(fn), argnums=tuple(range(5)))(*args), ref_grads):
+        (_, out), grads = run(fn)
+        np.testing.assert_allclose(out, ref, atol=1e-6)
+        for g, e in zip(grads, ref_grads):
             np.testing.assert_allclose(g, e, atol=1e-5)
+    # the state after a row's last document (padding cut off) equals that document's own final state
+    end = 3 * CHUNK + 1  # row 0: its last document (length C) ends there
+    _, state = _chunked(*(a[:1, :end] for a in args), s0[:1], CHUNK, reset[:1, :end])
+    _, ref_state = _chunked(*(a[:1, end - CHUNK:end] for a in args), s0[:1], CHUNK)
+    np.testing.assert_allclose(state, ref_state, atol=1e-6)
 
 
 def test_chunked_reset_drops_the_initial_state_only_from_the_reset_on():
     args = _delta_inputs(12)
     s0 = jnp.asarray(np.random.RandomState(1).randn(1, 2, 4, 3), jnp.float32)
     reset = jnp.zeros((1, 12), bool).at[0, 5].set(True)
-    out, _ = chunk_gated_delta_rule(*args, s0, CHUNK, reset)
-    head, _ = chunk_gated_delta_rule(*(a[:, :5] for a in args), s0, CHUNK)          # before the reset: S_0
-    tail, _ = chunk_gated_delta_rule(*(a[:, 5:] for a in args), jnp.zeros_like(s0), CHUNK)
+    out, _ = _chunked(*args, s0, CHUNK, reset)
+    head, _ = _chunked(*(a[:, :5] for a in args), s0, CHUNK)          # before the reset: from S_0
+    tail, _ = _chunked(*(a[:, 5:] for a in args), jnp.zeros_like(s0), CHUNK)
     np.testing.assert_allclose(out, jnp.concatenate([head, tail], axis=1), atol=1e-6)
-    np.testing.assert_allclose(recurrent_gated_delta_rule(*args, s0, reset)[0], out, atol=1e-6)
+    np.testing.assert_allclose(_recurrent(*args, s0, reset)[0], out, atol=1e-6)
 
 
 def test_conv_sees_only_its_own_segment():
@@ -129,26 +140,32 @@ def test_conv_sees_only_its_own_segment():
 # ---------------------------------------------------------------- attention
 
 
+def _causal_attention_reference(q, k, v, scale):
+    """numpy: one document's causal GQA attention. q [T, H, D], k, v [T, KV, D] -> [T, H, D]."""
+    t, h, _ = q.shape
+    kr, vr = (np.repeat(a, h // a.shape[1], axis=1) for a in (k, v))
+    scores = np.einsum("thd,shd->hts", q, kr) * scale + np.where(np.tril(np.ones((t, t))), 0, -np.inf)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    return np.einsum("hts,shd->thd", p / p.sum(-1, keepdims=True), vr)
+
+
 def test_attention_stays_within_segments():
     lengths, t = (5, 1, 9), 18
-    seg = jnp.asarray(np.stack([_pack(lengths, t), _pack(lengths[::-1], t, (2,))]))
+    seg = np.stack([_pack(lengths, t), _pack(lengths[::-1], t, (2,))])
     r = np.random.RandomState(0)
-    q, k, v = (jnp.asarray(r.randn(2, t, n, 4), jnp.float32) for n in (4, 2, 2))
+    q, k, v = (r.randn(2, t, n, 4).astype(np.float32) for n in (4, 2, 2))
     ref = np.zeros((2, t, 4, 4), np.float32)
     for row in range(2):
         for doc in range(1, 4):
-            idx = np.flatnonzero(np.asarray(seg[row]) == doc)
-            s, e = idx[0], idx[-1] + 1
-            ones = jnp.ones((1, e - s), jnp.int32)
-            ref[row, s:e] = gqa_attention(q[row:row + 1, s:e], k[row:row + 1, s:e], v[row:row + 1, s:e],
-                                          jnp.tril(jnp.ones((1, e - s, e - s), bool)), 0.5)[0]
-            np.testing.assert_allclose(attention(q[row:row + 1, s:e], k[row:row + 1, s:e], v[row:row + 1, s:e],
-                                                 ones, ones, scale=0.5)[0], ref[row, s:e], atol=1e-6)
-    real = np.asarray(seg)[..., None, None] > 0
-    for out in (attention(q, k, v, seg, seg, scale=0.5),                         # causal blocks
-                attention(q, k, v, seg, seg, scale=0.5, q_offset=jnp.int32(0)),  # dense mask (traced offset)
-                causal_gqa_attention(q, k, v, seg, seg, 0.5, 0, block=4)):       # several query blocks
-        np.testing.assert_allclose(np.where(real, out, 0), np.where(real, ref, 0), atol=1e-6)
+            idx = np.flatnonzero(seg[row] == doc)
+            ref[row, idx] = _causal_attention_reference(q[row, idx], k[row, idx], v[row, idx], 0.5)
+    real = seg[..., None, None] > 0
+    q, k, v, seg = map(jnp.asarray, (q, k, v, seg))
+    for fn in (lambda *a: attention(*a, scale=0.5),                                # causal blocks
+               lambda *a: attention(*a, scale=0.5, q_offset=jnp.int32(0)),         # dense mask (traced offset)
+               lambda *a: causal_gqa_attention(*a, 0.5, 0, block=4)):              # several query blocks
+        out = jax.jit(fn)(q, k, v, seg, seg)
+        np.testing.assert_allclose(np.where(real, out, 0), ref, atol=1e-6)
         assert np.all(np.isfinite(out))
 
 
