@@ -196,17 +196,12 @@ class Qwen3_5MoeForCausalLM(nn.Module):
         c = self.config
         t = input_ids.shape[1]
         index = layer_caches = None
-        if segment_ids is not None:
-            _check_packed(input_ids, segment_ids, attention_mask, cache)
-            segment_ids = segment_ids.astype(jnp.int32)
-            token_mask, q_seg, kv_seg = segment_ids > 0, segment_ids, segment_ids
-            if positions is None:
-                positions = segment_positions(segment_ids)
-        elif cache is None:
-            token_mask = _token_mask(input_ids, attention_mask)
-            q_seg, kv_seg = _unpacked_segments(token_mask)
-            if positions is None:
-                positions = _default_positions(token_mask)
+        if cache is None:
+            token_mask, q_seg, kv_seg, segment_ids, positions = _uncached_inputs(
+                input_ids, attention_mask, segment_ids, positions)
+        elif segment_ids is not None:
+            raise ValueError("segment_ids with a cache is not supported (a cache row holds one sequence); "
+                             "expected cache=None, or attention_mask for cached decoding")
         else:
             token_mask = _token_mask(input_ids, attention_mask)
             index = cache["index"]
@@ -249,47 +244,47 @@ class Qwen3_5MoeForCausalLM(nn.Module):
         c = self.config
         if not c.mtp_num_hidden_layers:
             raise ValueError("config.mtp_num_hidden_layers is 0: this model has no MTP block")
+        token_mask, q_seg, kv_seg, segment_ids, positions = _uncached_inputs(
+            next_ids, attention_mask, segment_ids, positions)
         if segment_ids is not None:
-            _check_packed(next_ids, segment_ids, attention_mask, None)
-            segment_ids = segment_ids.astype(jnp.int32)
             crosses = jnp.pad(segment_ids[:, 1:] != segment_ids[:, :-1], ((0, 0), (0, 1)))
             next_ids = jnp.where(crosses, 0, next_ids)
-            token_mask, q_seg, kv_seg = segment_ids > 0, segment_ids, segment_ids
-            if positions is None:
-                positions = segment_positions(segment_ids)
-        else:
-            token_mask = _token_mask(next_ids, attention_mask)
-            q_seg, kv_seg = _unpacked_segments(token_mask)
-            if positions is None:
-                positions = _default_positions(token_mask)
         cos, sin = rope_cos_sin(positions, c.rotary_dim, c.rope_parameters.rope_theta)
         x, router_logits = self.mtp(self.model.embed_tokens(next_ids), hidden, cos, sin, token_mask, q_seg, kv_seg)
         return self.lm_head(x), router_logits[None]
 
 
-def _check_packed(ids: jax.Array, segment_ids: jax.Array, attention_mask, cache) -> None:
-    """Trace-time checks of a packed call (shapes, exclusive arguments)."""
+def _uncached_inputs(ids: jax.Array, attention_mask, segment_ids, positions):
+    """Masks and positions of a call without a cache.
+
+    Args:
+        ids: [B, T] int32. attention_mask: [B, T] or None. segment_ids: [B, T] int or None.
+        positions: [B, T] int32 or None (then the default of `Qwen3_5MoeForCausalLM.__call__`).
+    Returns:
+        (token_mask [B, T] bool, q_segment_ids [B, T] int32, kv_segment_ids [B, T] int32,
+         segment_ids [B, T] int32 or None, positions [B, T] int32).
+    Raises:
+        ValueError when both masks are given, or segment_ids is not an integer array shaped like ids.
+    """
+    if segment_ids is None:
+        token_mask = _token_mask(ids, attention_mask)
+        # an unpacked row: every query in segment 1, keys in 1 (real) or 0 (padding): the causal + key-padding
+        # mask (a padding query attends the real keys before it, as in transformers)
+        q_seg, kv_seg = jnp.ones(ids.shape, jnp.int32), token_mask.astype(jnp.int32)
+        return token_mask, q_seg, kv_seg, None, _default_positions(token_mask) if positions is None else positions
     if attention_mask is not None:
         raise ValueError("segment_ids and attention_mask are exclusive: with segment_ids the token mask is "
                          "segment_ids > 0; expected attention_mask=None")
-    if cache is not None:
-        raise ValueError("segment_ids with a cache is not supported (a cache row holds one sequence); "
-                         "expected cache=None, or attention_mask for cached decoding")
     if segment_ids.shape != ids.shape or not jnp.issubdtype(segment_ids.dtype, jnp.integer):
         raise ValueError(f"segment_ids: expected an integer array of shape {ids.shape} (that of input_ids), "
                          f"got {segment_ids.dtype} {segment_ids.shape}")
+    seg = segment_ids.astype(jnp.int32)
+    return seg > 0, seg, seg, seg, segment_positions(seg) if positions is None else positions
 
 
 def _token_mask(ids: jax.Array, attention_mask: jax.Array | None) -> jax.Array:
     """[B, T] bool, True on real tokens (all True without an attention mask)."""
     return jnp.ones(ids.shape, bool) if attention_mask is None else attention_mask.astype(bool)
-
-
-def _unpacked_segments(token_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Attention segments of an unpacked row: every query in segment 1, keys in 1 (real) or 0 (padding);
-    this is the causal + key-padding mask (a padding query attends the real keys before it, as in
-    transformers). Returns (q_segment_ids, kv_segment_ids), each [B, T] int32."""
-    return jnp.ones(token_mask.shape, jnp.int32), token_mask.astype(jnp.int32)
 
 
 def _default_positions(token_mask: jax.Array) -> jax.Array:
