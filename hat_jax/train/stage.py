@@ -26,6 +26,7 @@ import dataclasses
 import difflib
 import json
 import logging
+import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -120,14 +121,38 @@ class StageRun:
             writer.close()
 
 
+def check_run_fields(config, names: Sequence[str] = ("steps", "log_every", "ckpt_every", "max_to_keep")) -> None:
+    """Called by a stage config's `__post_init__`: each of `names` (those the config has) must be an int >= 1.
+
+    max_to_keep < 1 would write no checkpoint (a "finished" stage nothing can read), ckpt_every/log_every < 1
+    no interval. Raises ValueError naming `<Config>.<field>`, the value and what is expected.
+    """
+    for name in names:
+        if not hasattr(config, name):
+            continue
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{type(config).__name__}.{name} = {value!r}: expected an integer >= 1")
+
+
 # ---------------------------------------------------------------------------------------------- --set overrides
 
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def parse_value(text: str, current: Any) -> Any:
-    """A --set value: JSON (lists become tuples, an int for a float field a float), else the string."""
+    """A --set value: JSON (lists become tuples, an int for a float field a float), else the string.
+
+    Raises:
+      ValueError: a bool/int/float field given another kind of value; a number that is NaN, infinite or
+        outside float32's range (it would overflow when the stage casts it).
+    """
     try:
         value = json.loads(text)
     except json.JSONDecodeError:
         value = text
+    if isinstance(value, float) and not (math.isfinite(value) and abs(value) <= FLOAT32_MAX):
+        raise ValueError(f"expected a finite number within float32's range (|x| <= {FLOAT32_MAX:.4g}), got {text!r}")
     if isinstance(value, list):  # config sequences are tuples (hashable, frozen)
         value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
     if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
@@ -191,6 +216,10 @@ def _replace_path(obj: Any, parts: list[str], text: str, key: str) -> Any:
         raise ValueError(f"--set {key}: unknown field {parts[0]!r} of {type(obj).__name__}"
                          f"{did_you_mean(parts[0], names)}; valid: {', '.join(names)}")
     current = getattr(obj, parts[0])
+    if len(parts) == 1 and dataclasses.is_dataclass(current):
+        fields = [f.name for f in dataclasses.fields(current)]
+        raise ValueError(f"--set {key}: {parts[0]!r} is a section ({type(current).__name__}), not a value; set one of "
+                         f"its fields as {key}.FIELD=VALUE (fields: {', '.join(fields)})")
     if len(parts) > 1:
         value = _replace_path(current, parts[1:], text, key)
     else:
