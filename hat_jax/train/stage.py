@@ -42,7 +42,8 @@ from hat_jax.train.trainer import (LoopConfig, NonFiniteLossError, TrainState, i
                                    run_stage, state_shardings)
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-CLI_ERRORS = (NonFiniteLossError, ckpt.ConfigMismatchError, ckpt.IncompatibleCheckpointError, FileExistsError,
+CLI_ERRORS = (NonFiniteLossError, ckpt.ConfigMismatchError, ckpt.IncompatibleCheckpointError,
+              ckpt.DamagedCheckpointError, FileExistsError,
               FileNotFoundError, ValueError)
 
 
@@ -63,6 +64,8 @@ class StageRun:
         a stage-config hash mismatch. logger: where "resumed <out> at step <n>" is logged (the stage's).
     Raises:
       FileExistsError: out_dir already holds checkpoints and resume is False.
+      ckpt.DamagedCheckpointError: resuming while a step newer than the latest complete one is damaged (the
+        message says which and how to recover).
     """
 
     def __init__(self, name: str, out_dir: str | Path, cfg_json: dict, *, resume: bool = False, force: bool = False,
@@ -72,7 +75,7 @@ class StageRun:
         self.out = Path(out_dir).resolve()
         if self.out.exists() and not self.out.is_dir():
             raise FileExistsError(f"--out {str(self.out)!r} is a file, not a run directory")
-        self.existing = ckpt.latest_step(self.out)
+        self.existing = ckpt.check_resumable(self.out) if resume else ckpt.latest_step(self.out)
         if self.existing is None and resume:
             self.log.debug("resume: %s holds no checkpoint yet; starting from scratch", self.out)
         if self.existing is not None and not resume:

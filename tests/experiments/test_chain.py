@@ -136,3 +136,44 @@ def test_seeds_with_an_empty_item_are_refused():
     for bad in ("0,,1", "0,", ",1", ""):
         with pytest.raises(ValueError, match=r"--seeds .*: expected comma-separated integers"):
             run_cli.parse_seeds(bad)
+
+
+def test_stage_done_needs_a_readable_final_checkpoint(tmp_path, monkeypatch):
+    """stage_done.json is written only when the final step is complete; a done stage whose final step was damaged
+    since is refused with the recovery, not reused."""
+    import jax
+    import jax.numpy as jnp
+
+    from hat_jax.experiments import chain
+    from hat_jax.model.checkpoint_steps import DamagedCheckpointError
+    from hat_jax.train.checkpoints import StageCheckpointer
+    from hat_jax.train.optim import OptimConfig, make_optimizer
+    from hat_jax.train.trainer import init_train_state
+
+    tx = make_optimizer(OptimConfig(lr=0.1, total_steps=10))
+
+    def fake_stage(steps):
+        def run(kind, config, out, progress):
+            checkpointer = StageCheckpointer(out, {"k": 1}, async_save=False)
+            state = init_train_state({"w": jnp.ones(2)}, tx, jax.random.key(0))
+            for step in steps:
+                checkpointer.save(step, state.replace(step=jnp.asarray(step, jnp.int32)), None)
+            checkpointer.close()
+        return run
+
+    config = dataclasses.replace(get_scale("micro").sft, steps=2)
+    monkeypatch.setattr(chain, "_run_stage", fake_stage([]))   # a stage that wrote no checkpoint
+    with pytest.raises(DamagedCheckpointError, match=r"is done training but its final checkpoint is not readable: "
+                                                     r"it holds no checkpoint step"):
+        chain.run_stage_cached("sft", config, tmp_path / "a", {})
+    assert not (tmp_path / "a" / chain.DONE_FILE).exists()
+
+    monkeypatch.setattr(chain, "_run_stage", fake_stage([1, 2]))
+    record = chain.run_stage_cached("sft", config, tmp_path / "b", {"name": "sft"})
+    assert record["steps"] == 2 and (tmp_path / "b" / chain.DONE_FILE).is_file()
+    (tmp_path / "b" / "2" / "params" / "_METADATA").unlink()
+    with pytest.raises(DamagedCheckpointError, match=r"is marked finished \(stage_done.json\) but its final checkpoint "
+                                                     r"is not readable: .*step 2: params/_METADATA is missing.*using "
+                                                     r"step 1. To resume from step 1, move the damaged step out of the "
+                                                     r"run dir \(mv .*/b/2 .*b.step2.damaged && mv .*/b/stage_done.json"):
+        chain.run_stage_cached("sft", config, tmp_path / "b", {"name": "sft"})
