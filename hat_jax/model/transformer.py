@@ -25,6 +25,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from hat_jax.model.cache import check_cache_room
 from hat_jax.model.attention import GatedAttention
 from hat_jax.model.config import FULL_ATTENTION, LINEAR_ATTENTION, Qwen3_5MoeTextConfig
 from hat_jax.model.deltanet import GatedDeltaNet
@@ -171,6 +172,7 @@ class Qwen3_5MoeForCausalLM(nn.Module):
             attn_mask = _causal_mask(token_mask)
             layer_caches = None
         else:
+            check_cache_room(cache, t)
             index = cache["index"]
             valid = jax.lax.dynamic_update_slice(cache["valid"], token_mask, (0, index))
             slots = index + jnp.arange(t)
