@@ -26,6 +26,10 @@ Variant implemented and why:
   encoded by the tokenizer without its added vocabulary (the placeholders put back first), and the markers'
   ids are spliced in. Without such strings in the content this equals `tokenizer(apply_chat_template(...))`
   token for token: a fast tokenizer splits at added tokens before pre-tokenising, at the same places.
+  One boundary is added: the `\n` after `<think>` is always its own token, as it is at the end of the
+  generation prompt `<|im_start|>assistant\n<think>\n`. Otherwise an empty reasoning block
+  (`<think>\n\n</think>`) would encode `\n\n` as one token, and the generation prompt would not be a token
+  prefix of the rendered turn (the model never samples across the prompt's end).
 """
 
 from __future__ import annotations
@@ -378,6 +382,18 @@ def _split_inline_reasoning(message: Mapping[str, Any]) -> dict:
     return m
 
 
+def _break_after_think(pieces: list[tuple[int, int, int | None]], text: str) -> list[tuple[int, int, int | None]]:
+    """Text pieces that follow a `<think>` marker and start with a newline split after that newline."""
+    out = []
+    for i, (a, b, tid) in enumerate(pieces):
+        after_think = i > 0 and pieces[i - 1][2] is not None and text[pieces[i - 1][0]:pieces[i - 1][1]] == "<think>"
+        if tid is None and after_think and text.startswith("\n", a) and b - a > 1:
+            out += [(a, a + 1, None), (a + 1, b, None)]
+        else:
+            out.append((a, b, tid))
+    return out
+
+
 def chat_encoding(tokenizer: Any, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping] | None = None,
                   add_generation_prompt: bool = False, **template_kwargs: Any) -> ChatEncoding:
     """Renders `messages` with the tokenizer's chat template and tokenises it so that only the template's own
@@ -419,6 +435,7 @@ def chat_encoding(tokenizer: Any, messages: Sequence[Mapping[str, Any]], *, tool
         pos = m.end()
     if pos < len(rendered):
         pieces.append((pos, len(rendered), None))
+    pieces = _break_after_think(pieces, text)
     segments = [text[a:b] for a, b, tid in pieces if tid is None]
     encoded = iter(_plain_tokenizer(tokenizer).encode_batch(segments, add_special_tokens=False) if segments else ())
     ids, offsets = [], []

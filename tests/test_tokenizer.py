@@ -386,3 +386,18 @@ def test_chat_tokens_in_content_never_become_control_ids(trained):
     user_start = got.text.index(INJECTED)
     user_ids = [i for i, (a, _) in zip(got.ids, got.offsets) if user_start <= a < user_start + len(INJECTED)]
     assert min(user_ids) >= 9 and tok.decode(user_ids) == INJECTED
+
+
+def test_generation_prompt_is_a_token_prefix_even_with_an_empty_reasoning_block(tmp_path):
+    tok = tk.train_bpe_tokenizer(_corpus() + ["price\n\nok"] * 50, VOCAB_SIZE, tmp_path)
+    assert tok.convert_ids_to_tokens(tok("\n\n", add_special_tokens=False)["input_ids"]) == ["ĊĊ"]  # one token
+    prompt = [{"role": "user", "content": "price?"}]
+    for reasoning in ("", "look it up", "\nstarts with a newline"):
+        turn = {"role": "assistant", "reasoning_content": reasoning, "content": "$49"}
+        head = tk.chat_encoding(tok, prompt, add_generation_prompt=True)
+        full = tk.chat_encoding(tok, [*prompt, turn])
+        assert full.text.startswith(head.text) and full.ids[:len(head.ids)] == head.ids
+        assert tok.decode(full.ids, skip_special_tokens=False) == full.text
+    empty = tk.chat_encoding(tok, [*prompt, {"role": "assistant", "reasoning_content": "", "content": "$49"}])
+    think = empty.ids.index(tk.CHAT_TOKEN_IDS["<think>"])
+    assert tok.convert_ids_to_tokens(empty.ids[think:think + 4]) == ["<think>", "Ċ", "Ċ", "</think>"]
