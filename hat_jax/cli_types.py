@@ -44,7 +44,8 @@ def float_in(low: float, high: float | None = None, *, low_open: bool = False) -
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-        if not math.isfinite(value) or value < low or (low_open and value == low) or (high is not None and value > high):
+        too_low = value < low or (low_open and value == low)
+        if not math.isfinite(value) or too_low or (high is not None and value > high):
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
         return value
 

@@ -17,8 +17,8 @@ Variant implemented and why:
   (with the harness's retry hook), as in the simulator. The request *fails* when the model endpoint
   fails (HTTP error, connect error, stall, malformed or broken stream), a turn is *empty* (no
   content, no reasoning and no tool call: failure "empty_turn", so a server that returns nothing never
-  counts as a success), a turn is cut by `max_tokens`, the output cannot be parsed, tools are asked for after the last round, the tool
-  server is gone, or the budget runs out; a failed request publishes the conservative reply
+  counts as a success), a turn is cut by `max_tokens`, the output cannot be parsed, tools are asked
+  for after the last round, the tool server is gone, or the budget runs out; a failed request publishes the conservative reply
   (`on_failure="conservative"`) or nothing (`"silent"`), recorded as outcome "fallback_reply" /
   "no_reply" with the failure kind. A reply the Stop hooks still block after the revision is
   withheld by the harness itself: outcome "no_reply", not a failure.

@@ -18,9 +18,9 @@ Restoring reads the latest *complete* step (`hat_jax.model.checkpoint_steps`: Or
 item's metadata present and readable); newer damaged steps are named in a logged warning with what to do.
 Any error while reading a step (whatever Orbax or TensorStore raise) becomes `DamagedCheckpointError`
 naming the step and the recovery (move it aside to resume from the step before). Before reading arrays:
-a missing root or a root without steps raises FileNotFoundError naming it; parameters or optimizer leaves whose shapes/dtypes differ from the stage's abstract state raise
-`IncompatibleCheckpointError` naming the checkpoint step directory and the first mismatching leaf; a stored
-config whose hash differs from the current one raises `ConfigMismatchError` listing the differing keys
+a missing root or a root without steps raises FileNotFoundError naming it; parameters or optimizer leaves
+whose shapes/dtypes differ from the stage's abstract state raise `IncompatibleCheckpointError` naming the
+checkpoint step directory and the first mismatching leaf; a stored config whose hash differs from the current one raises `ConfigMismatchError` listing the differing keys
 unless `force=True`.
 """
 

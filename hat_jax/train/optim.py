@@ -58,8 +58,8 @@ class OptimConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
                 raise ValueError(f"OptimConfig.{name} = {value!r}: expected a finite number in [{low:g}, {high:g}]")
-        if self.clip_norm is not None and (isinstance(self.clip_norm, bool) or not isinstance(self.clip_norm, (int, float))
-                                           or not 0 <= self.clip_norm <= 1e30):
+        clip = self.clip_norm
+        if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or not 0 <= clip <= 1e30):
             raise ValueError(f"OptimConfig.clip_norm = {self.clip_norm!r}: expected null or a finite number >= 0")
         if self.total_steps < 1 or not 0 <= self.warmup_steps <= self.total_steps:
             raise ValueError(f"OptimConfig: need 0 <= warmup_steps ({self.warmup_steps}) <= total_steps "
