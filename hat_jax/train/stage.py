@@ -222,7 +222,7 @@ def _replace_path(obj: Any, parts: list[str], text: str, key: str) -> Any:
     if len(parts) == 1 and dataclasses.is_dataclass(current):
         fields = [f.name for f in dataclasses.fields(current)]
         raise ValueError(f"--set {key}: {parts[0]!r} is a section ({type(current).__name__}), not a value; set one of "
-                         f"its fields as {key}.FIELD=VALUE (fields: {', '.join(fields)})")
+                         f"its fields instead, one --set per field (fields: {', '.join(fields)})")
     if len(parts) > 1:
         value = _replace_path(current, parts[1:], text, key)
     else:

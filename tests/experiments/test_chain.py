@@ -116,8 +116,8 @@ def test_fields_that_break_a_stage_are_refused_when_parsed():
         ("sft.ckpt_every=0", r"SFTConfig.ckpt_every = 0: expected an integer >= 1"),
         ("sft.log_every=-1", r"SFTConfig.log_every = -1: expected an integer >= 1"),
         ("opd.ckpt_every=0", r"OPDConfig.ckpt_every = 0: expected an integer >= 1"),
-        ("sft.world=3", r"'world' is a section \(WorldDataConfig\), not a value; set one of its fields as "
-                        r"world.FIELD=VALUE \(fields: .*eval_items"),
+        ("sft.world=3", r"sft.world: 'world' is a section \(WorldDataConfig\), not a value; set one of its fields "
+                        r"instead, one --set per field \(fields: .*eval_items"),
     ]
     for item, message in cases:
         with pytest.raises(ValueError, match=message):
