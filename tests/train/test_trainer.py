@@ -15,6 +15,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from hat_jax.model import Qwen3_5MoeForCausalLM, get_config, init_params
@@ -216,8 +217,9 @@ def test_run_stage_with_a_batch_function_of_the_state(tmp_path):
 
 
 def _overflow_run(tmp_path, lr, steps=3):
-    """A run whose update overflows the parameters (loss and grad finite at the step that breaks them)."""
-    tx = make_optimizer(OptimConfig(lr=lr, warmup_steps=0, total_steps=10, clip_norm=None))
+    """A run whose update overflows the parameters (loss and grad finite at the step that breaks them); plain SGD,
+    since OptimConfig refuses such a learning rate at construction."""
+    tx = optax.sgd(lr)
     step_fn = make_train_step(toy_loss, tx)
     state = init_train_state({"w": jnp.asarray(2.0)}, tx, jax.random.key(0))
     checkpointer = StageCheckpointer(tmp_path, {"stage": "toy"}, async_save=False)
@@ -229,8 +231,8 @@ def _overflow_run(tmp_path, lr, steps=3):
 
 
 def test_non_finite_updated_params_are_never_saved(tmp_path):
-    """lr = 1e39 overflows float32 to inf: step 1's loss and gradient norm are finite, its updated parameter
-    is not, so nothing is saved and the error names the parameters."""
+    """SGD at lr = 1e39: step 1's loss and gradient norm are finite, its updated parameter is -inf (float32), so
+    nothing is saved and the error names the parameters."""
     with pytest.raises(NonFiniteLossError, match=r"non-finite updated parameters at step 1 \(loss=.*grad_norm=.*\); "
                                                  r"stopped without saving step 1, no checkpoint was written") as err:
         _overflow_run(tmp_path, lr=1e39)
