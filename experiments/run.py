@@ -40,7 +40,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 def parse_seeds(text: str) -> list[int]:
     try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
+        seeds = [int(s) for s in text.split(",")]  # an empty item ("0,,1", "0,") is an error, not skipped
     except ValueError:
         raise ValueError(f"--seeds {text!r}: expected comma-separated integers, e.g. 0,1,2") from None
     if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:

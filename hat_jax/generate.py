@@ -138,6 +138,7 @@ def run(args: argparse.Namespace) -> dict:
 def main(argv=None) -> int:
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     log.setLevel(logging.INFO)
+    logging.getLogger("hat_jax.checkpoints").setLevel(logging.INFO)  # which step was loaded, damaged steps
     args = parse_args(argv)
     try:
         with contextlib.redirect_stdout(sys.stderr):  # stdout carries only the JSON line

@@ -18,12 +18,27 @@ Variant implemented and why:
   `<tool_call>\\n<function=NAME>\\n<parameter=ARG>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>`
   (Qwen3.5 and Qwen3-Coder), not Qwen3's JSON body. `parse_tool_calls` and `split_reasoning` read
   that format back.
+- Content never produces control ids (`chat_encoding`): only the template's own markers (`<|im_start|>`, the
+  `<think>`/`<tool_call>`/`<tool_response>` tags, ...) become added-token ids. Every string the messages and tool
+  definitions bring (user, tool, system and assistant text, reasoning, tool-call names and arguments) is
+  rendered with each added-token string replaced by a same-length placeholder of private-use characters, so
+  the added-token strings left in the rendered text are exactly the template's; the text between them is
+  encoded by the tokenizer without its added vocabulary (the placeholders put back first), and the markers'
+  ids are spliced in. Without such strings in the content this equals `tokenizer(apply_chat_template(...))`
+  token for token: a fast tokenizer splits at added tokens before pre-tokenising, at the same places.
+  One boundary is added: the `\n` after `<think>` is always its own token, as it is at the end of the
+  generation prompt `<|im_start|>assistant\n<think>\n`. Otherwise an empty reasoning block
+  (`<think>\n\n</think>`) would encode `\n\n` as one token, and the generation prompt would not be a token
+  prefix of the rendered turn (the model never samples across the prompt's end).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Iterable, Sequence
+import re
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -299,3 +314,137 @@ def _check_outside_text(text: str) -> None:
     for tag in ("<function=", "</function>", "</tool_call>"):
         if tag in text:
             raise ValueError(f"{tag!r} outside a <tool_call>...</tool_call> block")
+
+
+# ---------------------------------------------------------------------------------------------- chat encoding
+
+@dataclasses.dataclass(frozen=True)
+class ChatEncoding:
+    """A rendered conversation and its tokens.
+
+    text: the chat template's text. ids: token ids (list[int], length T). offsets: [(start, end)] character span of
+    each token in `text` (length T).
+    """
+
+    text: str
+    ids: list[int]
+    offsets: list[tuple[int, int]]
+
+
+_PLAIN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # backend tokenizer -> copy without added tokens
+_PLACEHOLDER_BASES = (0xF0000, 0x100000, 0xE000, 0xF8000, 0x108000)  # private-use planes and the BMP's private area
+
+
+def _plain_tokenizer(tokenizer: Any) -> Tokenizer:
+    """The tokenizer's backend without its added vocabulary (normaliser, pre-tokenizer and model unchanged)."""
+    backend = tokenizer.backend_tokenizer
+    plain = _PLAIN.get(backend)
+    if plain is None:
+        spec = json.loads(backend.to_str())
+        spec["added_tokens"] = []
+        plain = _PLAIN[backend] = Tokenizer.from_str(json.dumps(spec, ensure_ascii=False))
+    return plain
+
+
+def _strings(value: Any) -> Iterable[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from _strings(k)
+            yield from _strings(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _strings(v)
+
+
+def _map_strings(value: Any, fn) -> Any:
+    """`value` with every string (keys of mappings included) replaced by fn(string); containers copied."""
+    if isinstance(value, str):
+        return fn(value)
+    if isinstance(value, Mapping):
+        return {fn(k) if isinstance(k, str) else k: _map_strings(v, fn) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_map_strings(v, fn) for v in value]
+    return value
+
+
+def _split_inline_reasoning(message: Mapping[str, Any]) -> dict:
+    """An assistant message whose content holds `...</think>` (and no reasoning_content) split as the template does,
+    so that neutralising the tags cannot change how the template splits it."""
+    m = dict(message)
+    content = m.get("content")
+    if m.get("role") == "assistant" and not isinstance(m.get("reasoning_content"), str) and isinstance(content, str):
+        text = content.strip()
+        if "</think>" in text:
+            m["reasoning_content"] = text.split("</think>")[0].split("<think>")[-1]
+            m["content"] = text.split("</think>")[-1].lstrip("\n")
+    return m
+
+
+def _break_after_think(pieces: list[tuple[int, int, int | None]], text: str) -> list[tuple[int, int, int | None]]:
+    """Text pieces that follow a `<think>` marker and start with a newline split after that newline."""
+    out = []
+    for i, (a, b, tid) in enumerate(pieces):
+        after_think = i > 0 and pieces[i - 1][2] is not None and text[pieces[i - 1][0]:pieces[i - 1][1]] == "<think>"
+        if tid is None and after_think and text.startswith("\n", a) and b - a > 1:
+            out += [(a, a + 1, None), (a + 1, b, None)]
+        else:
+            out.append((a, b, tid))
+    return out
+
+
+def chat_encoding(tokenizer: Any, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping] | None = None,
+                  add_generation_prompt: bool = False, **template_kwargs: Any) -> ChatEncoding:
+    """Renders `messages` with the tokenizer's chat template and tokenises it so that only the template's own
+    markers become added-token (control) ids (module docstring).
+
+    Args:
+      tokenizer: a fast Hugging Face tokenizer with a chat template (e.g. `load_tokenizer`).
+      messages: OpenAI-format messages. tools: OpenAI-format tool definitions (or None).
+      add_generation_prompt, template_kwargs: passed to `apply_chat_template` (e.g. enable_thinking=False).
+    Returns:
+      ChatEncoding(text, ids, offsets): `text` is the template's rendering of the messages; an added-token string
+      inside any content is encoded as ordinary text (its bytes), never as its control id.
+    Raises:
+      ValueError / jinja2 errors: whatever the template raises for malformed messages.
+    """
+    added = sorted(tokenizer.get_added_vocab().items(), key=lambda kv: -len(kv[0]))
+    messages = [_split_inline_reasoning(m) for m in messages]
+    seen = set("".join(_strings([messages, tools or []])))
+    base = next(b for b in _PLACEHOLDER_BASES if not any(chr(b + i) in seen for i in range(len(added))))
+    holders = {tok: chr(base + i) * len(tok) for i, (tok, _) in enumerate(added)}
+    marker = re.compile("|".join(re.escape(tok) for tok, _ in added)) if added else None
+
+    def neutral(text: str) -> str:
+        return marker.sub(lambda m: holders[m.group(0)], text) if marker else text
+
+    rendered = tokenizer.apply_chat_template(_map_strings(messages, neutral),
+                                             tools=_map_strings(list(tools), neutral) if tools else None,
+                                             tokenize=False, add_generation_prompt=add_generation_prompt,
+                                             **template_kwargs)
+    text = rendered
+    for tok, holder in holders.items():
+        text = text.replace(holder, tok)
+    ids_of = dict(added)
+    pieces, pos = [], 0   # (start, end, id or None for a text segment)
+    for m in (marker.finditer(rendered) if marker else ()):
+        if m.start() > pos:
+            pieces.append((pos, m.start(), None))
+        pieces.append((m.start(), m.end(), ids_of[m.group(0)]))
+        pos = m.end()
+    if pos < len(rendered):
+        pieces.append((pos, len(rendered), None))
+    pieces = _break_after_think(pieces, text)
+    segments = [text[a:b] for a, b, tid in pieces if tid is None]
+    encoded = iter(_plain_tokenizer(tokenizer).encode_batch(segments, add_special_tokens=False) if segments else ())
+    ids, offsets = [], []
+    for a, b, tid in pieces:
+        if tid is not None:
+            ids.append(int(tid))
+            offsets.append((a, b))
+            continue
+        enc = next(encoded)
+        ids += enc.ids
+        offsets += [(a + s, a + e) for s, e in enc.offsets]
+    return ChatEncoding(text, ids, offsets)

@@ -189,3 +189,41 @@ def test_generation_config_has_deployment_sampling_and_all_eos_ids():
     gen = deployment_generation_config(get_config("micro", eos_token_id=(2, 5), bos_token_id=1))
     assert gen == {"do_sample": True, "temperature": 1.0, "top_p": 0.95, "bos_token_id": 1, "eos_token_id": [2, 5],
                    "pad_token_id": 0}
+
+
+def _two_step_run(root: Path) -> None:
+    import jax
+
+    from hat_jax.train.checkpoints import StageCheckpointer
+    from hat_jax.train.optim import OptimConfig, make_optimizer
+    from hat_jax.train.trainer import init_train_state
+
+    tx = make_optimizer(OptimConfig(lr=0.1, total_steps=10))
+    checkpointer = StageCheckpointer(root, {"stage": "sft"}, CONFIG, async_save=False)
+    for step in (1, 2):
+        state = init_train_state(_random_params(CONFIG, seed=step), tx, jax.random.key(step))
+        checkpointer.save(step, state.replace(step=jnp.asarray(step, jnp.int32)), None)
+    checkpointer.close()
+
+
+def test_damaged_training_runs_export_the_named_step_or_fail_without_a_traceback(tmp_path):
+    run_dir = tmp_path / "run"
+    _two_step_run(run_dir)
+    (run_dir / "2" / "params" / "_METADATA").unlink()   # step 2 incomplete: step 1 is exported, with a warning
+    proc = run("to_hf.py", "--ckpt", run_dir, "--out", tmp_path / "out1")
+    assert proc.returncode == 0, proc.stderr
+    assert f"exporting checkpoint (step 1): {run_dir}" in proc.stderr
+    assert "newer step(s) 2 incomplete or unreadable (step 2: params/_METADATA is missing); using step 1" in proc.stderr
+    assert json.loads((tmp_path / "out1" / "hat_export.json").read_text())["step"] == 1
+
+    damaged = tmp_path / "run2"
+    _two_step_run(damaged)
+    for path in (damaged / "2" / "params" / "ocdbt.process_0" / "d").iterdir():
+        path.write_bytes(path.read_bytes()[:100])   # truncated array data: found only when read
+    proc = run("to_hf.py", "--ckpt", damaged, "--out", tmp_path / "out2")
+    assert proc.returncode == 1 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith(f"export/to_hf.py: error: could not read the Orbax params item '{damaged}/2/params'")
+    assert f"To resume from step 1, move the damaged step out of the run dir (mv {damaged}/2 " in lines[-1]
+    assert "Traceback" not in proc.stderr and "Event loop" not in proc.stderr and len(lines) == 3, proc.stderr
+    assert not (tmp_path / "out2").exists()

@@ -15,9 +15,10 @@ Variant implemented and why:
   the whole trajectory 10 s (`AgentConfig`); every model call and tool call gets at most what is
   left of the budget. A tool timeout or error goes back to the model as the tool's error result
   (with the harness's retry hook), as in the simulator. The request *fails* when the model endpoint
-  fails (HTTP error, connect error, stall, malformed or broken stream), a turn is cut by
-  `max_tokens`, the output cannot be parsed, tools are asked for after the last round, the tool
-  server is gone, or the budget runs out; a failed request publishes the conservative reply
+  fails (HTTP error, connect error, stall, malformed or broken stream), a turn is *empty* (no
+  content, no reasoning and no tool call: failure "empty_turn", so a server that returns nothing never
+  counts as a success), a turn is cut by `max_tokens`, the output cannot be parsed, tools are asked
+  for after the last round, the tool server is gone, or the budget runs out; a failed request publishes the conservative reply
   (`on_failure="conservative"`) or nothing (`"silent"`), recorded as outcome "fallback_reply" /
   "no_reply" with the failure kind. A reply the Stop hooks still block after the revision is
   withheld by the harness itself: outcome "no_reply", not a failure.
@@ -191,6 +192,14 @@ class McpToolRunner:
         return ToolExecution(status, result, dict(out.canonical_args), out.impl or impl), out.latency_s
 
 
+def is_empty_turn(res: StreamResult) -> bool:
+    """True when a completed stream produced nothing: no content, no reasoning (whitespace only) and no tool call.
+
+    Distinct from a reply a Stop hook withholds (the model wrote one; the harness kept it from the viewer).
+    """
+    return not (res.content.strip() or res.reasoning.strip() or res.tool_calls)
+
+
 def _assistant_message(res: StreamResult) -> dict | None:
     """The turn as an assistant message when the server parsed tool calls, else None (parse the text)."""
     if not res.tool_calls:
@@ -256,6 +265,11 @@ def run_agent(
             break
         if res.finish_reason == "length":
             rec.failure, rec.detail = "truncated", f"turn {rec.model_turns} hit max_tokens ({res.completion_tokens} tokens)"
+            break
+        if is_empty_turn(res):
+            rec.failure = "empty_turn"
+            rec.detail = (f"turn {rec.model_turns}: the model stream had no content, no reasoning and no tool call "
+                          f"(finish_reason {res.finish_reason!r})")
             break
         message = _assistant_message(res)
         if message is not None:

@@ -42,7 +42,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from hat_jax.cli_types import positive_int
+from hat_jax.cli_types import float_in, positive_int
 from hat_jax.data.world_data import WorldDataConfig, eval_items, world_for
 from hat_jax.harness.loader import PRODUCTION_DIR, load_harness
 from hat_jax.harness.state import HarnessState
@@ -249,13 +249,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mcp-url", default=None, help="Streamable HTTP tool server (default: spawn one on stdio)")
     p.add_argument("--api-key", default=None)
     p.add_argument("--max-tokens", type=positive_int, default=None, help="per model turn")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--temperature", type=float_in(0.0, 2.0), default=1.0)
+    p.add_argument("--top-p", type=float_in(0.0, 1.0, low_open=True), default=0.95)
     p.add_argument("--extra-body", type=_json_object, default={}, help="JSON merged into every request body")
-    p.add_argument("--stall-timeout-s", type=float, default=5.0, help="longest silence inside a stream")
-    p.add_argument("--first-tool-timeout-s", type=float, default=3.0)
-    p.add_argument("--tool-timeout-s", type=float, default=2.0, help="tool calls after the first")
-    p.add_argument("--budget-s", type=float, default=10.0, help="whole-trajectory budget")
+    p.add_argument("--stall-timeout-s", type=float_in(0.0, low_open=True), default=5.0,
+                   help="longest silence inside a stream")
+    p.add_argument("--first-tool-timeout-s", type=float_in(0.0, low_open=True), default=3.0)
+    p.add_argument("--tool-timeout-s", type=float_in(0.0, low_open=True), default=2.0,
+                   help="tool calls after the first")
+    p.add_argument("--budget-s", type=float_in(0.0, low_open=True), default=10.0, help="whole-trajectory budget")
     p.add_argument("--max-rounds", type=positive_int, default=4, help="tool rounds")
     p.add_argument("--on-failure", choices=("conservative", "silent"), default="conservative")
     p.add_argument("--no-progress", action="store_true")

@@ -29,7 +29,8 @@ import numpy as np
 
 from hat_jax.model.config import Qwen3_5MoeTextConfig
 from hat_jax.model.sampler import SamplingConfig, generate, left_pad
-from hat_jax.train.rollout_tokens import batch_bucket, decode, encode, prompt_bucket, turn_sampling
+from hat_jax.tokenizer import chat_encoding
+from hat_jax.train.rollout_tokens import batch_bucket, decode, prompt_bucket, turn_sampling
 
 
 @dataclasses.dataclass
@@ -52,10 +53,9 @@ class Completions:
 
 
 def chat_prompt_ids(tokenizer: Any, text: str) -> list[int]:
-    """Token ids of one user message rendered with the chat template and the generation prompt."""
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                             add_generation_prompt=True)
-    return encode(tokenizer, rendered)
+    """Token ids of one user message rendered with the chat template and the generation prompt (`chat_encoding`:
+    chat control strings in the message are text, not control ids)."""
+    return chat_encoding(tokenizer, [{"role": "user", "content": text}], add_generation_prompt=True).ids
 
 
 def chat_completions(params: dict, model_config: Qwen3_5MoeTextConfig, tokenizer: Any, prompts: Sequence[str], *,

@@ -13,7 +13,9 @@ the prefix and the seed directory), plus the teacher's key for `opd_live`. Two e
 share a prefix therefore share its run dirs (Table 4's rows reuse each other's stages; `table3_hat` is
 `table4_hsa_rl_hsa`), and a changed `--set` gives new keys, never a silently reused checkpoint.
 
-A stage is complete when its `stage_done.json` exists (written atomically after the stage's last checkpoint);
+A stage is complete when its `stage_done.json` exists (written atomically once the stage's final checkpoint is
+complete on disk, `finished_step`; a done stage whose checkpoint has since been damaged is refused with the
+recovery);
 a run dir without it (a killed run) is resumed from its latest checkpoint by the stage itself, which checks
 that its config hash matches. The tiny base lives in the global cache (`hat_jax.train.pretrain.base_checkpoint`).
 """
@@ -32,10 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from hat_jax.experiments.declarations import StageSpec
+from hat_jax.model import checkpoint_steps
 from hat_jax.experiments.scales import Scale
 
 log = logging.getLogger(__name__)
-DONE_FILE = "stage_done.json"
+DONE_FILE = checkpoint_steps.DONE_FILE
 _NOT_HASHED = ("init", "teacher", "ref", "seed")
 
 # Stage fields that `stage_config` (and `stage_template`: harness_mode) set, so a --set of them would be
@@ -145,6 +148,24 @@ def _run_stage(kind: str, config, out: Path, progress: bool):
     return run(config, out, resume=True, progress=progress)
 
 
+def finished_step(out: Path, context: str) -> int:
+    """The final step of the finished stage run dir `out`: its latest complete step, with no damaged step after it.
+
+    Raises:
+      DamagedCheckpointError: no complete step, or a newer step is damaged (names the steps and the recovery;
+        `context` says what claimed the stage finished).
+    """
+    from hat_jax.train.checkpoints import ITEMS
+
+    scan = checkpoint_steps.scan_steps(out, ITEMS)
+    if scan.latest is None or scan.newer_damaged():
+        what = scan.warning() or (f"it holds no checkpoint step; move {out / DONE_FILE} aside and rerun to "
+                                  f"train the stage again")
+        raise checkpoint_steps.DamagedCheckpointError(f"stage {out} is {context} but its final checkpoint is not "
+                                                      f"readable: {what}")
+    return scan.latest
+
+
 def run_stage_cached(kind: str, config, out: Path, record: dict, *, progress: bool = True, tag: str = "") -> dict:
     """Runs one stage into `out` unless its `stage_done.json` exists; returns that record.
 
@@ -154,12 +175,14 @@ def run_stage_cached(kind: str, config, out: Path, record: dict, *, progress: bo
     """
     done = out / DONE_FILE
     if done.is_file():
+        finished_step(out, f"marked finished ({DONE_FILE})")
         return json.loads(done.read_text())
     from hat_jax.train.checkpoints import latest_step
 
     resumed = latest_step(out) if out.exists() else None
     t0 = time.perf_counter()
     _run_stage(kind, config, out, progress)
+    finished_step(out, "done training")
     record = dict(record, steps=int(config.steps), wall_s=round(time.perf_counter() - t0, 3), resumed_from=resumed,
                   trained_by=tag)
     write_json_atomic(done, record)

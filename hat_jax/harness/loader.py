@@ -34,6 +34,7 @@ form (every loaded harness is).
 
 from __future__ import annotations
 
+import difflib
 import functools
 import logging
 import re
@@ -70,6 +71,9 @@ MANIFEST = "harness.yaml"
 SKILL_FILE = "SKILL.md"
 SKILL_KEY_FIELD = "hat-skill-key"
 BINDING_KEY = "x-hat"
+MAX_SKILL_BODY_CHARS = 16_000      # a SKILL.md body is sent whole as one tool result when the skill is loaded
+SKILL_TOOL_NAME = "skill_tool"     # the one prompt placeholder, {skill_tool} (`hat_jax.harness.render`)
+PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # Canonical arguments of each world function: (required, optional). The executor maps surface
 # arguments onto these through `Tool.arg_paths`.
 IMPL_ARGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -228,6 +232,9 @@ def _load_skill(folder: Path, name: str, field: str) -> tuple[Skill, Path]:
         c.fail(f"metadata.{SKILL_KEY_FIELD}", f"expected one of {', '.join(SKILL_KEYS)}, got {key!r}")
     if not body.strip():
         c.fail("body", "expected a non-empty Markdown body after the front matter")
+    if len(body) > MAX_SKILL_BODY_CHARS:
+        c.fail("body", f"expected at most {MAX_SKILL_BODY_CHARS} characters (the body is sent whole through the "
+                       f"skill tool), got {len(body)}")
     return Skill(name=name, description=desc, body=body, allowed_tools=allowed, key=key), file
 
 
@@ -380,7 +387,26 @@ def _load_sections(raw: Any, c: _Checker) -> list[PromptSection]:
     for i, k in enumerate(keys):
         if k in keys[:i]:
             c.fail(f"prompt[{i}].key", f"duplicate section key {k!r}")
+    for i, sec in enumerate(sections):
+        _check_placeholders(sec, f"prompt[{i}].text", c)
     return sections
+
+
+def _check_placeholders(section: PromptSection, field: str, c: _Checker) -> None:
+    """Refuses a `{name}` in a section's text that rendering would leave verbatim: any name but {skill_tool}, and
+    {skill_tool} outside the "skills" section (the only place it is replaced)."""
+    for m in PLACEHOLDER_RE.finditer(section.text):
+        name = m.group(1)
+        if name == SKILL_TOOL_NAME and section.key == "skills":
+            continue
+        where = f"section {section.key!r}"
+        if name == SKILL_TOOL_NAME:
+            c.fail(field, f"{where}: {{{name}}} is replaced only in the 'skills' section's text; write the tool's "
+                          "name here")
+        hint = difflib.get_close_matches(name, [SKILL_TOOL_NAME], n=1)
+        c.fail(field, f"{where}: unknown placeholder {{{name}}}"
+                      + (f" (did you mean {{{hint[0]}}}?)" if hint else "")
+                      + f"; the only placeholder is {{{SKILL_TOOL_NAME}}}, in the 'skills' section")
 
 
 def _load_hooks(raw: Any, tool_names: set[str], c: _Checker) -> list[HookSpec]:

@@ -9,7 +9,9 @@ Variant implemented and why:
   may say `{skill_tool}`, replaced by the skill tool's current name, else a line naming the tool is
   added. Tools are not written here: `apply_chat_template(tools=h.openai_tools())` puts them first.
 - Text is exactly `tokenizer.apply_chat_template(messages, tools=h.openai_tools(), tokenize=False)`
-  (the tokenizer's own template, not a copy of it).
+  (the tokenizer's own template, not a copy of it); tokens come from `hat_jax.tokenizer.chat_encoding`, so
+  chat control strings inside the system prompt, viewer messages, tool results or tool calls are ordinary
+  text, never control ids.
 - Loss mask (issue 3 point 2: 1 exactly on assistant-generated tokens): at inference the prompt ends with the
   generation prompt `<|im_start|>assistant\\n<think>\\n`, so for each assistant turn rendered with its
   reasoning block the mask is 1 on every token after `<|im_start|>assistant\\n<think>\\n` up to and
@@ -31,6 +33,7 @@ import numpy as np
 
 from hat_jax.harness.constraints import constraint_text
 from hat_jax.harness.state import HarnessState, PromptSection
+from hat_jax.tokenizer import chat_encoding
 
 SKILL_TOOL_PLACEHOLDER = "{skill_tool}"
 _ASSISTANT_HEADER = "<|im_start|>assistant\n"
@@ -94,12 +97,16 @@ def render_text(
     tokenizer: Any, h: HarnessState, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = False
 ) -> str:
     """`tokenizer.apply_chat_template` of `render_messages(h, messages)` with `h`'s tools, as text."""
-    return tokenizer.apply_chat_template(
-        render_messages(h, messages),
-        tools=h.openai_tools(),
-        tokenize=False,
-        add_generation_prompt=add_generation_prompt,
-    )
+    return chat_encoding(tokenizer, render_messages(h, messages), tools=h.openai_tools(),
+                         add_generation_prompt=add_generation_prompt).text
+
+
+def render_ids(
+    tokenizer: Any, h: HarnessState, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = False
+) -> list[int]:
+    """Token ids of `render_text(...)`, content's chat control strings encoded as text (`chat_encoding`)."""
+    return chat_encoding(tokenizer, render_messages(h, messages), tools=h.openai_tools(),
+                         add_generation_prompt=add_generation_prompt).ids
 
 
 def _content(message: Mapping[str, Any]) -> str:
@@ -159,7 +166,8 @@ def render_tokens(
       messages: OpenAI-format messages (system optional; at least one user message).
     Returns:
       (input_ids, loss_mask): int32 [T] each; input_ids tokenise exactly `render_text(tokenizer, h,
-      messages)`; loss_mask is 1 on assistant-generated tokens (see the module docstring).
+      messages)` (`chat_encoding`: only the template's markers are control ids); loss_mask is 1 on
+      assistant-generated tokens (see the module docstring).
     Raises:
       TypeError: `h` is not a HarnessState (arguments swapped).
       ValueError: the tokenizer gives no offsets, or the text does not match the messages.
@@ -167,13 +175,12 @@ def render_tokens(
     if not isinstance(h, HarnessState):
         raise TypeError(f"render_tokens(tokenizer, h, messages): h must be a HarnessState, got {type(h).__name__}")
     full = render_messages(h, messages)
-    text = tokenizer.apply_chat_template(full, tools=h.openai_tools(), tokenize=False)
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    offsets = enc.get("offset_mapping")
-    if offsets is None:
+    if not hasattr(tokenizer, "backend_tokenizer"):
         raise ValueError("render_tokens needs a fast tokenizer (offset mapping)")
-    ids = np.asarray(enc["input_ids"], dtype=np.int32)
-    starts = np.asarray([s for s, _ in offsets], dtype=np.int64)
+    enc = chat_encoding(tokenizer, full, tools=h.openai_tools())
+    text = enc.text
+    ids = np.asarray(enc.ids, dtype=np.int32)
+    starts = np.asarray([s for s, _ in enc.offsets], dtype=np.int64)
     mask = np.zeros(len(ids), dtype=np.int32)
     for a, b in generated_spans(text, full):
         mask[(starts >= a) & (starts < b)] = 1

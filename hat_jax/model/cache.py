@@ -14,6 +14,7 @@ state stays exactly 0 until the first real token, and a padded row decodes exact
 as in transformers; the sampler therefore only masks rows once they have finished.)
 """
 
+import jax
 import jax.numpy as jnp
 
 from hat_jax.model.config import FULL_ATTENTION, Qwen3_5MoeTextConfig
@@ -34,3 +35,28 @@ def init_cache(config: Qwen3_5MoeTextConfig, batch: int, max_len: int, dtype=jnp
                                     c.linear_value_head_dim), jnp.float32),
             })
     return {"index": jnp.zeros((), jnp.int32), "valid": jnp.zeros((batch, max_len), bool), "layers": layers}
+
+
+def check_cache_room(cache: dict, num_tokens: int) -> None:
+    """Raises when writing `num_tokens` slots at `cache["index"]` would pass the cache's end.
+
+    `jax.lax.dynamic_update_slice` clamps its start index, so such a write would silently overwrite the last
+    slots. Checked whenever the index is concrete (an eager call, or the static index 0 of a prefill); inside a
+    jitted loop the index is traced and the caller sizes the cache (`generate` allocates prompt + max_new_tokens
+    slots and writes at most that many).
+
+    Args:
+      cache: from `init_cache` ('valid' [B, S]; 'index' int32 scalar or Python int). num_tokens: slots to write.
+    Raises:
+      ValueError: index + num_tokens > S (names the three numbers).
+    """
+    capacity = cache["valid"].shape[1]
+    index = cache["index"]
+    if isinstance(index, jax.core.Tracer):
+        if num_tokens > capacity:
+            raise ValueError(f"decode cache: {num_tokens} new tokens do not fit its {capacity} slots")
+        return
+    start = int(index)
+    if start + num_tokens > capacity:
+        raise ValueError(f"decode cache is full: writing {num_tokens} token(s) at slot {start} needs "
+                         f"{start + num_tokens} slots, the cache has {capacity} (init_cache(max_len=...) too small)")

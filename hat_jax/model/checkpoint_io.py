@@ -11,8 +11,10 @@ Layouts that `load_model_checkpoint` reads:
        <root>/<step>/...            other items (optimizer state, ...), ignored here
        <root>/model_config.json     or <root>/<step>/model_config.json (the step's copy wins)
        <root>/tokenizer/            optional
-   The latest integer-named step directory that holds a `params` item is used; Orbax's temporary
-   directories (names that are not integers) are skipped.
+   The latest complete step (`hat_jax.model.checkpoint_steps`: commit marker and every item's metadata
+   present and readable) is used; newer damaged steps are named in a logged warning with what to do, and a
+   root whose steps are all damaged raises `DamagedCheckpointError`. Orbax's temporary directories (names
+   that are not integers) are ignored. The step read is logged ("hat_jax.checkpoints", INFO).
 
 Parameters are restored with the dtypes and shapes stored in the checkpoint, onto the default device
 (the stored sharding is ignored, so a checkpoint written on an accelerator loads on CPU), and checked
@@ -28,6 +30,7 @@ from pathlib import Path
 import jax
 import orbax.checkpoint as ocp
 
+from hat_jax.model.checkpoint_steps import DamagedCheckpointError, first_line, recovery_hint, scan_steps
 from hat_jax.model.config import Qwen3_5MoeTextConfig
 from hat_jax.model.hf_io import read_hf_config
 from hat_jax.model.params import params_shapes
@@ -73,6 +76,23 @@ def _is_params_item(path: Path) -> bool:
     return path.is_dir() and (path / "_METADATA").is_file()
 
 
+def _latest_params_item(root: Path) -> Path:
+    """`<root>/<latest complete step>/params` of a CheckpointManager root (module docstring)."""
+    scan = scan_steps(root, (PARAMS_ITEM,))
+    if message := scan.warning():
+        logging.getLogger("hat_jax.checkpoints").warning("%s", message)
+    if scan.latest is None:
+        if scan.damaged:
+            bad = max(scan.damaged)
+            raise DamagedCheckpointError(f"checkpoint directory {str(root)!r} has no complete step: "
+                                         + "; ".join(f"step {s}: {w}" for s, w in sorted(scan.damaged.items()))
+                                         + f". {recovery_hint(root, bad, None)}")
+        raise FileNotFoundError(
+            f"checkpoint directory {str(root)!r} has no Orbax params item: expected {root / PARAMS_ITEM} "
+            f"(save_model_checkpoint) or <step>/{PARAMS_ITEM} under a CheckpointManager root (found steps: none)")
+    return root / str(scan.latest) / PARAMS_ITEM
+
+
 def resolve_checkpoint(directory: str | Path) -> tuple[Path, Path]:
     """Finds the params item and the config file of a model checkpoint or CheckpointManager root.
 
@@ -81,6 +101,7 @@ def resolve_checkpoint(directory: str | Path) -> tuple[Path, Path]:
     Raises:
         FileNotFoundError: the directory, a params item, or model_config.json is missing (the message names
             the path and the layouts expected, see the module docstring).
+        DamagedCheckpointError: a CheckpointManager root whose step directories are all damaged.
     """
     root = Path(directory).resolve()
     if not root.is_dir():
@@ -89,14 +110,7 @@ def resolve_checkpoint(directory: str | Path) -> tuple[Path, Path]:
     if _is_params_item(root / PARAMS_ITEM):
         item = root / PARAMS_ITEM
     else:
-        steps = sorted((int(p.name), p) for p in root.iterdir() if p.name.isdigit() and p.is_dir())
-        with_params = [p for _, p in steps if _is_params_item(p / PARAMS_ITEM)]
-        if not with_params:
-            raise FileNotFoundError(
-                f"checkpoint directory {str(root)!r} has no Orbax params item: expected {root / PARAMS_ITEM} "
-                f"(save_model_checkpoint) or <step>/{PARAMS_ITEM} under a CheckpointManager root "
-                f"(found steps: {[s for s, _ in steps] or 'none'})")
-        item = with_params[-1] / PARAMS_ITEM
+        item = _latest_params_item(root)
     for config_path in (item.parent / CONFIG_FILE, root / CONFIG_FILE):
         if config_path.is_file():
             return item, config_path
@@ -111,13 +125,15 @@ def load_model_checkpoint(directory: str | Path) -> tuple[Qwen3_5MoeTextConfig, 
         (config, params) with params a nested dict of jax.Arrays in their stored dtypes.
     Raises:
         FileNotFoundError: missing directory, params item or config (see `resolve_checkpoint`).
-        ValueError: unreadable/corrupt config or params, or params that do not match the config's shapes
-            (the message names the path and the first mismatching parameter).
+        DamagedCheckpointError (a ValueError): unreadable/corrupt params (names the step and how to recover).
+        ValueError: an unreadable config, or params that do not match the config's shapes (the message names
+            the path and the first mismatching parameter).
     """
     item, config_path = resolve_checkpoint(directory)
     config = read_hf_config(config_path)
     checkpointer = ocp.Checkpointer(ocp.StandardCheckpointHandler())  # synchronous: nothing to overlap
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    failure = None
     try:
         stored = checkpointer.metadata(item).item_metadata
         if stored is None:
@@ -125,13 +141,20 @@ def load_model_checkpoint(directory: str | Path) -> tuple[Qwen3_5MoeTextConfig, 
         stored = stored.tree
         target = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), stored)
         params = checkpointer.restore(item, target)
-    except Exception as err:  # Orbax/TensorStore raise many types for unreadable files
-        first_line = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
-        raise ValueError(f"could not read the Orbax params item {str(item)!r} (corrupt or not a params "
-                         f"checkpoint): {type(err).__name__}: {first_line}") from err
+    except Exception as err:  # noqa: BLE001 - Orbax/TensorStore raise many types (a bare Exception too)
+        failure = f"{type(err).__name__}: {first_line(err)}"
     finally:
         checkpointer.close()
+    if failure is not None:  # raised outside the handler: no reference to Orbax's frames or event loop is kept
+        hint = ""
+        if item.parent.name.isdigit():
+            older = [s for s in scan_steps(item.parent.parent, (PARAMS_ITEM,)).complete if s < int(item.parent.name)]
+            hint = ". " + recovery_hint(item.parent.parent, int(item.parent.name), older[-1] if older else None)
+        raise DamagedCheckpointError(f"could not read the Orbax params item {str(item)!r} (corrupt, truncated or "
+                                     f"not a params checkpoint): {failure}{hint}")
     _check_shapes(params, params_shapes(config), item)
+    where = f"step {item.parent.name} of {item.parent.parent}" if item.parent.name.isdigit() else str(item.parent)
+    logging.getLogger("hat_jax.checkpoints").info("loaded the params of %s", where)
     return config, params
 
 

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from hat_jax.model.attention import GatedAttention
+from hat_jax.model.cache import check_cache_room
 from hat_jax.model.config import FULL_ATTENTION, LINEAR_ATTENTION, Qwen3_5MoeTextConfig
 from hat_jax.model.deltanet import GatedDeltaNet
 from hat_jax.model.linear import Linear
@@ -203,6 +204,7 @@ class Qwen3_5MoeForCausalLM(nn.Module):
             raise ValueError("segment_ids with a cache is not supported (a cache row holds one sequence); "
                              "expected cache=None, or attention_mask for cached decoding")
         else:
+            check_cache_room(cache, t)
             token_mask = _token_mask(input_ids, attention_mask)
             index = cache["index"]
             valid = jax.lax.dynamic_update_slice(cache["valid"], token_mask, (0, index))

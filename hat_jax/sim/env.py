@@ -59,6 +59,7 @@ from hat_jax.sim.executor import (
     draw_fault,
     error_payload,
     execute_tool_call,
+    limit_result_size,
 )
 from hat_jax.sim.types import Episode, Task, ToolCallRecord
 from hat_jax.tokenizer import parse_tool_calls, split_reasoning
@@ -334,6 +335,7 @@ class LiveStreamEnv:
                     ex.canonical_args,
                     ex.impl,
                 )
+            ex = limit_result_size(ex)
         result = dict(ex.result)
         event = "PostToolUseFailure" if ex.status in FAILURE_STATUSES else "PostToolUse"
         ctx = HookContext(

@@ -64,6 +64,20 @@ class ToolExecution(NamedTuple):
     impl: str
 
 
+MAX_RESULT_CHARS = 32_000   # a tool result longer than this (as JSON text) is replaced by a result_too_large error
+
+
+def limit_result_size(ex: ToolExecution, limit: int = MAX_RESULT_CHARS) -> ToolExecution:
+    """`ex` unchanged when its result's JSON text has at most `limit` characters, else an "error" execution
+    with a `result_too_large` payload naming both sizes (the oversized result never reaches the model)."""
+    size = len(json.dumps(ex.result, ensure_ascii=False, default=str))
+    if size <= limit:
+        return ex
+    message = f"工具结果过大（result too large）：{size} 个字符，上限 {limit} 个字符"
+    return ToolExecution("error", error_payload("result_too_large", message, {"chars": size, "limit": limit}),
+                         ex.canonical_args, ex.impl)
+
+
 def error_payload(kind: str, message: str, details: Mapping[str, Any] | None = None) -> dict:
     """The structured error result {"error": {"type", "message", "details"}}."""
     return {"error": {"type": kind, "message": message, "details": dict(details or {})}}

@@ -52,6 +52,7 @@ from typing import Any
 import anyio
 import mcp_types as types
 from mcp.server import Server, ServerRequestContext
+from mcp.shared.exceptions import MCPError
 
 from hat_jax.cli_types import int_in
 from hat_jax.harness.loader import load_harness
@@ -149,12 +150,41 @@ def build_server(harness: HarnessState, execute: Execute, faults: FaultConfig | 
         logger.debug("tool %s -> %s", name, execution.status)
         return tool_result(execution.status, execution.result, impl=execution.impl, canonical_args=execution.canonical_args)
 
-    return Server(
+    server = Server(
         f"hat-jax-tools-{harness.name}",
         version=harness.version,
         on_list_tools=on_list_tools,
         on_call_tool=on_call_tool,
     )
+    server.middleware.append(check_call_params)
+    return server
+
+
+def call_params_problem(params: Mapping[str, Any] | None) -> str | None:
+    """What is wrong with raw `tools/call` params ({"name": str, "arguments": object?}), or None.
+
+    The MCP library answers a malformed call with -32602 "Invalid request parameters" and no detail;
+    this names the field and what was expected.
+    """
+    if not isinstance(params, Mapping):
+        return f"params: expected an object with a string 'name', got {type(params).__name__}"
+    name = params.get("name")
+    if not isinstance(name, str):
+        got = "nothing" if "name" not in params else f"{type(name).__name__} {json.dumps(name, default=str)[:80]}"
+        return f"params.name: expected a string (the tool's name), got {got}"
+    arguments = params.get("arguments")
+    if arguments is not None and not isinstance(arguments, Mapping):
+        return (f"params.arguments: expected an object of the tool's arguments, got {type(arguments).__name__} "
+                f"{json.dumps(arguments, default=str)[:80]}")
+    return None
+
+
+async def check_call_params(ctx: ServerRequestContext, call_next):
+    """Server middleware: a malformed `tools/call` gets -32602 with a message naming the field."""
+    if ctx.method == "tools/call" and (problem := call_params_problem(ctx.params)):
+        raise MCPError(code=types.INVALID_PARAMS, message=f"Invalid request parameters: {problem}",
+                       data={"field": problem.split(":", 1)[0]})
+    return await call_next(ctx)
 
 
 async def serve_stdio(server: Server) -> None:

@@ -14,10 +14,13 @@ Orbax writes each step into a temporary directory and renames it into place when
 POSIX file system), so a killed process never leaves a half-written step that `restore_latest` would read;
 leftover temporary directories are removed when the manager opens. `max_to_keep` keeps the last N steps.
 
-Restoring checks before reading arrays: a missing root or a root without steps raises FileNotFoundError
-naming it; parameters or optimizer leaves whose shapes/dtypes differ from the stage's abstract state raise
-`IncompatibleCheckpointError` naming the checkpoint step directory and the first mismatching leaf; a stored
-config whose hash differs from the current one raises `ConfigMismatchError` listing the differing keys
+Restoring reads the latest *complete* step (`hat_jax.model.checkpoint_steps`: Orbax's commit marker and every
+item's metadata present and readable); newer damaged steps are named in a logged warning with what to do.
+Any error while reading a step (whatever Orbax or TensorStore raise) becomes `DamagedCheckpointError`
+naming the step and the recovery (move it aside to resume from the step before). Before reading arrays:
+a missing root or a root without steps raises FileNotFoundError naming it; parameters or optimizer leaves
+whose shapes/dtypes differ from the stage's abstract state raise `IncompatibleCheckpointError` naming the
+checkpoint step directory and the first mismatching leaf; a stored config whose hash differs from the current one raises `ConfigMismatchError` listing the differing keys
 unless `force=True`.
 """
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Mapping
@@ -36,9 +40,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from hat_jax.model.checkpoint_io import CONFIG_FILE, PARAMS_ITEM
+from hat_jax.model.checkpoint_steps import DamagedCheckpointError, first_line, recovery_hint, scan_steps
 from hat_jax.train.trainer import TrainState
 
 ITEMS = (PARAMS_ITEM, "opt_state", "rng", "meta", "data_state", "config")
+log = logging.getLogger("hat_jax.checkpoints")
 
 
 class IncompatibleCheckpointError(ValueError):
@@ -168,15 +174,23 @@ def _config_diff(stored: Mapping[str, Any], current: Mapping[str, Any], prefix: 
 
 
 def latest_step(directory: str | Path) -> int | None:
-    """The latest complete step under a run directory, or None (no directory or no step)."""
-    root = Path(directory).resolve()
-    if not root.is_dir():
-        return None
-    manager = _manager(root, None, False, read_only=True)
-    try:
-        return manager.latest_step()
-    finally:
-        manager.close()
+    """The latest complete step under a run directory (`scan_steps` with every item of `ITEMS`), or None (no
+    directory or no complete step)."""
+    return scan_steps(directory, ITEMS).latest
+
+
+def check_resumable(directory: str | Path) -> int | None:
+    """The step a resume of `directory` starts from (None: no step at all, a fresh start).
+
+    Raises:
+        DamagedCheckpointError: a step newer than the latest complete one is damaged (a resume would write that
+            step again over the damaged files) or no step is complete; the message names each damaged step,
+            what is wrong and how to recover.
+    """
+    scan = scan_steps(directory, ITEMS)
+    if scan.newer_damaged():
+        raise DamagedCheckpointError(scan.warning())
+    return scan.latest
 
 
 def restore_latest(directory: str | Path, abstract_state: TrainState, *, config: Mapping[str, Any] | None = None,
@@ -193,21 +207,34 @@ def restore_latest(directory: str | Path, abstract_state: TrainState, *, config:
     Returns:
         (state, data_state, stored config).
     Raises:
-        FileNotFoundError: no such directory, or no complete checkpoint in it.
+        FileNotFoundError: no such directory, or no checkpoint in it.
+        DamagedCheckpointError: the step (or every step) is damaged, or reading it failed in any way (names
+            the step, the first line of the error and how to recover).
         IncompatibleCheckpointError: shapes/structure differ (names the step directory and the leaf).
         ConfigMismatchError: config hash differs and not force (lists the differing keys).
     """
     root = Path(directory).resolve()
     if not root.is_dir():
         raise FileNotFoundError(f"checkpoint directory {str(root)!r} does not exist")
+    scan = scan_steps(root, ITEMS)
+    if step is None:
+        step = scan.latest
+        if message := scan.warning():
+            log.warning("%s", message)
+    step = None if step is None else int(step)
+    if step is None or step not in scan.complete:
+        if step is not None and step in scan.damaged:
+            raise DamagedCheckpointError(f"checkpoint {root / str(step)} is damaged ({scan.damaged[step]}). "
+                                         + recovery_hint(root, step, _before(scan.complete, step)))
+        if step is None and scan.damaged:
+            raise DamagedCheckpointError(scan.warning())
+        raise FileNotFoundError(f"checkpoint directory {str(root)!r} holds no complete checkpoint"
+                                + (f" for step {step}" if step is not None else "")
+                                + f" (steps: {list(scan.complete) or 'none'})")
+    where = str(root / str(step))
     manager = _manager(root, None, False, read_only=True)
+    failure = None
     try:
-        step = manager.latest_step() if step is None else int(step)
-        if step is None or step not in manager.all_steps():
-            raise FileNotFoundError(f"checkpoint directory {str(root)!r} holds no complete checkpoint"
-                                    + (f" for step {step}" if step is not None else "")
-                                    + f" (steps: {list(manager.all_steps()) or 'none'})")
-        where = str(root / str(step))
         try:
             small = manager.restore(step, args=ocp.args.Composite(
                 meta=ocp.args.JsonRestore(), config=ocp.args.JsonRestore(), data_state=ocp.args.JsonRestore(),
@@ -230,15 +257,14 @@ def restore_latest(directory: str | Path, abstract_state: TrainState, *, config:
             }))
         except (ConfigMismatchError, IncompatibleCheckpointError):
             raise
-        except (ValueError, OSError) as err:  # truncated or corrupt files (TensorStore / JSON errors)
-            text = str(err).strip()
-            first_line = text.splitlines()[0][:300] if text else type(err).__name__
-            others = sorted(s for s in manager.all_steps() if s != step)
-            hint = f"; move {where} aside to resume from step {others[-1]}" if others else ""
-            raise IncompatibleCheckpointError(f"checkpoint {where} cannot be read (corrupt or truncated files: "
-                                              f"{first_line}){hint}") from None
+        except Exception as err:  # noqa: BLE001 - Orbax/TensorStore raise bare Exception, ValueError, OSError, ...
+            failure = f"{type(err).__name__}: {first_line(err)}"
     finally:
         manager.close()
+    if failure is not None:  # raised outside the handler: no reference to Orbax's frames or event loop is kept
+        raise DamagedCheckpointError(f"checkpoint {where} cannot be read (corrupt or truncated files: {failure}). "
+                                     + recovery_hint(root, step, _before(scan.complete, step)))
+    log.info("restored step %d of %s", step, root)
     rng = jax.random.wrap_key_data(np.asarray(small["rng"]["key_data"], np.uint32), impl=small["rng"]["impl"])
     rng_sharding = getattr(abstract_state.rng, "sharding", None)
     if rng_sharding is not None:
@@ -249,6 +275,11 @@ def restore_latest(directory: str | Path, abstract_state: TrainState, *, config:
                        jax.device_put(step_arr, step_sharding) if step_sharding is not None else jax.numpy.asarray(step_arr),
                        rng)
     return state, small["data_state"], small["config"]
+
+
+def _before(steps, step: int) -> int | None:
+    older = [s for s in steps if s < step]
+    return older[-1] if older else None
 
 
 def _leaf_struct(tree):

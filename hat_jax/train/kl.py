@@ -76,7 +76,7 @@ def sampled_reverse_kl_loss(logprobs: jax.Array, old_logprobs: jax.Array, teache
                                         aggregation=aggregation, max_len=max_len, total_tokens=total_tokens,
                                         total_sequences=total_sequences)
     metrics["reverse_kl_k1"] = masked_mean(k1, action_mask)
-    metrics["reverse_kl_k3"] = masked_mean(jnp.exp(-k1) - 1.0 + k1, action_mask)
+    metrics["reverse_kl_k3"] = masked_mean(jnp.maximum(jnp.expm1(-k1) + k1, 0.0), action_mask)  # k3 >= 0
     return loss, metrics
 
 

@@ -196,11 +196,14 @@ def k3_kl(logprobs: jax.Array, ref_logprobs: jax.Array) -> jax.Array:
     from pi_theta: unbiased for the KL, >= 0, lower variance than k1 = logprobs - ref_logprobs. Used by
     DeepSeekMath GRPO; Tunix `low_var_kl` (unclamped; verl clamps log r to +-20 and k3 to +-10).
 
+    Computed as max(expm1(d) - d, 0) with d = log r: expm1 avoids the cancellation of exp(d) - 1 for small d, and
+    the clamp removes the last rounding below 0 (exp(d) - d - 1 gives -6e-8 at d = 4e-7 in float32).
+
     Args:
-        logprobs, ref_logprobs: [N, T] float. Returns: [N, T] float32 (0 where both are equal, e.g. padding).
+        logprobs, ref_logprobs: [N, T] float. Returns: [N, T] float32, >= 0 (0 where both are equal, e.g. padding).
     """
     d = ref_logprobs.astype(jnp.float32) - logprobs.astype(jnp.float32)
-    return jnp.exp(d) - d - 1.0
+    return jnp.maximum(jnp.expm1(d) - d, 0.0)
 
 
 def aggregate(per_token: jax.Array, mask: jax.Array, mode: str, max_len: int | None = None,

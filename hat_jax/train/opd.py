@@ -77,8 +77,8 @@ from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
 from hat_jax.train.rl import HARNESS_MODES, rl_fault_rates
 from hat_jax.train.sft import tokenizer_from_checkpoint, with_steps
 from hat_jax.train.stage import (COMPUTE_DTYPES, StageRun, add_out_steps, add_resume_force, add_set_progress,
-                                 apply_overrides, cli, config_json, finish_main, parse_stage_args, run_options,
-                                 stage_parser)
+                                 apply_overrides, check_run_fields, cli, config_json, finish_main, parse_stage_args,
+                                 run_options, stage_parser)
 from hat_jax.train.trainer import (LoopConfig, TrainState, default_mesh, make_train_step, place_batch,
                                    split_micro_batches)
 
@@ -152,6 +152,7 @@ class OPDConfig:
     mesh: tuple[int, int, int, int] | None = None
 
     def __post_init__(self):
+        check_run_fields(self)
         check_opd_loss(self.loss)
         check_aggregation(self.aggregation)
         if self.prompts not in PROMPT_SOURCES:

@@ -46,10 +46,11 @@ import numpy as np
 
 from hat_jax.judges.rewards import COMPONENTS, RewardConfig, weighted_reward
 from hat_jax.model.sampler import SamplingConfig
+from hat_jax.tokenizer import chat_encoding
 from hat_jax.train.opd_loss import make_teacher_fn
 from hat_jax.train.rl import draw_harnesses, draw_task_indices
 from hat_jax.train.rl_rewards import OUTCOMES, judge_rewards
-from hat_jax.train.rollout_tokens import encode, round_up, sample_completions
+from hat_jax.train.rollout_tokens import round_up, sample_completions
 from hat_jax.train.stage import COMPUTE_DTYPES
 from hat_jax.train.trainer import TrainState
 
@@ -80,8 +81,7 @@ def prompt_pool(config: OPDConfig, tokenizer) -> list[list[dict]]:
     pool, lengths = [], []
     for text in texts:
         messages = [{"role": "user", "content": text}]
-        n = len(encode(tokenizer, tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                                                **kwargs)))
+        n = len(chat_encoding(tokenizer, messages, add_generation_prompt=True, **kwargs).ids)
         lengths.append(n)
         if n + config.max_new_tokens <= config.seq_len:
             pool.append(messages)
@@ -111,7 +111,7 @@ def live_pool(config: OPDConfig, tokenizer) -> LiveTasks:
     """
     from hat_jax.data.world_data import rl_tasks, world_for
     from hat_jax.harness.loader import production_harness
-    from hat_jax.harness.render import render_text
+    from hat_jax.harness.render import render_ids
     from hat_jax.sim.env import LiveStreamEnv
 
     tasks = rl_tasks(config.world)
@@ -120,7 +120,7 @@ def live_pool(config: OPDConfig, tokenizer) -> LiveTasks:
                          f"{len(tasks)} tasks")
     world, production = world_for(config.world.world_seed, config.world.n_products), production_harness()
     messages = LiveStreamEnv(world, config.env).reset(tasks[0], production)
-    n = len(encode(tokenizer, render_text(tokenizer, production, messages, add_generation_prompt=True)))
+    n = len(render_ids(tokenizer, production, messages, add_generation_prompt=True))
     if n + config.max_new_tokens > config.seq_len:
         from hat_jax.train.opd import OPD_PRESETS  # imported here: opd imports this module
 

@@ -21,6 +21,8 @@ import dataclasses
 import jax
 import optax
 
+MAX_LR = 1.0  # a peak learning rate above this diverges any model here within a few steps (checked at parse time)
+
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
@@ -33,6 +35,10 @@ class OptimConfig:
       weight_decay: decoupled decay coefficient (applied to ndim >= 2 parameters only).
       b1, b2, eps: Adam moments' decay rates and epsilon.
       clip_norm: global-norm clipping threshold (None or 0 = no clipping).
+    Raises:
+      ValueError (at construction, so a bad --set is refused before anything runs): a field outside its range,
+        naming it: lr in [0, MAX_LR], weight_decay, min_lr_ratio, b1, b2, eps in [0, 1], clip_norm >= 0, all
+        finite; 0 <= warmup_steps <= total_steps, total_steps >= 1.
     """
 
     lr: float = 3e-4
@@ -46,13 +52,18 @@ class OptimConfig:
     clip_norm: float | None = 1.0
 
     def __post_init__(self):
-        if self.lr < 0 or self.weight_decay < 0:
-            raise ValueError(f"OptimConfig: lr ({self.lr}) and weight_decay ({self.weight_decay}) must be >= 0")
+        ranges = {"lr": (0.0, MAX_LR), "weight_decay": (0.0, 1.0), "min_lr_ratio": (0.0, 1.0), "b1": (0.0, 1.0),
+                  "b2": (0.0, 1.0), "eps": (0.0, 1.0)}
+        for name, (low, high) in ranges.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+                raise ValueError(f"OptimConfig.{name} = {value!r}: expected a finite number in [{low:g}, {high:g}]")
+        clip = self.clip_norm
+        if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or not 0 <= clip <= 1e30):
+            raise ValueError(f"OptimConfig.clip_norm = {self.clip_norm!r}: expected null or a finite number >= 0")
         if self.total_steps < 1 or not 0 <= self.warmup_steps <= self.total_steps:
             raise ValueError(f"OptimConfig: need 0 <= warmup_steps ({self.warmup_steps}) <= total_steps "
                              f"({self.total_steps}) and total_steps >= 1")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"OptimConfig.min_lr_ratio = {self.min_lr_ratio}: expected a value in [0, 1]")
 
 
 def lr_schedule(config: OptimConfig) -> optax.Schedule:

@@ -89,8 +89,8 @@ from hat_jax.train.rl_loss import BATCH_KEYS, make_ref_logprobs, make_rl_train_s
 from hat_jax.train.rl_rewards import host_batch, judge_rewards
 from hat_jax.train.sft import load_init_params, tokenizer_from_checkpoint
 from hat_jax.train.stage import (COMPUTE_DTYPES, StageRun, add_out_steps, add_resume_force, add_set_progress,
-                                 apply_overrides, cli, config_json, finish_main, parse_stage_args, run_options,
-                                 stage_parser)
+                                 apply_overrides, check_run_fields, cli, config_json, finish_main, parse_stage_args,
+                                 run_options, stage_parser)
 from hat_jax.train.trainer import LoopConfig, TrainState, default_mesh, place_batch, split_micro_batches
 
 log = logging.getLogger(__name__)
@@ -160,6 +160,7 @@ class RLConfig:
     mesh: tuple[int, int, int, int] | None = None
 
     def __post_init__(self):
+        check_run_fields(self)
         get_advantage_estimator(self.estimator)      # ValueError listing the valid names
         check_aggregation(self.aggregation)
         if self.harness_mode not in HARNESS_MODES:

@@ -37,7 +37,7 @@ import optax
 
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.train.losses import aggregate, check_aggregation, clipped_policy_loss, masked_mean, token_logprobs
-from hat_jax.train.trainer import LossFn, TrainState, accumulate_gradients, moe_aux
+from hat_jax.train.trainer import LossFn, TrainState, accumulate_gradients, finite_flag, moe_aux
 
 BATCH_KEYS = ("input_ids", "attention_mask", "action_mask", "old_logprobs", "advantages")
 
@@ -152,7 +152,7 @@ def make_rl_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
 
     Returns:
         train_step(state, batch) -> (state, metrics): the mean over the updates of `accumulate_gradients`' stats and
-        grad_norm, plus lr.
+        grad_norm, plus lr and finite (`finite_flag` of the final params).
     """
     updates_per_step = epochs * minibatches
 
@@ -169,6 +169,7 @@ def make_rl_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
                 params = optax.apply_updates(params, updates)
                 history.append(metrics)
         metrics = {k: sum(h[k] for h in history) / len(history) for k in history[0]}
+        metrics["finite"] = finite_flag(metrics, params)
         new = TrainState(params, opt_state, state.step + 1, rng)
         if shardings is not None:
             new = jax.lax.with_sharding_constraint(new, shardings)

@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hat_jax.harness.render import render_text
+from hat_jax.harness.render import render_ids
 from hat_jax.harness.state import HarnessState
 from hat_jax.model.config import Qwen3_5MoeTextConfig
 from hat_jax.model.sampler import SamplingConfig, generate, left_pad
@@ -58,7 +58,7 @@ from hat_jax.train.rollout_tokens import (
     batch_bucket,
     check_lengths,
     decode,
-    encode,
+    env_turn_ids,
     env_turn_text,
     fill_unrecorded,
     forced_expert_ids,
@@ -187,7 +187,7 @@ def rollout_batch(params: dict, model_config: Qwen3_5MoeTextConfig, tokenizer: A
             env = LiveStreamEnv(world, task_env)
             messages = env.reset(task, harness)
             t1 = time.perf_counter()
-            ids = encode(tokenizer, render_text(tokenizer, harness, messages, add_generation_prompt=True))
+            ids = render_ids(tokenizer, harness, messages, add_generation_prompt=True)
             clock["env"] += t1 - t0
             clock["tokenizer"] += time.perf_counter() - t1
             if len(ids) >= cap:
@@ -240,7 +240,7 @@ def rollout_batch(params: dict, model_config: Qwen3_5MoeTextConfig, tokenizer: A
                 ep.end(truncated=True)
                 continue
             t1 = time.perf_counter()
-            suffix = encode(tokenizer, env_turn_text(tokenizer, result.new_messages))
+            suffix = env_turn_ids(tokenizer, result.new_messages)
             clock["tokenizer"] += time.perf_counter() - t1
             if len(ep.ids) + len(suffix) >= cap:
                 ep.end(truncated=True)

@@ -38,6 +38,7 @@ import numpy as np
 
 from hat_jax.model.config import Qwen3_5MoeTextConfig
 from hat_jax.model.sampler import SamplingConfig, generate, left_pad
+from hat_jax.tokenizer import chat_encoding
 
 DEFAULT_BUCKET = 64
 _ANCHOR = ({"role": "user", "content": "x"},)
@@ -80,6 +81,22 @@ def env_turn_text(tokenizer: Any, new_messages: Sequence[Mapping[str, Any]]) -> 
         raise ValueError("env_turn_text: the chat template does not render messages as a prefix-stable "
                          "ChatML conversation (expected turns ending with '<|im_end|>\\n')")
     return "\n" + full[len(head):]
+
+
+def env_turn_ids(tokenizer: Any, new_messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Token ids of `env_turn_text(tokenizer, new_messages)`, the messages' content encoded by `chat_encoding` (chat
+    control strings in a tool result or viewer message are text, not control ids).
+
+    Raises:
+      ValueError: the template is not prefix-stable ChatML (as `env_turn_text`).
+    """
+    head = chat_encoding(tokenizer, list(_ANCHOR))
+    full = chat_encoding(tokenizer, [*_ANCHOR, *map(dict, new_messages)], add_generation_prompt=True)
+    if (full.ids[:len(head.ids)] != head.ids or not head.text.endswith("\n")
+            or head.offsets[-1] != (len(head.text) - 1, len(head.text))):
+        raise ValueError("env_turn_ids: the chat template does not render messages as a prefix-stable "
+                         "ChatML conversation (expected turns ending with '<|im_end|>\\n')")
+    return [head.ids[-1], *full.ids[len(head.ids):]]
 
 
 def forced_expert_ids(expert_ids: np.ndarray | jax.Array) -> jax.Array:
@@ -180,9 +197,8 @@ def sample_completions(params: dict, model_config: Qwen3_5MoeTextConfig, tokeniz
     cap = check_lengths(model_config, tokenizer, samp.max_new_tokens, seq_len)
     encoded = []
     for i, messages in enumerate(prompts):
-        text = tokenizer.apply_chat_template([dict(m) for m in messages], tokenize=False, add_generation_prompt=True,
-                                             **dict(template_kwargs or {}))
-        ids = encode(tokenizer, text)
+        ids = chat_encoding(tokenizer, [dict(m) for m in messages], add_generation_prompt=True,
+                            **dict(template_kwargs or {})).ids
         if len(ids) >= cap:
             raise ValueError(f"prompts[{i}] has {len(ids)} tokens, no room below seq_len={cap}")
         encoded.append(ids)

@@ -56,8 +56,8 @@ from hat_jax.train import checkpoints as ckpt
 from hat_jax.train.losses import masked_token_ce_sum
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
 from hat_jax.train.stage import (COMPUTE_DTYPES, StageRun, add_out_steps, add_resume_force, add_set_progress,
-                                 apply_overrides, cli, config_json, finish_main, parse_stage_args, run_options,
-                                 stage_parser)
+                                 apply_overrides, check_run_fields, cli, config_json, finish_main, parse_stage_args,
+                                 run_options, stage_parser)
 from hat_jax.train.trainer import (LoopConfig, TrainState, default_mesh, make_train_step, moe_aux, place_batch,
                                    split_micro_batches)
 
@@ -101,6 +101,7 @@ class SFTConfig:
     mesh: tuple[int, int, int, int] | None = None
 
     def __post_init__(self):
+        check_run_fields(self)
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"SFTConfig.compute_dtype = {self.compute_dtype!r}; valid: {sorted(COMPUTE_DTYPES)}")
         if self.accum_steps < 1 or self.data.batch_size % self.accum_steps:

@@ -26,6 +26,7 @@ import dataclasses
 import difflib
 import json
 import logging
+import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -41,7 +42,8 @@ from hat_jax.train.trainer import (LoopConfig, NonFiniteLossError, TrainState, i
                                    run_stage, state_shardings)
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-CLI_ERRORS = (NonFiniteLossError, ckpt.ConfigMismatchError, ckpt.IncompatibleCheckpointError, FileExistsError,
+CLI_ERRORS = (NonFiniteLossError, ckpt.ConfigMismatchError, ckpt.IncompatibleCheckpointError,
+              ckpt.DamagedCheckpointError, FileExistsError,
               FileNotFoundError, ValueError)
 
 
@@ -62,6 +64,8 @@ class StageRun:
         a stage-config hash mismatch. logger: where "resumed <out> at step <n>" is logged (the stage's).
     Raises:
       FileExistsError: out_dir already holds checkpoints and resume is False.
+      ckpt.DamagedCheckpointError: resuming while a step newer than the latest complete one is damaged (the
+        message says which and how to recover).
     """
 
     def __init__(self, name: str, out_dir: str | Path, cfg_json: dict, *, resume: bool = False, force: bool = False,
@@ -71,7 +75,7 @@ class StageRun:
         self.out = Path(out_dir).resolve()
         if self.out.exists() and not self.out.is_dir():
             raise FileExistsError(f"--out {str(self.out)!r} is a file, not a run directory")
-        self.existing = ckpt.latest_step(self.out)
+        self.existing = ckpt.check_resumable(self.out) if resume else ckpt.latest_step(self.out)
         if self.existing is None and resume:
             self.log.debug("resume: %s holds no checkpoint yet; starting from scratch", self.out)
         if self.existing is not None and not resume:
@@ -120,14 +124,38 @@ class StageRun:
             writer.close()
 
 
+def check_run_fields(config, names: Sequence[str] = ("steps", "log_every", "ckpt_every", "max_to_keep")) -> None:
+    """Called by a stage config's `__post_init__`: each of `names` (those the config has) must be an int >= 1.
+
+    max_to_keep < 1 would write no checkpoint (a "finished" stage nothing can read), ckpt_every/log_every < 1
+    no interval. Raises ValueError naming `<Config>.<field>`, the value and what is expected.
+    """
+    for name in names:
+        if not hasattr(config, name):
+            continue
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{type(config).__name__}.{name} = {value!r}: expected an integer >= 1")
+
+
 # ---------------------------------------------------------------------------------------------- --set overrides
 
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def parse_value(text: str, current: Any) -> Any:
-    """A --set value: JSON (lists become tuples, an int for a float field a float), else the string."""
+    """A --set value: JSON (lists become tuples, an int for a float field a float), else the string.
+
+    Raises:
+      ValueError: a bool/int/float field given another kind of value; a number that is NaN, infinite or
+        outside float32's range (it would overflow when the stage casts it).
+    """
     try:
         value = json.loads(text)
     except json.JSONDecodeError:
         value = text
+    if isinstance(value, float) and not (math.isfinite(value) and abs(value) <= FLOAT32_MAX):
+        raise ValueError(f"expected a finite number within float32's range (|x| <= {FLOAT32_MAX:.4g}), got {text!r}")
     if isinstance(value, list):  # config sequences are tuples (hashable, frozen)
         value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
     if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
@@ -191,6 +219,10 @@ def _replace_path(obj: Any, parts: list[str], text: str, key: str) -> Any:
         raise ValueError(f"--set {key}: unknown field {parts[0]!r} of {type(obj).__name__}"
                          f"{did_you_mean(parts[0], names)}; valid: {', '.join(names)}")
     current = getattr(obj, parts[0])
+    if len(parts) == 1 and dataclasses.is_dataclass(current):
+        fields = [f.name for f in dataclasses.fields(current)]
+        raise ValueError(f"--set {key}: {parts[0]!r} is a section ({type(current).__name__}), not a value; set one of "
+                         f"its fields instead, one --set per field (fields: {', '.join(fields)})")
     if len(parts) > 1:
         value = _replace_path(current, parts[1:], text, key)
     else:

@@ -33,8 +33,11 @@ moments are placed by `hat_jax.model.sharding` rules, step/rng replicated, and b
 ('data', 'fsdp') on their micro-batch axis; GSPMD inserts the collectives.
 
 `run_stage`: the loop with a tqdm progress bar (rate, ETA), metrics every `log_every` steps, a checkpoint
-every `ckpt_every` steps and at the end; a non-finite loss raises `NonFiniteLossError` before anything
-of that step is saved, so the last checkpoint on disk is the last good one.
+every `ckpt_every` steps and at the end. Every step's metrics carry `finite` (`finite_flag`: one fused
+reduction in the jitted step over the loss, total loss, gradient norm and the updated parameters), read with
+the metrics the loop fetches anyway; a step whose flag is 0 (or whose lr is not finite) raises
+`NonFiniteLossError` naming the step and the quantity before anything of that step is saved, so every
+checkpoint on disk passed the check.
 """
 
 from __future__ import annotations
@@ -73,14 +76,44 @@ class TrainState:
     rng: jax.Array
 
 
+FINITE_CHECKED = ("loss", "total_loss", "grad_norm", "lr")  # host-side names, in the order they are reported
+
+
 class NonFiniteLossError(FloatingPointError):
-    """The loss of a step was NaN or inf; the stage stopped before saving anything of that step."""
+    """A step's loss, gradient norm, learning rate or updated parameters were NaN/inf; the stage stopped before
+    saving anything of that step. `quantity` names the first non-finite one ("updated parameters" when only the
+    parameters were)."""
 
     def __init__(self, step: int, metrics: Mapping[str, float], last_checkpoint: int | None, where: str = ""):
         self.step, self.metrics, self.last_checkpoint = step, dict(metrics), last_checkpoint
-        kept = f"the last good checkpoint is step {last_checkpoint}" if last_checkpoint is not None else "no checkpoint was written"
-        shown = ", ".join(f"{k}={v:.6g}" for k, v in sorted(metrics.items()) if k in ("loss", "total_loss", "lb_loss", "grad_norm"))
-        super().__init__(f"non-finite loss at step {step} ({shown}); stopped, {kept}{where}")
+        self.quantity = next((k for k in FINITE_CHECKED if k in metrics and not math.isfinite(metrics[k])),
+                             "updated parameters")
+        kept = (f"the last checkpoint that passed this check is step {last_checkpoint}" if last_checkpoint is not None
+                else "no checkpoint was written")
+        shown = ", ".join(f"{k}={metrics[k]:.6g}" for k in (*FINITE_CHECKED, "lb_loss") if k in metrics)
+        super().__init__(f"non-finite {self.quantity} at step {step} ({shown}); stopped without saving step {step}, "
+                         f"{kept}{where}. Lower the learning rate (optim.lr) or check the data, then rerun")
+
+
+def finite_flag(metrics: Mapping[str, jax.Array], params) -> jax.Array:
+    """float32 scalar, 1.0 iff loss, total_loss, grad_norm (those present) and every leaf of `params` are finite.
+
+    One fused reduction inside the jitted step, returned among the metrics (no extra device-to-host sync).
+    """
+    checks = [jnp.all(jnp.isfinite(metrics[k])) for k in ("loss", "total_loss", "grad_norm") if k in metrics]
+    checks += [jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree_util.tree_leaves(params)
+               if jnp.issubdtype(leaf.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(checks)).astype(jnp.float32)
+
+
+def check_finite(step: int, metrics: dict[str, float], checkpointer) -> None:
+    """Pops `metrics["finite"]` (`finite_flag`) and raises `NonFiniteLossError` for step `step` when it is 0 or a
+    checked metric (`FINITE_CHECKED`) is NaN/inf; `checkpointer` (or None) gives the last step saved."""
+    flag = metrics.pop("finite", 1.0)
+    if flag == 1.0 and all(math.isfinite(metrics[k]) for k in FINITE_CHECKED if k in metrics):
+        return
+    last = checkpointer.latest_step() if checkpointer is not None else None
+    raise NonFiniteLossError(step, metrics, last)
 
 
 def init_train_state(params, optimizer: optax.GradientTransformation, rng: jax.Array) -> TrainState:
@@ -173,7 +206,8 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
         donate: donate the input state's buffers (the caller must not reuse `state`).
     Returns:
         train_step; `batch` leaves have leading dims [accum, micro, ...] (`split_micro_batches`). Metrics
-        (float32 scalars): those of `accumulate_gradients`, grad_norm (before clipping) and lr.
+        (float32 scalars): those of `accumulate_gradients`, grad_norm (before clipping), finite (`finite_flag`
+        of the updated params) and lr.
     """
 
     def step(state: TrainState, batch: Mapping[str, jax.Array]):
@@ -184,6 +218,7 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
         if shardings is not None:
             new = jax.lax.with_sharding_constraint(new, shardings)
         metrics["grad_norm"] = optax.tree.norm(grads)
+        metrics["finite"] = finite_flag(metrics, new.params)
         if schedule is not None:
             metrics["lr"] = jnp.asarray(schedule(state.step), jnp.float32)
         return new, metrics
@@ -290,7 +325,8 @@ def run_stage(loop: LoopConfig, state: TrainState,
     Returns:
         the final state (after waiting for the last checkpoint).
     Raises:
-        NonFiniteLossError: loss or total_loss of a step is NaN/inf (nothing of that step is saved).
+        NonFiniteLossError: a step's loss, total_loss, grad_norm, lr or updated parameters are NaN/inf
+            (`check_finite`; nothing of that step is saved).
     """
     count_tokens = count_tokens or _count_tokens
     start = int(jax.device_get(state.step))
@@ -312,9 +348,7 @@ def run_stage(loop: LoopConfig, state: TrainState,
             n_tok = count_tokens(host)
             state, metrics = step_fn(state, prepare(host))
             metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-            if not (math.isfinite(metrics["loss"]) and math.isfinite(metrics.get("total_loss", 0.0))):
-                last = checkpointer.latest_step() if checkpointer is not None else None
-                raise NonFiniteLossError(step, metrics, last)
+            check_finite(step, metrics, checkpointer)
             now = time.perf_counter()
             if t0 is None:
                 t0 = first_done = now  # the first step of a process includes compilation: not in the rate

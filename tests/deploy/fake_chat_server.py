@@ -9,6 +9,7 @@ Modes (how every POST /v1/chat/completions is answered, streamed as SSE like `tr
 - "always_tool": a tool call on every turn.
 - "human_claim": a reply the production Stop hook blocks ("我是真人").
 - "malformed": a role chunk, then an event that is not JSON.
+- "empty": a role chunk, `{}` with finish "stop", then `[DONE]`: a turn with no content, reasoning or call.
 - "stall": a role chunk, then silence for `stall_s` seconds.
 - "die_after": `die_after` requests as "reply", then a role chunk, the listener shut down and the
   connection dropped mid-stream: later requests are refused.
@@ -95,6 +96,10 @@ class FakeChatServer:
             return
         if mode == "stall":
             time.sleep(self.stall_s)
+            return
+        if mode == "empty":
+            w.write(_chunk({}, "stop"))
+            w.write(b"data: [DONE]\n\n")
             return
         if mode == "die_after" and count > self.die_after:
             self.stop()

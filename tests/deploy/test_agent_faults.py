@@ -68,6 +68,24 @@ def test_stop_hook_blocks_twice_so_no_public_reply(tool_client, task):
     assert rec.model_turns == 2 and rec.ttft_reply_s is None
 
 
+def test_an_empty_stream_is_a_failure_of_its_own_kind(tmp_path, tool_client, task):
+    """Role chunk, `{}` with finish "stop", `[DONE]`: not a success, unlike the Stop-hook-withheld reply above; the
+    success rate, the 15 s share and the latency gate count it."""
+    from hat_jax.deploy.gates import latency_gate, load_config
+
+    with FakeChatServer("empty") as server, ChatStreamClient(server.base_url, "fake-model") as llm:
+        rec = run_agent(task, production_harness(), llm, tool_client)
+    assert (rec.success, rec.outcome, rec.failure, rec.reply) == (False, "fallback_reply", "empty_turn",
+                                                                  CONSERVATIVE_REPLY)
+    assert rec.detail == "turn 1: the model stream had no content, no reasoning and no tool call (finish_reason 'stop')"
+    with FakeChatServer("empty") as server:
+        report = _replay(tmp_path, server, tool_client, n=2)
+    summary = report["levels"][0]["summary"]
+    assert (summary["success_rate"], summary["within_15s"], summary["failures"]) == (0.0, 0.0, {"empty_turn": 2})
+    gate = latency_gate(report, dict(load_config()["latency"], concurrency=[1]))
+    assert gate["passed"] is False and "≤15 s 0.0%" in gate["measured"]
+
+
 def test_conservative_reply_passes_the_stop_hooks_and_reads_as_conservative():
     h = production_harness()
     decisions = run_hooks(h, "Stop", HookContext("Stop", h, reply=CONSERVATIVE_REPLY))

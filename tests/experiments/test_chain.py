@@ -98,3 +98,82 @@ def test_a_failed_start_does_not_block_the_corrected_command(tmp_path):
         check_run_dir(exp_dir, fixed, resume=False)
     with pytest.raises(RunConfigMismatchError, match=r"scale.base.hf_path: stored None != now '/ckpt'"):
         check_run_dir(exp_dir, fixed, resume=True)
+
+
+def test_fields_that_break_a_stage_are_refused_when_parsed():
+    """Each refused before anything trains, naming the field and the expectation."""
+    scale = get_scale("micro")
+    cases = [
+        ("rl.optim.lr=1e39", r"rl.optim.lr: expected a finite number within float32's range"),
+        ("sft.optim.lr=NaN", r"sft.optim.lr: expected a finite number within float32's range"),
+        ("sft.optim.lr=Infinity", r"sft.optim.lr: expected a finite number"),
+        ("sft.optim.lr=1e6", r"OptimConfig.lr = 1000000.0: expected a finite number in \[0, 1\]"),
+        ("rl.optim.lr=-0.1", r"OptimConfig.lr = -0.1: expected a finite number in \[0, 1\]"),
+        ("sft.optim.b2=1.5", r"OptimConfig.b2 = 1.5: expected a finite number in \[0, 1\]"),
+        ("sft.optim.clip_norm=-1", r"OptimConfig.clip_norm = -1.0: expected null or a finite number >= 0"),
+        ("sft.max_to_keep=0", r"SFTConfig.max_to_keep = 0: expected an integer >= 1"),
+        ("rl.max_to_keep=-2", r"RLConfig.max_to_keep = -2: expected an integer >= 1"),
+        ("sft.ckpt_every=0", r"SFTConfig.ckpt_every = 0: expected an integer >= 1"),
+        ("sft.log_every=-1", r"SFTConfig.log_every = -1: expected an integer >= 1"),
+        ("opd.ckpt_every=0", r"OPDConfig.ckpt_every = 0: expected an integer >= 1"),
+        ("sft.world=3", r"sft.world: 'world' is a section \(WorldDataConfig\), not a value; set one of its fields "
+                        r"instead, one --set per field \(fields: .*eval_items"),
+    ]
+    for item, message in cases:
+        with pytest.raises(ValueError, match=message):
+            apply_scale_overrides(scale, [item])
+    assert apply_scale_overrides(scale, ["sft.optim.lr=0.5"]).sft.optim.lr == 0.5
+
+
+def test_seeds_with_an_empty_item_are_refused():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("run_cli", Path(__file__).parents[2] / "experiments" / "run.py")
+    run_cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run_cli)
+    assert run_cli.parse_seeds("0,1") == [0, 1] and run_cli.parse_seeds(" 2 ") == [2]
+    for bad in ("0,,1", "0,", ",1", ""):
+        with pytest.raises(ValueError, match=r"--seeds .*: expected comma-separated integers"):
+            run_cli.parse_seeds(bad)
+
+
+def test_stage_done_needs_a_readable_final_checkpoint(tmp_path, monkeypatch):
+    """stage_done.json is written only when the final step is complete; a done stage whose final step was damaged
+    since is refused with the recovery, not reused."""
+    import jax
+    import jax.numpy as jnp
+
+    from hat_jax.experiments import chain
+    from hat_jax.model.checkpoint_steps import DamagedCheckpointError
+    from hat_jax.train.checkpoints import StageCheckpointer
+    from hat_jax.train.optim import OptimConfig, make_optimizer
+    from hat_jax.train.trainer import init_train_state
+
+    tx = make_optimizer(OptimConfig(lr=0.1, total_steps=10))
+
+    def fake_stage(steps):
+        def run(kind, config, out, progress):
+            checkpointer = StageCheckpointer(out, {"k": 1}, async_save=False)
+            state = init_train_state({"w": jnp.ones(2)}, tx, jax.random.key(0))
+            for step in steps:
+                checkpointer.save(step, state.replace(step=jnp.asarray(step, jnp.int32)), None)
+            checkpointer.close()
+        return run
+
+    config = dataclasses.replace(get_scale("micro").sft, steps=2)
+    monkeypatch.setattr(chain, "_run_stage", fake_stage([]))   # a stage that wrote no checkpoint
+    with pytest.raises(DamagedCheckpointError, match=r"is done training but its final checkpoint is not readable: "
+                                                     r"it holds no checkpoint step"):
+        chain.run_stage_cached("sft", config, tmp_path / "a", {})
+    assert not (tmp_path / "a" / chain.DONE_FILE).exists()
+
+    monkeypatch.setattr(chain, "_run_stage", fake_stage([1, 2]))
+    record = chain.run_stage_cached("sft", config, tmp_path / "b", {"name": "sft"})
+    assert record["steps"] == 2 and (tmp_path / "b" / chain.DONE_FILE).is_file()
+    (tmp_path / "b" / "2" / "params" / "_METADATA").unlink()
+    with pytest.raises(DamagedCheckpointError, match=r"is marked finished \(stage_done.json\) but its final checkpoint "
+                                                     r"is not readable: .*step 2: params/_METADATA is missing.*using "
+                                                     r"step 1. To resume from step 1, move the damaged step out of the "
+                                                     r"run dir \(mv .*/b/2 .*b.step2.damaged && mv .*/b/stage_done.json"):
+        chain.run_stage_cached("sft", config, tmp_path / "b", {"name": "sft"})

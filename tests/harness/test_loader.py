@@ -279,6 +279,13 @@ BAD_MANIFESTS = [
     ("unknown top key", _set(["prompts"], []), "prompts", "unknown key"),
     ("tool extra key", _set(["tools", 0, "run"], "rm -rf /"), "tools[0].run", "unknown key"),
     ("tool name", _set(["tools", 0, "name"], "search products"), "tools[0].name", "expected a tool name"),
+    ("placeholder typo", _set(["prompt", 1, "text"], "先调用 {skil_tool} 加载技能。"), "prompt[1].text",
+     "section 'skills': unknown placeholder {skil_tool} (did you mean {skill_tool}?); the only placeholder is "
+     "{skill_tool}, in the 'skills' section"),
+    ("unknown placeholder", _set(["prompt", 0, "text"], "你是{host_name}。"), "prompt[0].text",
+     "section 'persona': unknown placeholder {host_name}; the only placeholder is {skill_tool}"),
+    ("placeholder elsewhere", _set(["prompt", 0, "text"], "先调用 {skill_tool}。"), "prompt[0].text",
+     "section 'persona': {skill_tool} is replaced only in the 'skills' section's text"),
 ]
 
 
@@ -320,6 +327,8 @@ BAD_SKILLS = [
         "expected one of product_qa",
     ),
     ("empty body", "---\nname: size-advice\ndescription: 尺码。\n---\n\n", "body", "non-empty Markdown body"),
+    ("huge body", GOOD_FRONT + "尺" * 5_000_000, "body",
+     "expected at most 16000 characters (the body is sent whole through the skill tool), got 5000005"),
 ]
 
 

@@ -283,3 +283,16 @@ def test_fuzzed_arguments_never_raise_out_of_the_executor(world, prod):
                     json.dumps(ex.result, ensure_ascii=False)  # the payload is always JSON
                     seen.add(ex.status)
     assert {"ok", "error", "invalid_arguments"} <= seen
+
+
+def test_an_oversized_tool_result_becomes_a_clear_error():
+    from hat_jax.sim.executor import MAX_RESULT_CHARS, ToolExecution, limit_result_size
+
+    small = ToolExecution("ok", {"a": "x" * 10}, {"q": 1}, "search_products")
+    assert limit_result_size(small) is small
+    big = ToolExecution("ok", {"a": "好" * 5_000_000}, {"q": 1}, "search_products")
+    out = limit_result_size(big)
+    assert (out.status, out.canonical_args, out.impl) == ("error", {"q": 1}, "search_products")
+    assert out.result == {"error": {"type": "result_too_large",
+                                    "message": f"工具结果过大（result too large）：5000009 个字符，上限 {MAX_RESULT_CHARS} 个字符",
+                                    "details": {"chars": 5000009, "limit": MAX_RESULT_CHARS}}}

@@ -260,3 +260,36 @@ def test_http_session(harness, world, errlog):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_raw_json_rpc_with_malformed_call_params_names_the_field():
+    """A client that sends a non-string tool name or non-object arguments gets -32602 naming the field; the
+    server keeps serving."""
+    import json
+
+    proc = subprocess.Popen(server_command(PRODUCTION, SEED), cwd=str(REPO), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+    def call(message):
+        proc.stdin.write(json.dumps(message) + "\n")
+        proc.stdin.flush()
+        return json.loads(proc.stdout.readline()) if "id" in message else None
+
+    try:
+        call({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
+        call({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        cases = [({"name": 5, "arguments": {}}, "params.name: expected a string (the tool's name), got int 5"),
+                 ({"arguments": {}}, "params.name: expected a string (the tool's name), got nothing"),
+                 ({"name": "get_price", "arguments": [1]},
+                  "params.arguments: expected an object of the tool's arguments, got list [1]")]
+        for i, (params, problem) in enumerate(cases):
+            reply = call({"jsonrpc": "2.0", "id": 10 + i, "method": "tools/call", "params": params})
+            assert reply["error"] == {"code": -32602, "message": f"Invalid request parameters: {problem}",
+                                      "data": {"field": problem.split(":")[0]}}
+        ok = call({"jsonrpc": "2.0", "id": 20, "method": "tools/call",
+                   "params": {"name": "get_price", "arguments": {"product_id": PRODUCT}}})
+        assert ok["result"]["_meta"]["hat-jax/status"] == "ok"
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)

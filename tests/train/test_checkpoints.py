@@ -9,8 +9,9 @@ import pytest
 
 from hat_jax.model import get_config, init_params
 from hat_jax.model.checkpoint_io import load_model_checkpoint
+from hat_jax.model.checkpoint_steps import DamagedCheckpointError, scan_steps
 from hat_jax.train.checkpoints import (ConfigMismatchError, IncompatibleCheckpointError, StageCheckpointer,
-                                       latest_step, restore_latest)
+                                       check_resumable, latest_step, restore_latest)
 from hat_jax.train.optim import OptimConfig, make_optimizer
 from hat_jax.train.trainer import TrainState, init_train_state
 
@@ -123,10 +124,95 @@ def test_corrupt_array_files_name_the_checkpoint_and_the_fallback(tmp_path):
     assert data_files
     for path in data_files:
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 3])
-    with pytest.raises(IncompatibleCheckpointError, match=r"4 cannot be read .*resume from step 2"):
+    with pytest.raises(DamagedCheckpointError, match=r"4 cannot be read .*To resume from step 2, move the damaged step "
+                                                     rf"out of the run dir \(mv {tmp_path / '4'} {tmp_path}.step4.damaged"):
         restore_latest(tmp_path, abstract(), config=CONFIG)
     assert latest_step(tmp_path) == 4 and (tmp_path / "2").is_dir()
-    meta = max((p for p in params.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
-    meta.write_bytes(meta.read_bytes()[:10])  # a corrupt metadata file too
-    with pytest.raises(IncompatibleCheckpointError, match=r"4 cannot be read"):
-        restore_latest(tmp_path, abstract(), config=CONFIG)
+
+
+def three_steps(root, config=None):
+    checkpointer = StageCheckpointer(root, CONFIG, config, async_save=False)
+    params = init_params(config, jax.random.key(0)) if config is not None else None
+    for step in (1, 2, 3):
+        state = (at_step(init_train_state(params, TX, jax.random.key(step)), step) if params is not None
+                 else at_step(toy_state(seed=step), step))
+        checkpointer.save(step, state, {"step": step})
+    checkpointer.close()
+
+
+@pytest.mark.parametrize("damage", ["params/_METADATA", "opt_state/manifest.ocdbt", "meta/metadata",
+                                    "_CHECKPOINT_METADATA", "config"])
+def test_a_damaged_newest_step_is_named_never_skipped_silently(tmp_path, caplog, damage):
+    three_steps(tmp_path)
+    target = tmp_path / "3" / damage
+    if target.is_dir():
+        import shutil
+        shutil.rmtree(target)
+    else:
+        target.unlink()
+    scan = scan_steps(tmp_path, ("params", "opt_state", "rng", "meta", "data_state", "config"))
+    assert scan.complete == (1, 2) and list(scan.damaged) == [3]
+    assert latest_step(tmp_path) == 2
+    with caplog.at_level("INFO", logger="hat_jax.checkpoints"):
+        state, data_state, _ = restore_latest(tmp_path, abstract())
+    assert int(state.step) == 2 and data_state == {"step": 2}
+    warning = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warning) == 1 and f"newer step(s) 3 incomplete or unreadable (step 3: " in warning[0]
+    assert "using step 2. To resume from step 2, move the damaged step out of the run dir" in warning[0]
+    assert f"restored step 2 of {tmp_path}" in caplog.text
+    # a writer refuses to resume over it: it would write step 3 again
+    with pytest.raises(DamagedCheckpointError, match=r"newer step\(s\) 3 incomplete .*using step 2"):
+        check_resumable(tmp_path)
+    assert (tmp_path / "3").is_dir()  # nothing is moved or deleted
+
+
+def test_a_truncated_metadata_file_is_damage_too(tmp_path):
+    three_steps(tmp_path)
+    meta = tmp_path / "3" / "params" / "_METADATA"
+    meta.write_bytes(meta.read_bytes()[:10])
+    assert scan_steps(tmp_path).damaged == {3: "params/_METADATA is unreadable (JSONDecodeError)"}
+    (tmp_path / "1" / "_CHECKPOINT_METADATA").unlink()
+    assert scan_steps(tmp_path).complete == (2,)
+
+
+def test_model_readers_say_which_step_and_warn(tmp_path, caplog):
+    config = get_config("micro")
+    three_steps(tmp_path, config)
+    (tmp_path / "3" / "params" / "_METADATA").unlink()
+    with caplog.at_level("INFO", logger="hat_jax.checkpoints"):
+        load_model_checkpoint(tmp_path)
+    assert f"loaded the params of step 2 of {tmp_path}" in caplog.text
+    assert "newer step(s) 3 incomplete or unreadable (step 3: params/_METADATA is missing)" in caplog.text
+    for step in (1, 2):
+        (tmp_path / str(step) / "_CHECKPOINT_METADATA").unlink()
+    with pytest.raises(DamagedCheckpointError, match=r"has no complete step: step 1: _CHECKPOINT_METADATA is "
+                                                     r"missing .*No older complete step exists"):
+        load_model_checkpoint(tmp_path)
+
+
+def test_any_orbax_read_error_becomes_the_named_error(tmp_path, monkeypatch):
+    """Orbax raises a bare Exception for a truncated array index: named, with the recovery, no traceback chain."""
+    import orbax.checkpoint as ocp
+
+    three_steps(tmp_path)
+
+    def broken(self, step, args=None):
+        raise Exception("Encountered error while reading array index")
+
+    monkeypatch.setattr(ocp.CheckpointManager, "restore", broken)
+    with pytest.raises(DamagedCheckpointError, match=r"3 cannot be read \(corrupt or truncated files: Exception: "
+                                                     r"Encountered error while reading array index\)\. To resume "
+                                                     r"from step 2") as err:
+        restore_latest(tmp_path, abstract())
+    assert err.value.__cause__ is None and err.value.__context__ is None
+
+
+def test_a_corrupt_model_checkpoint_is_named_with_the_fallback(tmp_path):
+    config = get_config("micro")
+    three_steps(tmp_path, config)
+    for path in (tmp_path / "3" / "params").rglob("*"):
+        if path.is_file() and path.parent.name == "d":
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 3])
+    with pytest.raises(DamagedCheckpointError, match=r"could not read the Orbax params item .*/3/params.*To resume "
+                                                     r"from step 2"):
+        load_model_checkpoint(tmp_path)

@@ -161,3 +161,11 @@ def test_clipped_policy_loss_jit():
     # one sequence: sum of L = -0.58, / (1 * 8)
     assert float(loss) == pytest.approx(-0.58 / 8, abs=1e-6)
     assert float(m["clip_frac"]) == pytest.approx(0.4)
+
+
+def test_k3_is_never_negative_from_rounding():
+    """exp(d) - d - 1 is -6e-8 at d = 4e-7 in float32; k3 is clamped at 0 and accurate for small d."""
+    d = jnp.asarray(np.linspace(-1e-3, 1e-3, 20001), jnp.float32)
+    k3 = k3_kl(jnp.zeros_like(d), d)
+    assert float(jnp.min(k3)) >= 0.0 and float(k3_kl(jnp.zeros(1), jnp.asarray([4e-7]))[0]) >= 0.0
+    np.testing.assert_allclose(k3, np.asarray(d, np.float64) ** 2 / 2, atol=1e-9)

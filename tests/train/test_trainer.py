@@ -15,14 +15,15 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from hat_jax.model import Qwen3_5MoeForCausalLM, get_config, init_params
 from hat_jax.train.checkpoints import StageCheckpointer, restore_latest
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
 from hat_jax.train.sft import sft_loss_fn
-from hat_jax.train.trainer import (LoopConfig, NonFiniteLossError, accumulate_gradients, init_train_state,
-                                   make_train_step, moe_aux, run_stage, split_micro_batches)
+from hat_jax.train.trainer import (LoopConfig, NonFiniteLossError, accumulate_gradients, finite_flag,
+                                   init_train_state, make_train_step, moe_aux, run_stage, split_micro_batches)
 
 
 def toy_loss(params, micro, rng):
@@ -117,7 +118,8 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
 
     checkpointer = StageCheckpointer(tmp_path, {"stage": "toy"}, async_save=False)
     loop = LoopConfig(steps=10, log_every=1, ckpt_every=2, progress=False)
-    with pytest.raises(NonFiniteLossError, match=r"non-finite loss at step 5 .*last good checkpoint is step 4") as err:
+    with pytest.raises(NonFiniteLossError, match=r"non-finite loss at step 5 .*stopped without saving step 5, the "
+                                                 r"last checkpoint that passed this check is step 4") as err:
         run_stage(loop, state, batches(), recording_step, checkpointer=checkpointer,
                   data_state=lambda: {"consumed": len(seen)})
     assert err.value.step == 5 and err.value.last_checkpoint == 4 and not np.isfinite(good[5])
@@ -212,3 +214,52 @@ def test_run_stage_with_a_batch_function_of_the_state(tmp_path):
     assert [s for s, _ in seen] == [0, 1, 2, 3] and int(final.step) == 3
     assert len({w for _, w in seen}) == 4  # a new w at every call: the function got the updated state
     assert sorted(int(p.name) for p in tmp_path.iterdir() if p.name.isdigit()) == [3]
+
+
+def _overflow_run(tmp_path, lr, steps=3):
+    """A run whose update overflows the parameters (loss and grad finite at the step that breaks them); plain SGD,
+    since OptimConfig refuses such a learning rate at construction."""
+    tx = optax.sgd(lr)
+    step_fn = make_train_step(toy_loss, tx)
+    state = init_train_state({"w": jnp.asarray(2.0)}, tx, jax.random.key(0))
+    checkpointer = StageCheckpointer(tmp_path, {"stage": "toy"}, async_save=False)
+    loop = LoopConfig(steps=steps, log_every=1, ckpt_every=1, progress=False)
+    try:
+        return run_stage(loop, state, iter([toy_batch()] * steps), step_fn, checkpointer=checkpointer)
+    finally:
+        checkpointer.close()
+
+
+def test_non_finite_updated_params_are_never_saved(tmp_path):
+    """SGD at lr = 1e39: step 1's loss and gradient norm are finite, its updated parameter is -inf (float32), so
+    nothing is saved and the error names the parameters."""
+    with pytest.raises(NonFiniteLossError, match=r"non-finite updated parameters at step 1 \(loss=.*grad_norm=.*\); "
+                                                 r"stopped without saving step 1, no checkpoint was written") as err:
+        _overflow_run(tmp_path, lr=1e39)
+    assert err.value.quantity == "updated parameters" and err.value.step == 1
+    assert not [p for p in tmp_path.iterdir() if p.name.isdigit()]
+
+
+def test_finite_flag_is_one_fused_scalar_in_the_metrics():
+    tx = make_optimizer(OptimConfig(lr=0.1, warmup_steps=0, total_steps=10))
+    step_fn = make_train_step(toy_loss, tx)
+    state = init_train_state({"w": jnp.asarray(2.0)}, tx, jax.random.key(0))
+    state, metrics = step_fn(state, toy_batch())
+    assert metrics["finite"].shape == () and float(metrics["finite"]) == 1.0
+    _, metrics = step_fn(state, toy_batch(poison=1.0))
+    assert float(metrics["finite"]) == 0.0
+    assert float(finite_flag({"loss": jnp.asarray(1.0)}, {"a": jnp.asarray([1.0, jnp.inf])})) == 0.0
+    assert float(finite_flag({"grad_norm": jnp.asarray(jnp.nan)}, {"a": jnp.ones(2)})) == 0.0
+    assert float(finite_flag({"loss": jnp.asarray(1.0)}, {"a": jnp.ones(2), "i": jnp.arange(3)})) == 1.0
+
+
+def test_non_finite_gradient_norm_is_named(tmp_path):
+    def grad_blowup(params, micro, rng):  # finite loss, infinite gradient: sqrt'(0)
+        return jnp.sqrt(jnp.abs(params["w"] - 2.0)), jnp.asarray(1.0), {}
+
+    tx = make_optimizer(OptimConfig(lr=0.1, warmup_steps=0, total_steps=10, clip_norm=None))
+    step_fn = make_train_step(grad_blowup, tx)
+    state = init_train_state({"w": jnp.asarray(2.0)}, tx, jax.random.key(0))
+    with pytest.raises(NonFiniteLossError, match=r"non-finite grad_norm at step 1") as err:
+        run_stage(LoopConfig(steps=2, progress=False), state, iter([toy_batch()] * 2), step_fn)
+    assert err.value.quantity == "grad_norm"

@@ -1,0 +1,141 @@
+"""Which steps of an Orbax `CheckpointManager` root are complete, decided from their files before any array is read.
+
+A step `<root>/<N>/` is complete when Orbax's commit marker `_CHECKPOINT_METADATA` is present, is valid JSON
+with a commit timestamp, and every item it lists (plus the items the caller requires) has its metadata
+present and readable: `_METADATA` (valid JSON) and `manifest.ocdbt` for array items, `metadata` (valid JSON)
+for JSON items. The latest complete step is the one to read; a newer step that is not complete is
+*damaged* (an interrupted write on a file system without atomic renames, a deleted or truncated file) and is
+reported, never skipped silently. Array data is not checked here (that needs reading it): a truncated array
+file is found when the step is read, and reported with `DamagedCheckpointError` and the same recovery hint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+COMMIT_FILE = "_CHECKPOINT_METADATA"
+DONE_FILE = "stage_done.json"   # an experiment's mark of a finished stage run dir (`hat_jax.experiments.chain`)
+_ARRAY_FILES = ("_METADATA", "manifest.ocdbt")   # a StandardCheckpointHandler item (OCDBT)
+_JSON_FILE = "metadata"                          # a JsonCheckpointHandler item
+
+log = logging.getLogger("hat_jax.checkpoints")
+
+
+class DamagedCheckpointError(ValueError):
+    """A checkpoint step that cannot be read (missing, truncated or corrupt files); the message says which step,
+    what failed and how to recover (`recovery_hint`)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StepScan:
+    """The steps of a CheckpointManager root.
+
+    root: the root (resolved). complete: complete steps, ascending. damaged: {step: what is wrong} for the step
+    directories that are not complete.
+    """
+
+    root: Path
+    complete: tuple[int, ...]
+    damaged: dict[int, str]
+
+    @property
+    def latest(self) -> int | None:
+        """The latest complete step, or None."""
+        return self.complete[-1] if self.complete else None
+
+    def newer_damaged(self) -> dict[int, str]:
+        """The damaged steps newer than `latest` (all of them when there is no complete step)."""
+        return {s: why for s, why in sorted(self.damaged.items()) if self.latest is None or s > self.latest}
+
+    def warning(self) -> str | None:
+        """The warning naming every damaged step newer than the one used and what to do; None when there is none."""
+        newer = self.newer_damaged()
+        if not newer:
+            return None
+        used = f"using step {self.latest}" if self.latest is not None else "no complete step is left"
+        problems = "; ".join(f"step {s}: {why}" for s, why in newer.items())
+        return (f"checkpoint {self.root}: newer step(s) {', '.join(map(str, newer))} incomplete or unreadable "
+                f"({problems}); {used}. {recovery_hint(self.root, max(newer), self.latest)}")
+
+
+def recovery_hint(root: Path, bad_step: int, fallback: int | None) -> str:
+    """What a user does about damaged step `bad_step` of `root` when `fallback` (or None) is the step before it."""
+    aside = f"mv {root / str(bad_step)} {root}.step{bad_step}.damaged"
+    if (root / DONE_FILE).is_file():
+        aside += f" && mv {root / DONE_FILE} {root}.{DONE_FILE}.old"   # the stage is not finished any more
+    if fallback is not None:
+        return (f"To resume from step {fallback}, move the damaged step out of the run dir ({aside}) and rerun "
+                f"the same command (--resume for a stage's own CLI); nothing else is lost")
+    return (f"No older complete step exists: restore {root / str(bad_step)} from a backup, or move it out of the "
+            f"run dir ({aside}) and rerun to retrain the stage from its start")
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message, at most 300 characters ('(no message)' when empty)."""
+    text = str(err).strip()
+    return text.splitlines()[0][:300] if text else "(no message)"
+
+
+def _json_problem(path: Path, name: str) -> str | None:
+    if not path.is_file():
+        return f"{name} is missing"
+    try:
+        json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        return f"{name} is unreadable ({type(err).__name__})"
+    return None
+
+
+def step_problem(step_dir: Path, required: Sequence[str] = ()) -> str | None:
+    """None when `step_dir` is a complete step (module docstring), else what is wrong, e.g.
+    'params/_METADATA is missing'. `required`: item names that must be present besides those the marker lists."""
+    marker = step_dir / COMMIT_FILE
+    problem = _json_problem(marker, COMMIT_FILE)
+    if problem:
+        return problem + " (the step was not committed)"
+    data = json.loads(marker.read_text(encoding="utf-8"))
+    handlers = data.get("item_handlers") if isinstance(data, dict) else None
+    if not isinstance(handlers, dict) or not data.get("commit_timestamp_nsecs"):
+        return f"{COMMIT_FILE} has no item list or commit time (the step was not committed)"
+    for item in sorted(set(handlers) | set(required)):
+        folder = step_dir / item
+        if not folder.is_dir():
+            return f"item {item}/ is missing"
+        handler = str(handlers.get(item, ""))
+        if "Json" in handler:
+            problem = _json_problem(folder / _JSON_FILE, f"{item}/{_JSON_FILE}")
+        else:
+            problem = _json_problem(folder / _ARRAY_FILES[0], f"{item}/{_ARRAY_FILES[0]}")
+            if problem is None and not (folder / _ARRAY_FILES[1]).is_file():
+                problem = f"{item}/{_ARRAY_FILES[1]} is missing"
+        if problem:
+            return problem
+    return None
+
+
+def scan_steps(root: str | Path, required: Sequence[str] = ()) -> StepScan:
+    """Every integer-named step directory of `root` sorted into complete and damaged (Orbax's temporary
+    directories, whose names are not integers, are ignored). A missing root gives an empty scan."""
+    root = Path(root).resolve()
+    complete, damaged = [], {}
+    if root.is_dir():
+        for path in sorted((p for p in root.iterdir() if p.name.isdigit() and p.is_dir()), key=lambda p: int(p.name)):
+            problem = step_problem(path, required)
+            if problem is None:
+                complete.append(int(path.name))
+            else:
+                damaged[int(path.name)] = problem
+    return StepScan(root, tuple(complete), damaged)
+
+
+def latest_complete_step(root: str | Path, required: Sequence[str] = (), *, warn: bool = True) -> int | None:
+    """`scan_steps(root, required).latest`; logs `StepScan.warning` (when `warn`) so no damaged step is skipped
+    silently."""
+    scan = scan_steps(root, required)
+    if warn and (message := scan.warning()):
+        log.warning("%s", message)
+    return scan.latest
