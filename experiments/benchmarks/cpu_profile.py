@@ -187,7 +187,6 @@ def bench_layer_table(config, params, args, b: int, t: int, backward: bool) -> N
     from hat_jax.model.deltanet import GatedDeltaNet, chunk_gated_delta_rule
     from hat_jax.model.moe import SparseMoeBlock
     from hat_jax.model.rope import rope_cos_sin
-    from hat_jax.model.transformer import _causal_mask
 
     what = "fwd+bwd" if backward else "fwd"
     print(f"-- single layers, {what}, {b}x{t}", flush=True)
@@ -216,10 +215,10 @@ def bench_layer_table(config, params, args, b: int, t: int, backward: bool) -> N
 
     pos = jnp.broadcast_to(jnp.arange(t), (b, t))
     cos, sin = rope_cos_sin(pos, config.rotary_dim, config.rope_parameters.rope_theta)
-    amask = _causal_mask(mask)
+    seg = mask.astype(jnp.int32)  # one segment per row: the causal mask
     attn = GatedAttention(config)
-    v = attn.init(key, x[:, :8], cos[:, :8], sin[:, :8], amask[:, :8, :8])
-    report(f"attention layer {what}", *timeit(_layer_fn(attn, v, (x, cos, sin, amask), backward), args.reps))
+    v = attn.init(key, x[:, :8], cos[:, :8], sin[:, :8], seg[:, :8], seg[:, :8])
+    report(f"attention layer {what}", *timeit(_layer_fn(attn, v, (x, cos, sin, seg, seg), backward), args.reps))
 
     for impl in args.moe_impls:
         moe = SparseMoeBlock(config, impl=impl)
@@ -277,10 +276,11 @@ def bench_decode_step(config, params, args) -> None:
     acache = cache["layers"][config.layer_types.index("full_attention")]
     pos = jnp.full((rows, 1), args.prompt)
     cos, sin = rope_cos_sin(pos, config.rotary_dim, config.rope_parameters.rope_theta)
-    amask = (jnp.arange(total) <= args.prompt)[None, None, :].repeat(rows, 0)
+    q_seg = jnp.ones((rows, 1), jnp.int32)
+    kv_seg = (jnp.arange(total) <= args.prompt)[None, :].repeat(rows, 0).astype(jnp.int32)
     idx = jnp.int32(args.prompt)
-    v = attn.init(key, x, cos, sin, amask, acache, idx)
-    f = jax.jit(lambda p, x, c, i: attn.apply({"params": p}, x, cos, sin, amask, c, i))
+    v = attn.init(key, x, cos, sin, q_seg, kv_seg, acache, idx)
+    f = jax.jit(lambda p, x, c, i: attn.apply({"params": p}, x, cos, sin, q_seg, kv_seg, c, i))
     report("  attention layer decode", *timeit(lambda: block(f(v["params"], x, acache, idx)), args.reps))
     for impl in args.moe_impls:
         moe = SparseMoeBlock(config, impl=impl)

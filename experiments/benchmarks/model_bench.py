@@ -322,7 +322,7 @@ def _jax_profile(args, config, rng) -> dict:
 
     x = jnp.asarray(rng.normal(size=(b, t, h)), jnp.float32)
     cos, sin = rope_cos_sin(jnp.broadcast_to(jnp.arange(t), (b, t)), c.rotary_dim, c.rope_parameters.rope_theta)
-    mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
+    seg = jnp.ones((b, t), jnp.int32)  # one segment per row: the causal mask
 
     def layer(name, module, *extra):
         p = module.init(jax.random.key(0), x, *extra)
@@ -336,7 +336,7 @@ def _jax_profile(args, config, rng) -> dict:
     layer("moe[blocked]", SparseMoeBlock(c, impl="blocked"))
     layer("moe[ragged_dot]", SparseMoeBlock(c, impl="ragged_dot"))
     layer("deltanet layer", GatedDeltaNet(c))
-    layer("attention layer", GatedAttention(c), cos, sin, mask)
+    layer("attention layer", GatedAttention(c), cos, sin, seg, seg)
     hv, dk, dv = c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
     q = l2_normalize(jnp.asarray(rng.normal(size=(b, t, hv, dk)), jnp.float32)) * dk**-0.5
     k = l2_normalize(jnp.asarray(rng.normal(size=(b, t, hv, dk)), jnp.float32))
@@ -374,11 +374,11 @@ def _jax_profile(args, config, rng) -> dict:
               "state": jnp.zeros((1, hv, dk, dv))}
     bench("decode: deltanet layer (B=1)", lambda p, x, cc: gdn.apply(p, x, None, cc), pg, x1, gcache, n=50)
     att = GatedAttention(c)
-    mask1 = jnp.ones((1, 1, cache_len), bool)
-    pa = att.init(jax.random.key(0), x1, cos1, sin1, jnp.ones((1, 1, 1), bool))
+    q_seg1, kv_seg1 = jnp.ones((1, 1), jnp.int32), jnp.ones((1, cache_len), jnp.int32)
+    pa = att.init(jax.random.key(0), x1, cos1, sin1, q_seg1, q_seg1)
     acache = {"k": jnp.zeros((1, cache_len, c.num_key_value_heads, c.head_dim)),
               "v": jnp.zeros((1, cache_len, c.num_key_value_heads, c.head_dim))}
-    bench("decode: attention layer (B=1)", lambda p, x, cc: att.apply(p, x, cos1, sin1, mask1, cc, jnp.int32(5)),
+    bench("decode: attention layer (B=1)", lambda p, x, cc: att.apply(p, x, cos1, sin1, q_seg1, kv_seg1, cc, jnp.int32(5)),
           pa, x1, acache, n=50)
     moe = SparseMoeBlock(c)
     pm = moe.init(jax.random.key(0), x1)

@@ -7,10 +7,14 @@
 - Softmax in float32 with scale D**-0.5, cast back to the compute dtype (as transformers' eager path).
 - Output `o_proj(attn * sigmoid(gate))`.
 
-Masking uses a boolean [B, T, S] mask built once per forward by the caller (causal and padding); masked
-scores get the dtype's most negative finite value, so a fully masked (padding) row gives a finite output.
+Masking comes from segment ids and causality only, built inside `attention` (the entry point, shaped
+like splash attention's `SegmentIds` so that a fused kernel can take the same arguments): query t may
+attend key s when both are in the same segment, the key is not padding (segment 0) and, causally,
+s <= q_offset + t. Packed rows give each document its own id; an unpacked row puts every query in
+segment 1 and its keys in segment 1 (real) or 0 (padding), which is the plain causal + padding mask.
+Masked scores get the dtype's most negative finite value, so a fully masked row gives a finite output.
 With a cache, keys/values of the T new tokens are written at slot `index` of a fixed-size [B, S, KV, D]
-buffer. When the mask is known to be causal (no cache, or a cache with a static `index`),
+buffer. When the query offset is static (no cache, or a cache with a static `index`),
 `causal_gqa_attention` computes the same result in query blocks that skip the masked upper triangle.
 """
 
@@ -26,6 +30,44 @@ from hat_jax.model.rope import apply_partial_rope
 
 ATTENTION_BLOCK = 128  # query rows per block of `causal_gqa_attention`
 MAX_ATTENTION_BLOCKS = 16  # longer sequences get larger blocks (the block loop is unrolled at trace time)
+
+
+def segment_mask(q_segment_ids: jax.Array, kv_segment_ids: jax.Array, causal: bool = True,
+                 q_offset: int | jax.Array = 0) -> jax.Array:
+    """The attention mask of segment ids (module docstring).
+
+    Args:
+        q_segment_ids: [B, T] int; kv_segment_ids: [B, S] int (0 = padding key).
+        causal: also require s <= q_offset + t. q_offset: int or int32 scalar, the key slot of query 0.
+    Returns:
+        [B, T, S] bool (True = may attend).
+    """
+    mask = (q_segment_ids[:, :, None] == kv_segment_ids[:, None, :]) & (kv_segment_ids[:, None, :] != 0)
+    if causal:
+        t, s = q_segment_ids.shape[1], kv_segment_ids.shape[1]
+        mask &= jnp.arange(s)[None, None, :] <= (q_offset + jnp.arange(t))[None, :, None]
+    return mask
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segment_ids: jax.Array, kv_segment_ids: jax.Array, *,
+              scale: float, causal: bool = True, q_offset: int | jax.Array = 0) -> jax.Array:
+    """Softmax attention with grouped KV heads, masked by segment ids (and causality): the entry point.
+
+    Picks the implementation: one query (a decode step) -> `_single_query_attention`; causal with a static
+    `q_offset` -> `causal_gqa_attention` (skips the upper triangle); otherwise `gqa_attention` on
+    `segment_mask`. All give the same result.
+
+    Args:
+        q: [B, T, H, D]; k, v: [B, S, KV, D] with H % KV == 0.
+        q_segment_ids: [B, T] int32; kv_segment_ids: [B, S] int32 (0 = padding key; module docstring).
+        scale: multiplier of the scores. causal: mask keys after the query's slot.
+        q_offset: key slot of query 0 (the cache index); a Python int allows the causal block path.
+    Returns:
+        [B, T, H, D] in q.dtype.
+    """
+    if q.shape[1] > 1 and causal and isinstance(q_offset, int):
+        return causal_gqa_attention(q, k, v, q_segment_ids, kv_segment_ids, scale, q_offset)
+    return gqa_attention(q, k, v, segment_mask(q_segment_ids, kv_segment_ids, causal, q_offset), scale)
 
 
 def _to_heads_major(q: jax.Array, k: jax.Array, v: jax.Array):
@@ -81,37 +123,43 @@ def _single_query_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.
     return out.astype(q.dtype).reshape(b, 1, h, d)
 
 
-def causal_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float,
-                         offset: int = 0, block: int | None = None) -> jax.Array:
-    """`gqa_attention` for a causal mask: the same result when `mask[b, t, s]` is False for every
-    s > offset + t (queries are the keys' slots offset .. offset + T - 1, as in a prefill or a training
-    forward), computed without the masked upper triangle.
+def causal_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segment_ids: jax.Array,
+                         kv_segment_ids: jax.Array, scale: float, offset: int = 0,
+                         block: int | None = None) -> jax.Array:
+    """`gqa_attention` on `segment_mask(q_segment_ids, kv_segment_ids, causal=True, q_offset=offset)`,
+    computed without the masked upper triangle (queries are the keys' slots offset .. offset + T - 1, as in
+    a prefill or a training forward).
 
     Queries go in blocks of `block` rows (more when T > MAX_ATTENTION_BLOCKS * block); block [i, e)
     attends keys [0, offset + e) only, which skips ~half of the score matrix. The keys it leaves out are
     masked for that block, and a masked key gets probability exactly 0 in `gqa_attention` unless the
-    whole row is masked; such a row (a padding query with no real key before it) gets there the uniform
-    average of all S values, which is reproduced here.
+    whole row is masked; such a row (a padding query, or a query with no real key of its segment before
+    it) gets there the uniform average of all S values, which is reproduced here.
 
     Args:
-        q: [B, T, H, D]; k, v: [B, S, KV, D], S >= offset + T; mask: [B, T, S] bool.
+        q: [B, T, H, D]; k, v: [B, S, KV, D], S >= offset + T.
+        q_segment_ids: [B, T] int; kv_segment_ids: [B, S] int (0 = padding key).
         scale: multiplier of the scores. offset: static int, slot of the first query.
         block: query rows per block (default ATTENTION_BLOCK).
     Returns:
         [B, T, H, D] in q.dtype.
+    Raises:
+        ValueError when offset + T exceeds S.
     """
     t, s = q.shape[1], k.shape[1]
     if offset + t > s:
         raise ValueError(f"causal_gqa_attention: offset {offset} + T {t} exceeds the {s} keys")
     block = max(block or ATTENTION_BLOCK, -(-t // MAX_ATTENTION_BLOCKS))
     qt, kt, vt = _to_heads_major(q, k, v)
-    outs = []
+    outs, any_key = [], []
     for i in range(0, t, block):
         e = min(i + block, t)
         end = offset + e
-        outs.append(_attend(qt[:, :, :, i:e], kt[:, :, :end], vt[:, :, :end], mask[:, i:e, :end], scale))
+        mask = segment_mask(q_segment_ids[:, i:e], kv_segment_ids[:, :end], True, offset + i)
+        outs.append(_attend(qt[:, :, :, i:e], kt[:, :, :end], vt[:, :, :end], mask, scale))
+        any_key.append(jnp.any(mask, axis=-1))
     out = _from_heads_major(jnp.concatenate(outs, axis=3))
-    fully_masked = ~jnp.any(mask, axis=-1)                                          # [B, T]
+    fully_masked = ~jnp.concatenate(any_key, axis=1)                                # [B, T]
     b, _, h, d = q.shape
     kv = k.shape[2]
     mean_v = jnp.mean(v.astype(jnp.float32), axis=1).astype(q.dtype)              # [B, KV, D]
@@ -127,12 +175,13 @@ class GatedAttention(nn.Module):
     param_dtype: jnp.dtype = jnp.float32
 
     @nn.compact
-    def __call__(self, x, cos, sin, mask, cache=None, index=None):
+    def __call__(self, x, cos, sin, q_segment_ids, kv_segment_ids, cache=None, index=None):
         """
         Args:
             x: [B, T, hidden] compute dtype.
             cos, sin: [B, T, rotary_dim] from `rope_cos_sin`.
-            mask: [B, T, S] bool, S = T without cache, S = cache length with one.
+            q_segment_ids: [B, T] int32; kv_segment_ids: [B, S] int32, S = T without cache, S = cache length
+                with one (`attention`; attention is causal within a segment).
             cache: None or {'k': [B, S, KV, D], 'v': [B, S, KV, D]}.
             index: int32 scalar, the cache slot of the first new token (with a cache); a static Python int
                 lets a multi-token call skip the masked upper triangle (`causal_gqa_attention`).
@@ -157,13 +206,10 @@ class GatedAttention(nn.Module):
             v_all = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), (0, index, 0, 0))
             new_cache = {"k": k_all, "v": v_all}
             k, v = k_all.astype(self.dtype), v_all.astype(self.dtype)
-        # The mask is causal (slot of query t = offset + t) without a cache, and with a cache whose
-        # `index` is a static int (the sampler's prefill): then the masked upper triangle is skipped.
-        offset = 0 if cache is None else index if isinstance(index, int) else None
-        if offset is None or t == 1:
-            out = gqa_attention(q, k, v, mask, d**-0.5)
-        else:
-            out = causal_gqa_attention(q, k, v, mask, d**-0.5, offset)
+        # Query t sits at key slot offset + t: 0 without a cache, the cache index with one (a static int for
+        # the sampler's prefill, which then skips the masked upper triangle).
+        offset = 0 if cache is None else index
+        out = attention(q, k, v, q_segment_ids, kv_segment_ids, scale=d**-0.5, causal=True, q_offset=offset)
         out = out.reshape(b, t, h * d)
         out = out * jax.nn.sigmoid(gate)
         return dense("o_proj", c.hidden_size, ("heads", "embed"))(out), new_cache

@@ -15,6 +15,13 @@ Two equal forms (tested against each other):
   steps (about 1.5x faster at the tiny preset's shapes; experiments/benchmarks/cpu_profile.py).
 Everything inside the kernels is float32 (the checkpoint's `mamba_ssm_dtype`).
 
+Packed rows (`hat_jax.model.segments`): an optional `reset` [B, T] marks each document's first token, where
+the decay is zero (S_{t-1} is dropped: S_t = k_t (beta_t v_t)^T), so no state crosses documents, as fla's
+varlen kernels do with `cu_seqlens` (flash-linear-attention `chunk_gated_delta_rule`). fla starts a new
+chunk at each sequence; here chunks stay fixed and every decay product in a chunk is zeroed when a reset
+lies between its two ends (counted by a per-chunk cumulative sum of resets), so documents may cross chunk
+boundaries. The conv masks the taps that reach into an earlier segment.
+
 Layer: in_proj_qkv -> causal depthwise conv1d (kernel 4, no bias) + SiLU -> split q [Hk], k [Hk], v [Hv]
 heads; beta = sigmoid(in_proj_b x); g = -exp(A_log) * softplus(in_proj_a x + dt_bias) (log-decay <= 0);
 value head j reads key head j // (Hv / Hk) (repeat-interleave, not tile); gated RMSNorm with
@@ -28,6 +35,7 @@ import jax.numpy as jnp
 from hat_jax.model.config import Qwen3_5MoeTextConfig
 from hat_jax.model.linear import Linear
 from hat_jax.model.norms import GatedRMSNorm
+from hat_jax.model.segments import segment_starts
 from hat_jax.model.sharding import param_with_axes
 
 CHUNK_SIZE = 64
@@ -45,26 +53,29 @@ def l2_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:
     return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
 
 
-def recurrent_gated_delta_rule(q, k, v, g, beta, initial_state):
+def recurrent_gated_delta_rule(q, k, v, g, beta, initial_state, reset=None):
     """Token-by-token gated delta rule.
 
     Args:
         q, k: [B, T, H, Dk] float32, already L2-normalised, q already scaled.
         v: [B, T, H, Dv] float32. g, beta: [B, T, H] float32 (log-decay <= 0, write strength in (0, 1)).
         initial_state: [B, H, Dk, Dv] float32.
+        reset: optional [B, T] bool: at True the decay is zero (the state before the token is dropped).
     Returns:
         (o [B, T, H, Dv] float32, final state [B, H, Dk, Dv] float32).
     """
 
     def step(state, xs):
-        q_t, k_t, v_t, g_t, b_t = xs  # [B,H,Dk], [B,H,Dk], [B,H,Dv], [B,H], [B,H]
+        q_t, k_t, v_t, g_t, b_t = xs[:5]  # [B,H,Dk], [B,H,Dk], [B,H,Dv], [B,H], [B,H]; xs[5]: reset [B]
         state = state * jnp.exp(g_t)[..., None, None]
+        if reset is not None:
+            state = jnp.where(xs[5][:, None, None, None], 0.0, state)
         kv_mem = jnp.einsum("bhkv,bhk->bhv", state, k_t)
         delta = (v_t - kv_mem) * b_t[..., None]
         state = state + k_t[..., :, None] * delta[..., None, :]
         return state, jnp.einsum("bhkv,bhk->bhv", state, q_t)
 
-    xs = tuple(jnp.moveaxis(a, 1, 0) for a in (q, k, v, g, beta))
+    xs = tuple(jnp.moveaxis(a, 1, 0) for a in (q, k, v, g, beta) + (() if reset is None else (reset,)))
     state, out = jax.lax.scan(step, initial_state, xs)
     return jnp.moveaxis(out, 0, 1), state
 
@@ -124,14 +135,19 @@ def _inverse_bwd(x, g):
 unit_lower_triangular_inverse.defvjp(_inverse_fwd, _inverse_bwd)
 
 
-def chunk_gated_delta_rule(q, k, v, g, beta, initial_state, chunk_size: int = CHUNK_SIZE):
+def chunk_gated_delta_rule(q, k, v, g, beta, initial_state, chunk_size: int = CHUNK_SIZE, reset=None):
     """Chunked gated delta rule; same arguments and results as `recurrent_gated_delta_rule`.
 
     T is zero-padded to a multiple of `chunk_size` (g = 0, beta = 0 on padding, so the state is unchanged).
+    In a chunk with log-decay cumsum c, token i reads the incoming state S_0 decayed by exp(c_i), token j's
+    write reaches token i >= j decayed by exp(c_i - c_j). With `reset`, let r be the per-chunk inclusive
+    cumsum of resets: the first factor is zero unless r_i = 0 and the second unless r_i = r_j (no reset in
+    (j, i]); this is exact for documents that cross chunk boundaries, and `reset=None` skips it.
     """
     b, t, h, dk = k.shape
     pad = (-t) % chunk_size
-    q, k, v, g, beta = (jnp.pad(a, [(0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 2)) for a in (q, k, v, g, beta))
+    pad_time = lambda a: jnp.pad(a, [(0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 2))
+    q, k, v, g, beta = map(pad_time, (q, k, v, g, beta))
     n = (t + pad) // chunk_size
     # -> [B, H, N, C, ...]
     to_chunks = lambda a: jnp.moveaxis(a, 2, 1).reshape(b, h, n, chunk_size, *a.shape[3:])
@@ -139,15 +155,24 @@ def chunk_gated_delta_rule(q, k, v, g, beta, initial_state, chunk_size: int = CH
     k_beta, v_beta = k * beta[..., None], v * beta[..., None]
     cum = jnp.cumsum(g, axis=-1)                                         # [B,H,N,C]
     causal = jnp.tril(jnp.ones((chunk_size, chunk_size), bool))
-    pair = jnp.exp(jnp.where(causal, cum[..., :, None] - cum[..., None, :], -jnp.inf))
+    if reset is None:
+        connected = causal
+        from_state = jnp.exp(cum)                                        # decay from S_0 to token i
+        to_end = jnp.exp(cum[..., -1:] - cum)                            # decay from token j to the chunk end
+    else:
+        resets = jnp.cumsum(pad_time(reset).astype(jnp.int32).reshape(b, 1, n, chunk_size), axis=-1)
+        connected = causal & (resets[..., :, None] == resets[..., None, :])             # [B,1,N,C,C]
+        from_state = jnp.where(resets == 0, jnp.exp(cum), 0.0)
+        to_end = jnp.where(resets == resets[..., -1:], jnp.exp(cum[..., -1:] - cum), 0.0)
+    pair = jnp.exp(jnp.where(connected, cum[..., :, None] - cum[..., None, :], -jnp.inf))
     ut = jnp.einsum("bhnik,bhnjk->bhnij", k_beta, k) * pair
     intra = jnp.einsum("bhnik,bhnjk->bhnij", q, k) * pair
     ut_inv = unit_lower_triangular_inverse(ut)                           # (I + strict_lower(ut))^-1
     new_values = jnp.einsum("bhnij,bhnjd->bhnid", ut_inv, v_beta)        # [B,H,N,C,Dv]
-    k_cumdecay = jnp.einsum("bhnij,bhnjd->bhnid", ut_inv, k_beta * jnp.exp(cum)[..., None])  # [B,H,N,C,Dk]
-    q = q * jnp.exp(cum)[..., None]
-    k = k * jnp.exp(cum[..., -1:] - cum)[..., None]
-    chunk_decay = jnp.exp(cum[..., -1])[..., None, None]                 # [B,H,N,1,1]
+    k_cumdecay = jnp.einsum("bhnij,bhnjd->bhnid", ut_inv, k_beta * from_state[..., None])  # [B,H,N,C,Dk]
+    q = q * from_state[..., None]
+    k = k * to_end[..., None]
+    chunk_decay = from_state[..., -1][..., None, None]                   # [B,H,N,1,1]
 
     def step(state, xs):
         q_i, k_i, nv_i, kc_i, intra_i, decay_i = xs
@@ -162,19 +187,27 @@ def chunk_gated_delta_rule(q, k, v, g, beta, initial_state, chunk_size: int = CH
     return jnp.moveaxis(out, 1, 2), state
 
 
-def causal_depthwise_conv(x: jax.Array, kernel: jax.Array, state: jax.Array) -> tuple[jax.Array, jax.Array]:
+def causal_depthwise_conv(x: jax.Array, kernel: jax.Array, state: jax.Array,
+                          segment_ids: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """Causal depthwise conv1d over time, continuing from `state`.
 
     Args:
         x: [B, T, C]; kernel: [K, C] (kernel[j, c] = HF conv1d.weight[c, 0, j]); state: [B, K-1, C], the
             previous K-1 inputs (zeros at the start of a sequence).
+        segment_ids: optional [B, T] int: tap x[t - s] counts only when segment_ids[t - s] == segment_ids[t]
+            (a packed document sees only its own tokens); the state is then ignored, as if it were zeros.
     Returns:
         (y [B, T, C] with y[t] = sum_j kernel[j] * x[t - K + 1 + j], new state [B, K-1, C]).
     """
     kk = kernel.shape[0]
     xs = jnp.concatenate([state.astype(x.dtype), x], axis=1)
     t = x.shape[1]
-    y = sum(xs[:, j:j + t] * kernel[j] for j in range(kk))
+    if segment_ids is None:
+        y = sum(xs[:, j:j + t] * kernel[j] for j in range(kk))
+    else:
+        seg = jnp.pad(segment_ids, ((0, 0), (kk - 1, 0)), constant_values=-1)
+        same = lambda j: (seg[:, j:j + t] == segment_ids)[..., None]
+        y = sum(jnp.where(same(j), xs[:, j:j + t], 0) * kernel[j] for j in range(kk))
     return y, xs[:, xs.shape[1] - (kk - 1):]
 
 
@@ -226,15 +259,23 @@ class GatedDeltaNet(nn.Module):
     param_dtype: jnp.dtype = jnp.float32
 
     @nn.compact
-    def __call__(self, x, token_mask=None, cache=None):
+    def __call__(self, x, token_mask=None, cache=None, segment_ids=None):
         """
         Args:
             x: [B, T, hidden]. token_mask: [B, T] bool or None (False = padding, zeroed at the input).
             cache: None or {'conv': [B, K-1, conv_dim], 'state': [B, Hv, Dk, Dv] float32}.
+            segment_ids: optional [B, T] int32 of packed documents (`hat_jax.model.segments`): the recurrence
+                restarts at each document's first token and the conv sees only its own document. Not with
+                a cache.
         Returns:
             (y [B, T, hidden], new cache or None). With a cache and T == 1 the recurrent form runs,
             otherwise the chunked form (from the cached state when there is one).
+        Raises:
+            ValueError when both `cache` and `segment_ids` are given.
         """
+        if cache is not None and segment_ids is not None:
+            raise ValueError("GatedDeltaNet: segment_ids with a cache is not supported (a cache row holds one "
+                             "sequence); expected segment_ids=None")
         c = self.config
         b, t, _ = x.shape
         hk, hv, dk, dv = c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim
@@ -252,7 +293,7 @@ class GatedDeltaNet(nn.Module):
         dt_bias = param_with_axes(self, "dt_bias", _dt_bias_init, (hv,), self.param_dtype, ("linear_heads",))
 
         conv_state = cache["conv"] if cache is not None else jnp.zeros((b, kk - 1, c.linear_conv_dim), self.dtype)
-        qkv, new_conv_state = causal_depthwise_conv(qkv, conv_kernel.astype(self.dtype), conv_state)
+        qkv, new_conv_state = causal_depthwise_conv(qkv, conv_kernel.astype(self.dtype), conv_state, segment_ids)
         qkv = jax.nn.silu(qkv)
         q, k, v = jnp.split(qkv, [c.linear_key_dim, 2 * c.linear_key_dim], axis=-1)
         ratio = hv // hk
@@ -264,10 +305,11 @@ class GatedDeltaNet(nn.Module):
         q = l2_normalize(q) * dk**-0.5
         k = l2_normalize(k)
         state0 = cache["state"] if cache is not None else jnp.zeros((b, hv, dk, dv), jnp.float32)
+        reset = None if segment_ids is None else segment_starts(segment_ids)
         if cache is not None and t == 1:
             o, state = recurrent_gated_delta_rule(q, k, v, g, beta, state0)
         else:
-            o, state = chunk_gated_delta_rule(q, k, v, g, beta, state0, default_chunk_size())
+            o, state = chunk_gated_delta_rule(q, k, v, g, beta, state0, default_chunk_size(), reset)
         o = GatedRMSNorm(c.rms_norm_eps, self.param_dtype, name="norm")(o.astype(self.dtype), z)
         # Zero-initialised (OUT_PROJ_INIT_STD): the residual branch starts as the identity (`params.INIT_SCHEME`).
         y = Linear(c.hidden_size, ("linear_v", "embed"), self.dtype, self.param_dtype, OUT_PROJ_INIT_STD,

@@ -14,6 +14,11 @@ Decoder layer (pre-norm): h = x + Mixer(norm_in(x)); out = h + MoE(norm_post(h))
 MTP (vLLM `Qwen3_5MultiTokenPredictor.forward`): x = fc(cat[norm_e(embed(tok_{t+1})), norm_h(h_t)]), one
 full-attention decoder layer with MoE, a final norm, the shared lm_head; h_t is the main model's
 post-final-norm hidden state and positions stay those of h_t. Its logits at t predict token t+2.
+
+Packed rows (`segment_ids`, `hat_jax.model.segments`): attention is causal within a document, the Gated
+DeltaNet state and conv restart at each document, RoPE and the MTP layer use per-document positions, and
+the MTP block's next-token input at a document's last token is the padding id 0 (as at a row's end), so a
+packed row computes exactly what its documents give run separately.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from hat_jax.model.linear import Linear
 from hat_jax.model.moe import SparseMoeBlock
 from hat_jax.model.norms import RMSNorm
 from hat_jax.model.rope import rope_cos_sin
+from hat_jax.model.segments import segment_positions
 
 
 @flax.struct.dataclass
@@ -58,14 +64,27 @@ class DecoderLayer(nn.Module):
     moe_impl: str = "blocked"
 
     @nn.compact
-    def __call__(self, x, cos, sin, attn_mask, token_mask, cache=None, index=None, forced_expert_ids=None):
+    def __call__(self, x, cos, sin, token_mask, q_segment_ids, kv_segment_ids, segment_ids=None, cache=None,
+                 index=None, forced_expert_ids=None):
+        """
+        Args:
+            x: [B, T, H]. cos, sin: [B, T, rotary_dim]. token_mask: [B, T] bool (False = padding).
+            q_segment_ids: [B, T] int32, kv_segment_ids: [B, S] int32: the attention's segments
+                (`hat_jax.model.attention.attention`).
+            segment_ids: [B, T] int32 of a packed row (Gated DeltaNet resets), None for an unpacked row.
+            cache: this layer's cache or None. index: the cache slot of the first token.
+            forced_expert_ids: optional [B*T, k] int32.
+        Returns:
+            (x [B, T, H], new cache or None, router_logits [B*T, E], expert_ids [B*T, k]).
+        """
         c = self.config
         h = RMSNorm(c.rms_norm_eps, self.param_dtype, name="input_layernorm")(x)
         if self.layer_type == LINEAR_ATTENTION:
-            h, new_cache = GatedDeltaNet(c, self.dtype, self.param_dtype, name="linear_attn")(h, token_mask, cache)
+            h, new_cache = GatedDeltaNet(c, self.dtype, self.param_dtype, name="linear_attn")(
+                h, token_mask, cache, segment_ids)
         else:
             h, new_cache = GatedAttention(c, self.dtype, self.param_dtype, name="self_attn")(
-                h, cos, sin, attn_mask, cache, index)
+                h, cos, sin, q_segment_ids, kv_segment_ids, cache, index)
         x = x + h
         h = RMSNorm(c.rms_norm_eps, self.param_dtype, name="post_attention_layernorm")(x)
         h, router_logits, expert_ids = SparseMoeBlock(c, self.dtype, self.param_dtype, self.moe_impl, name="mlp")(
@@ -90,13 +109,17 @@ class TextModel(nn.Module):
                        for i, t in enumerate(c.layer_types)]
         self.norm = RMSNorm(c.rms_norm_eps, self.param_dtype)
 
-    def __call__(self, input_ids, cos, sin, attn_mask, token_mask, cache=None, index=None, forced_expert_ids=None):
+    def __call__(self, input_ids, cos, sin, token_mask, q_segment_ids, kv_segment_ids, segment_ids=None,
+                 cache=None, index=None, forced_expert_ids=None):
+        """Arguments as `DecoderLayer`, with input_ids [B, T] int32, cache a list of layer caches, and
+        forced_expert_ids [L, B*T, k]."""
         x = self.embed_tokens(input_ids)
         new_layers, all_logits, all_ids = [], [], []
         for i, layer in enumerate(self.layers):
             forced = None if forced_expert_ids is None else forced_expert_ids[i]
             layer_cache = None if cache is None else cache[i]
-            x, new_cache, logits, ids = layer(x, cos, sin, attn_mask, token_mask, layer_cache, index, forced)
+            x, new_cache, logits, ids = layer(x, cos, sin, token_mask, q_segment_ids, kv_segment_ids, segment_ids,
+                                              layer_cache, index, forced)
             new_layers.append(new_cache)
             all_logits.append(logits)
             all_ids.append(ids)
@@ -112,14 +135,15 @@ class MultiTokenPredictor(nn.Module):
     moe_impl: str = "blocked"
 
     @nn.compact
-    def __call__(self, next_embeds, hidden, cos, sin, attn_mask, token_mask):
+    def __call__(self, next_embeds, hidden, cos, sin, token_mask, q_segment_ids, kv_segment_ids):
         c = self.config
         e = RMSNorm(c.rms_norm_eps, self.param_dtype, name="pre_fc_norm_embedding")(next_embeds)
         h = RMSNorm(c.rms_norm_eps, self.param_dtype, name="pre_fc_norm_hidden")(hidden)
         x = Linear(c.hidden_size, ("mtp_fc_in", "embed"), self.dtype, self.param_dtype, c.initializer_range,
                    name="fc")(jnp.concatenate([e, h], axis=-1))
         x, _, router_logits, _ = DecoderLayer(c, FULL_ATTENTION, self.dtype, self.param_dtype, self.moe_impl,
-                                              name="layers_0")(x, cos, sin, attn_mask, token_mask)
+                                              name="layers_0")(x, cos, sin, token_mask, q_segment_ids,
+                                                               kv_segment_ids)
         return RMSNorm(c.rms_norm_eps, self.param_dtype, name="norm")(x), router_logits
 
 
@@ -142,76 +166,118 @@ class Qwen3_5MoeForCausalLM(nn.Module):
             self.mtp = MultiTokenPredictor(c, self.dtype, self.param_dtype, self.moe_impl)
 
     def __call__(self, input_ids, attention_mask=None, positions=None, cache=None, forced_expert_ids=None,
-                 return_logits: bool = True, with_mtp: bool = False) -> ModelOutput:
+                 return_logits: bool = True, with_mtp: bool = False, segment_ids=None) -> ModelOutput:
         """Forward pass.
 
         Args:
             input_ids: [B, T] int32.
             attention_mask: [B, T] bool/int (1 = real token) or None (all real). Padding may be on either
-                side; left padding is what batched decoding uses.
+                side; left padding is what batched decoding uses. None when `segment_ids` is given.
             positions: [B, T] int32 or None: then the count of real tokens before each token (equals
-                arange(T) without padding), taking the cache's earlier tokens into account.
+                arange(T) without padding), taking the cache's earlier tokens into account; with
+                `segment_ids`, the per-document positions (`segment_positions`).
             cache: None (full causal forward) or a cache from `hat_jax.model.cache.init_cache`. Its `index`
                 may be a static Python int (e.g. 0 for a prefill inside a jitted function): the attention
                 then skips the masked upper triangle (`causal_gqa_attention`); the result is the same.
             forced_expert_ids: optional [L, B*T, k] int32 (routing replay).
             return_logits: False skips the lm_head (losses that chunk the vocabulary use `hidden`).
             with_mtp: also run the MTP block on (hidden_t, input_ids_{t+1}) for the MTP training loss; the
-                last position gets a padding next-token id and must be masked by the loss (`mtp_loss`).
+                last position (and with `segment_ids` each document's last token) gets the padding
+                next-token id 0 and must be masked by the loss (`mtp_loss`).
+            segment_ids: [B, T] int32 or None: packed rows (0 = padding, 1..n = the row's documents,
+                `hat_jax.model.segments`; validate on the host with `check_segment_ids`). The token mask is
+                `segment_ids > 0`; attention is causal within a document and the Gated DeltaNet state and
+                conv restart at each document. Training and uncached prefill only.
         Returns:
             ModelOutput.
+        Raises:
+            ValueError when `segment_ids` comes with an `attention_mask` or a `cache`.
         """
         c = self.config
         t = input_ids.shape[1]
-        token_mask = _token_mask(input_ids, attention_mask)
-        if cache is None:
-            index = None
+        index = layer_caches = None
+        if segment_ids is not None:
+            _check_packed(input_ids, segment_ids, attention_mask, cache)
+            segment_ids = segment_ids.astype(jnp.int32)
+            token_mask, q_seg, kv_seg = segment_ids > 0, segment_ids, segment_ids
+            if positions is None:
+                positions = segment_positions(segment_ids)
+        elif cache is None:
+            token_mask = _token_mask(input_ids, attention_mask)
+            q_seg, kv_seg = _unpacked_segments(token_mask)
             if positions is None:
                 positions = _default_positions(token_mask)
-            attn_mask = _causal_mask(token_mask)
-            layer_caches = None
         else:
+            token_mask = _token_mask(input_ids, attention_mask)
             index = cache["index"]
             valid = jax.lax.dynamic_update_slice(cache["valid"], token_mask, (0, index))
-            slots = index + jnp.arange(t)
-            attn_mask = valid[:, None, :] & (jnp.arange(valid.shape[1])[None, None, :] <= slots[None, :, None])
+            # every query in segment 1, the cache's real slots too: causal attention over the real slots
+            q_seg, kv_seg = jnp.ones(token_mask.shape, jnp.int32), valid.astype(jnp.int32)
             if positions is None:
+                slots = index + jnp.arange(t)
                 positions = jnp.maximum(jnp.take(jnp.cumsum(valid, axis=1) - 1, slots, axis=1), 0)
             layer_caches = cache["layers"]
         cos, sin = rope_cos_sin(positions, c.rotary_dim, c.rope_parameters.rope_theta)
         hidden, new_layers, router_logits, expert_ids = self.model(
-            input_ids, cos, sin, attn_mask, token_mask, layer_caches, index, forced_expert_ids)
+            input_ids, cos, sin, token_mask, q_seg, kv_seg, segment_ids, layer_caches, index, forced_expert_ids)
         mtp_logits = mtp_router_logits = None
         if with_mtp or (self.is_initializing() and c.mtp_num_hidden_layers):
             next_ids = jnp.concatenate([input_ids[:, 1:], jnp.zeros_like(input_ids[:, :1])], axis=1)
-            mtp_logits, mtp_router_logits = self.mtp_logits(hidden, next_ids, positions, attention_mask)
+            mtp_logits, mtp_router_logits = self.mtp_logits(hidden, next_ids, positions, attention_mask, segment_ids)
         logits = self.lm_head(hidden) if return_logits else None
         new_cache = None
         if cache is not None:
             new_cache = {"index": jnp.asarray(index + t, jnp.int32), "valid": valid, "layers": new_layers}
         return ModelOutput(logits, hidden, router_logits, expert_ids, new_cache, mtp_logits, mtp_router_logits)
 
-    def mtp_logits(self, hidden, next_ids, positions=None, attention_mask=None):
+    def mtp_logits(self, hidden, next_ids, positions=None, attention_mask=None, segment_ids=None):
         """MTP logits (uncached, full causal attention inside the MTP layer).
 
         Args:
             hidden: [B, T, H] the main model's post-norm hidden states h_t.
             next_ids: [B, T] int32, token t+1 for each position t (the input ids shifted left by one).
             positions: [B, T] positions of h_t, or None for the default as in `__call__`.
-            attention_mask: [B, T] or None.
+            attention_mask: [B, T] or None (None with `segment_ids`).
+            segment_ids: [B, T] int32 of packed rows, as in `__call__`: attention stays within a document,
+                and next_ids[t] is replaced by the padding id 0 where token t+1 is in another segment (a
+                document's last token must not see the next document's first); next_ids[T-1] is kept.
         Returns:
             (logits [B, T, V] predicting token t+2, router_logits [1, B*T, E]).
+        Raises:
+            ValueError without an MTP block, or when `segment_ids` comes with an `attention_mask`.
         """
         c = self.config
         if not c.mtp_num_hidden_layers:
             raise ValueError("config.mtp_num_hidden_layers is 0: this model has no MTP block")
-        token_mask = _token_mask(next_ids, attention_mask)
-        if positions is None:
-            positions = _default_positions(token_mask)
+        if segment_ids is not None:
+            _check_packed(next_ids, segment_ids, attention_mask, None)
+            segment_ids = segment_ids.astype(jnp.int32)
+            crosses = jnp.pad(segment_ids[:, 1:] != segment_ids[:, :-1], ((0, 0), (0, 1)))
+            next_ids = jnp.where(crosses, 0, next_ids)
+            token_mask, q_seg, kv_seg = segment_ids > 0, segment_ids, segment_ids
+            if positions is None:
+                positions = segment_positions(segment_ids)
+        else:
+            token_mask = _token_mask(next_ids, attention_mask)
+            q_seg, kv_seg = _unpacked_segments(token_mask)
+            if positions is None:
+                positions = _default_positions(token_mask)
         cos, sin = rope_cos_sin(positions, c.rotary_dim, c.rope_parameters.rope_theta)
-        x, router_logits = self.mtp(self.model.embed_tokens(next_ids), hidden, cos, sin, _causal_mask(token_mask),
-                                    token_mask)
+        x, router_logits = self.mtp(self.model.embed_tokens(next_ids), hidden, cos, sin, token_mask, q_seg, kv_seg)
         return self.lm_head(x), router_logits[None]
+
+
+def _check_packed(ids: jax.Array, segment_ids: jax.Array, attention_mask, cache) -> None:
+    """Trace-time checks of a packed call (shapes, exclusive arguments)."""
+    if attention_mask is not None:
+        raise ValueError("segment_ids and attention_mask are exclusive: with segment_ids the token mask is "
+                         "segment_ids > 0; expected attention_mask=None")
+    if cache is not None:
+        raise ValueError("segment_ids with a cache is not supported (a cache row holds one sequence); "
+                         "expected cache=None, or attention_mask for cached decoding")
+    if segment_ids.shape != ids.shape or not jnp.issubdtype(segment_ids.dtype, jnp.integer):
+        raise ValueError(f"segment_ids: expected an integer array of shape {ids.shape} (that of input_ids), "
+                         f"got {segment_ids.dtype} {segment_ids.shape}")
 
 
 def _token_mask(ids: jax.Array, attention_mask: jax.Array | None) -> jax.Array:
@@ -219,18 +285,20 @@ def _token_mask(ids: jax.Array, attention_mask: jax.Array | None) -> jax.Array:
     return jnp.ones(ids.shape, bool) if attention_mask is None else attention_mask.astype(bool)
 
 
+def _unpacked_segments(token_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Attention segments of an unpacked row: every query in segment 1, keys in 1 (real) or 0 (padding);
+    this is the causal + key-padding mask (a padding query attends the real keys before it, as in
+    transformers). Returns (q_segment_ids, kv_segment_ids), each [B, T] int32."""
+    return jnp.ones(token_mask.shape, jnp.int32), token_mask.astype(jnp.int32)
+
+
 def _default_positions(token_mask: jax.Array) -> jax.Array:
     """[B, T] int32: the number of real tokens before each token (arange(T) without padding)."""
     return jnp.maximum(jnp.cumsum(token_mask, axis=1) - 1, 0)
 
 
-def _causal_mask(token_mask: jax.Array) -> jax.Array:
-    """[B, T, T] bool: query t may attend key s <= t when s is a real token."""
-    t = token_mask.shape[1]
-    return jnp.tril(jnp.ones((t, t), bool))[None] & token_mask[:, None, :]
-
-
-def mtp_loss(mtp_logits: jax.Array, input_ids: jax.Array, loss_mask: jax.Array | None = None) -> jax.Array:
+def mtp_loss(mtp_logits: jax.Array, input_ids: jax.Array, loss_mask: jax.Array | None = None,
+             segment_ids: jax.Array | None = None) -> jax.Array:
     """MTP training loss: token-mean cross-entropy of the MTP head predicting token t+2 at position t.
 
     As in DeepSeek-V3's MTP objective (arXiv 2412.19437, eq. 24-25) with depth 1; the caller weights it.
@@ -240,6 +308,8 @@ def mtp_loss(mtp_logits: jax.Array, input_ids: jax.Array, loss_mask: jax.Array |
         input_ids: [B, T] int32.
         loss_mask: [B, T] (1 where the token is a training target) or None (all tokens). The target of
             position t is token t+2, so the mask is read at t+2; the last two positions never count.
+        segment_ids: [B, T] int32 of packed rows or None: position t counts only when token t+2 is in
+            t's document (a document's last two tokens have no MTP target).
     Returns:
         scalar float32 (0 when no position counts).
     """
@@ -247,6 +317,8 @@ def mtp_loss(mtp_logits: jax.Array, input_ids: jax.Array, loss_mask: jax.Array |
     logits = mtp_logits[:, : t - 2].astype(jnp.float32)
     targets = input_ids[:, 2:]
     mask = jnp.ones((b, t - 2), jnp.float32) if loss_mask is None else loss_mask[:, 2:].astype(jnp.float32)
+    if segment_ids is not None:
+        mask = mask * ((segment_ids[:, 2:] == segment_ids[:, :-2]) & (segment_ids[:, :-2] > 0))
     logp = jax.nn.log_softmax(logits, axis=-1)
     nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
     return jnp.sum(nll * mask) / jnp.maximum(jnp.sum(mask), 1.0)

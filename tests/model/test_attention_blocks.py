@@ -1,4 +1,5 @@
-"""`causal_gqa_attention` (query blocks that skip the masked upper triangle) equals `gqa_attention`."""
+"""`causal_gqa_attention` (query blocks that skip the masked upper triangle) equals `gqa_attention`; the
+segment mask equals the plain causal + padding mask for unpacked rows."""
 
 import jax
 import jax.numpy as jnp
@@ -30,15 +31,16 @@ def test_causal_blocks_equal_dense_with_left_and_right_padding(offset, s, block)
     valid[2, offset + 30: offset + t] = False  # right padding
     valid[:, offset + t:] = False             # unwritten cache slots
     mask = _causal_mask(b, t, s, offset, valid)
+    q_seg, kv_seg = jnp.ones((b, t), jnp.int32), jnp.asarray(valid, jnp.int32)
     ref = gqa_attention(q, k, v, mask, d**-0.5)
-    out = causal_gqa_attention(q, k, v, mask, d**-0.5, offset, block)
+    out = causal_gqa_attention(q, k, v, q_seg, kv_seg, d**-0.5, offset, block)
     np.testing.assert_allclose(out, ref, atol=2e-6)  # fully masked rows included (uniform over all S)
 
     def loss(fn):
         return lambda q, k, v: jnp.sum(jnp.sin(fn(q, k, v)))
 
     g_ref = jax.grad(loss(lambda q, k, v: gqa_attention(q, k, v, mask, d**-0.5)), argnums=(0, 1, 2))(q, k, v)
-    g_out = jax.grad(loss(lambda q, k, v: causal_gqa_attention(q, k, v, mask, d**-0.5, offset, block)),
+    g_out = jax.grad(loss(lambda q, k, v: causal_gqa_attention(q, k, v, q_seg, kv_seg, d**-0.5, offset, block)),
                      argnums=(0, 1, 2))(q, k, v)
     for a, e in zip(g_out, g_ref):
         np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-5)
@@ -47,7 +49,7 @@ def test_causal_blocks_equal_dense_with_left_and_right_padding(offset, s, block)
 def test_causal_blocks_reject_too_few_keys():
     q, k, v = _inputs(0, 1, 8, 8, 2, 1, 4)
     with pytest.raises(ValueError, match="exceeds"):
-        causal_gqa_attention(q, k, v, jnp.ones((1, 8, 8), bool), 0.5, offset=1)
+        causal_gqa_attention(q, k, v, jnp.ones((1, 8), jnp.int32), jnp.ones((1, 8), jnp.int32), 0.5, offset=1)
 
 
 def test_prefill_with_a_static_cache_index_equals_a_traced_one():
