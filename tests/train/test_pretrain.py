@@ -30,7 +30,7 @@ import pytest
 from hat_jax.model.checkpoint_io import load_model_checkpoint
 from hat_jax.train import pretrain
 from hat_jax.train.losses import masked_token_ce_sum
-from hat_jax.data.packing import DataStateFormatError
+from hat_jax.data.packing import DataStateFormatError, PackedBatches
 from hat_jax.train.pretrain import (PRETRAIN_PRESETS, PretrainBatches, PretrainConfig, base_checkpoint, chat_order,
                                     import_hf_base, pretrain_preset, pretraining_batches, pretraining_rows)
 from hat_jax.train.stage import apply_overrides
@@ -213,7 +213,7 @@ def test_sft_from_the_base_uses_its_tokenizer(base, tmp_path):
 
 def test_killed_run_resumes_from_its_partial_folder(base, tmp_path, monkeypatch):
     calls = {"n": 0}
-    real_next = PretrainBatches.__next__
+    real_next = PackedBatches.__next__
 
     def dying_next(self):
         calls["n"] += 1
@@ -221,12 +221,12 @@ def test_killed_run_resumes_from_its_partial_folder(base, tmp_path, monkeypatch)
             raise KeyboardInterrupt("killed")
         return real_next(self)
 
-    monkeypatch.setattr(PretrainBatches, "__next__", dying_next)
+    monkeypatch.setattr(PackedBatches, "__next__", dying_next)
     with pytest.raises(KeyboardInterrupt):
         base_checkpoint(pretrain_preset("micro"), cache_dir=tmp_path, progress=False)
     partial = tmp_path / (base.name + ".partial")
     assert not (tmp_path / base.name).exists() and (partial / "2").is_dir() and not (partial / "4").exists()
-    monkeypatch.setattr(PretrainBatches, "__next__", real_next)
+    monkeypatch.setattr(PackedBatches, "__next__", real_next)
     resumed = base_checkpoint(pretrain_preset("micro"), cache_dir=tmp_path, progress=False)
     assert resumed == tmp_path / base.name and not partial.exists()
     assert json.loads((resumed / "base_report.json").read_text())["resumed_from"] == 2
