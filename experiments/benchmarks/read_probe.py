@@ -54,7 +54,7 @@ def main(argv=None) -> int:
     print(f"rows: {len(records)} oracle trajectories of {len(tasks)} held-out Live QA tasks "
           f"(rejection rate {stats.get('rejection_rate', 0):.2f}), p_hsa {args.p_hsa}, seed {args.seed}")
     data = SFTDataConfig(seq_len=args.seq_len, batch_size=args.batch, seed=args.seed, p_hsa=args.p_hsa,
-                         num_epochs=1, prefetch=2)
+                         num_epochs=1, prefetch=2, pack=False)  # the probe reads one trajectory per row
     for ckpt in args.ckpts:
         folder = tokenizer_from_checkpoint(ckpt)
         if folder is None:

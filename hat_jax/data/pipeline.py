@@ -13,16 +13,22 @@ Variant implemented and why (HSA-SFT, stage 1 of the HAT report, arXiv 2608.1576
   oracle: with a `reroll` callable the trajectory is re-rolled under the new harness; without one the
   draw is recomposed without "hook_params" (same seed), so no record claims a behaviour it lacks.
 - Tokenisation: `hat_jax.harness.render.render_tokens(tokenizer, harness, messages)` (the system
-  prompt is re-rendered from the record's harness), then truncation/padding to `seq_len` (padding,
-  not packing: one trajectory per row, pad id = tokenizer.pad_token_id, loss_mask 0 on padding).
-  Truncation keeps the first `seq_len` tokens and is never silent: each row carries `truncated`
-  (1 when the trajectory was longer than `seq_len`) and `num_tokens` (its length before
-  truncation), and each `TokenizeAndPad` logs one warning, the first time it truncates a row, and one
-  more the first time a row keeps no loss token at all (all its assistant tokens were cut off), with
-  the row's figures and the running counts; the per-row fields give the exact counts.
-- Batches: `batch(batch_size, drop_remainder=True)` then `to_iter_dataset()`; the iterator's
-  `get_state()` is a small JSON-serialisable dict (checkpoints store it) and `set_state` resumes at
-  exactly the next batch.
+  prompt is re-rendered from the record's harness), then truncation to `seq_len` (`TokenizeDocument`):
+  truncation keeps the first `seq_len` tokens and is never silent: each document carries `truncated`
+  (1 when the trajectory was longer than `seq_len`) and `num_tokens` (its length before truncation),
+  and each `TokenizeDocument` logs one warning, the first time it truncates a document, and one more
+  the first time a document keeps no loss token at all (all its assistant tokens were cut off), with
+  the document's figures and the running counts. With `truncate=False` a longer trajectory is an
+  error naming its task id.
+- Rows, packed (`pack=True`, the default): `hat_jax.data.packing.pack_documents`, first fit over
+  `pack_bins` open rows: several trajectories per row with "segment_ids" and per-document
+  "positions"; a row's "truncated" counts its truncated documents and "hsa_applied" how many of its
+  documents got each transform. Unpacked (`pack=False`): one trajectory per row, right-padded
+  (`TokenizeAndPad`: pad id = tokenizer.pad_token_id, loss_mask 0 and attention_mask 0 on padding).
+- Batches: `batch(batch_size, drop_remainder=True)` of an IterDataset; the iterator's `get_state()`
+  is a small JSON-serialisable dict (checkpoints store it) and `set_state` resumes at exactly the
+  next batch. A packed iterator is a `packing.PackedBatches`, whose state carries the packed format
+  tag and the running counts (documents, tokens, truncated documents).
 Each element records which transforms were applied (`hsa_applied`, int8 over `hsa.TRANSFORMS`), so
 `transform_shares` reports the share of each transform in a sampled epoch.
 """
@@ -39,6 +45,7 @@ from typing import Any
 import grain
 import numpy as np
 
+from hat_jax.data.packing import PackedBatches, fit_document, pack_documents
 from hat_jax.harness import hsa
 from hat_jax.harness.state import HarnessState
 
@@ -54,7 +61,7 @@ class SFTDataConfig:
     """The SFT pipeline's settings.
 
     Attributes:
-      seq_len: tokens per row (longer trajectories are truncated, shorter ones padded).
+      seq_len: tokens per row (longer trajectories are truncated, shorter ones packed or padded).
       batch_size: rows per batch (the last partial batch of the run is dropped).
       seed: shuffle and HSA seed.
       p_hsa: probability that a record is augmented (else it keeps its original harness).
@@ -63,6 +70,9 @@ class SFTDataConfig:
       num_epochs: passes over the records (each reshuffled and re-augmented); None = forever.
       shuffle: shuffle the records (per epoch).
       read_threads, prefetch: `grain.ReadOptions` of the iterator.
+      pack: pack several trajectories per row (module docstring); False = one per row, right-padded.
+      pack_bins: rows the first-fit packer keeps open (more fill rows better).
+      truncate: cut trajectories longer than seq_len (counted); False = such a trajectory is an error.
     """
 
     seq_len: int = 2048
@@ -75,10 +85,14 @@ class SFTDataConfig:
     shuffle: bool = True
     read_threads: int = 1
     prefetch: int = 8
+    pack: bool = True
+    pack_bins: int = 16
+    truncate: bool = True
 
     def __post_init__(self):
-        if self.seq_len < 1 or self.batch_size < 1:
-            raise ValueError(f"SFTDataConfig: seq_len ({self.seq_len}) and batch_size ({self.batch_size}) must be >= 1")
+        if self.seq_len < 1 or self.batch_size < 1 or self.pack_bins < 1:
+            raise ValueError(f"SFTDataConfig: seq_len ({self.seq_len}), batch_size ({self.batch_size}) and pack_bins "
+                             f"({self.pack_bins}) must be >= 1")
         if not 0.0 <= self.p_hsa <= 1.0:
             raise ValueError(f"SFTDataConfig.p_hsa = {self.p_hsa}: expected a probability in [0, 1]")
         if self.split not in ("train", "heldout"):
@@ -121,20 +135,24 @@ class HSAStep(grain.transforms.RandomMap):
         return {**element, "messages": messages, "harness": new, "hsa_applied": flags}
 
 
-class TokenizeAndPad(grain.transforms.Map):
-    """Grain map: HSA'd record -> {"input_ids", "loss_mask", "attention_mask": int32 [seq_len],
-    "num_tokens": int32 (before truncation), "truncated": int8 (1 when num_tokens > seq_len),
-    "hsa_applied": int8 [len(TRANSFORMS)]}.
+class TokenizeDocument(grain.transforms.Map):
+    """Grain map: HSA'd record -> one document {"input_ids", "loss_mask": int32 [min(n, seq_len)],
+    "num_tokens": int32 (n, before truncation), "truncated": int32 (1 when n > seq_len), "hsa_applied":
+    int8 [len(TRANSFORMS)]}.
 
-    Logs one warning the first time a row is truncated and one the first time a row is left with no
-    loss token (see the module docstring); `counts` holds the running totals ("rows", "truncated",
-    "no_loss_tokens") of this instance.
+    Logs one warning the first time a document is truncated and one the first time a document is left
+    with no loss token (see the module docstring); `counts` holds the running totals ("rows",
+    "truncated", "no_loss_tokens") of this instance.
+
+    Raises (when mapping): ValueError naming the task id: a trajectory longer than seq_len with
+    truncate=False.
     """
 
-    def __init__(self, tokenizer: Any, seq_len: int, render_tokens: Callable | None = None):
+    def __init__(self, tokenizer: Any, seq_len: int, render_tokens: Callable | None = None, truncate: bool = True):
         self.tokenizer = tokenizer
         self.seq_len = seq_len
         self.render_tokens = render_tokens
+        self.truncate = truncate
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_id = 0 if pad is None else int(pad)
         self.counts = {"rows": 0, "truncated": 0, "no_loss_tokens": 0}
@@ -175,18 +193,30 @@ class TokenizeAndPad(grain.transforms.Map):
         if render is None:
             from hat_jax.harness.render import render_tokens as render
         ids, mask = render(self.tokenizer, element["harness"], element["messages"])
-        ids, mask = np.asarray(ids, np.int32), np.asarray(mask, np.int32)
-        n = min(len(ids), self.seq_len)
+        doc = fit_document(ids, mask, self.seq_len, truncate=self.truncate,
+                           name=f"of SFT record {element.get('task_id', '?')!r}")
+        self._count(element, int(doc["num_tokens"]), int(np.sum(mask)), int(doc["loss_mask"].sum()))
+        return {**doc, "hsa_applied": element["hsa_applied"]}
+
+
+class TokenizeAndPad(TokenizeDocument):
+    """Grain map: HSA'd record -> one right-padded row {"input_ids", "loss_mask", "attention_mask": int32
+    [seq_len], "num_tokens": int32 (before truncation), "truncated": int8 (1 when num_tokens > seq_len),
+    "hsa_applied": int8 [len(TRANSFORMS)]} (the unpacked layout; logging and errors as `TokenizeDocument`).
+    """
+
+    def map(self, element: Mapping[str, Any]) -> dict:
+        doc = super().map(element)
+        n = len(doc["input_ids"])
         out = {
             "input_ids": np.full(self.seq_len, self.pad_id, np.int32),
             "loss_mask": np.zeros(self.seq_len, np.int32),
             "attention_mask": np.zeros(self.seq_len, np.int32),
         }
-        out["input_ids"][:n], out["loss_mask"][:n], out["attention_mask"][:n] = ids[:n], mask[:n], 1
-        out["num_tokens"] = np.int32(len(ids))
-        out["truncated"] = np.int8(len(ids) > self.seq_len)
-        out["hsa_applied"] = element["hsa_applied"]
-        self._count(element, len(ids), int(mask.sum()), int(mask[:n].sum()))
+        out["input_ids"][:n], out["loss_mask"][:n], out["attention_mask"][:n] = doc["input_ids"], doc["loss_mask"], 1
+        out["num_tokens"] = doc["num_tokens"]
+        out["truncated"] = np.int8(doc["truncated"])
+        out["hsa_applied"] = doc["hsa_applied"]
         return out
 
 
@@ -257,7 +287,8 @@ def sft_dataset(
     reroll: Reroll | None = None,
     render_tokens: Callable | None = None,
 ) -> grain.IterDataset:
-    """The SFT pipeline: `hsa_dataset` -> `TokenizeAndPad` -> batch(drop_remainder) -> IterDataset.
+    """The SFT pipeline: `hsa_dataset` -> `TokenizeDocument` -> packed rows (or `TokenizeAndPad`, unpacked) ->
+    batch(drop_remainder) -> IterDataset.
 
     Args:
       records, harnesses, config, reroll: as in `hsa_dataset`.
@@ -265,21 +296,43 @@ def sft_dataset(
       render_tokens: (tokenizer, harness, messages) -> (ids, loss_mask); default
         `hat_jax.harness.render.render_tokens`.
     Returns:
-      a `grain.IterDataset` of batches {"input_ids", "loss_mask", "attention_mask": int32 [B, seq_len],
-      "num_tokens": int32 [B] (lengths before truncation), "truncated": int8 [B] (1 for a row cut to
-      seq_len), "hsa_applied": int8 [B, len(hsa.TRANSFORMS)]}. `iter(ds)` gives an iterator with
-      `get_state()` (JSON-serialisable) / `set_state(state)`. Truncation is logged (module docstring).
+      a `grain.IterDataset` of batches. Packed (config.pack): {"input_ids", "loss_mask", "segment_ids",
+      "positions": int32 [B, seq_len], "documents": int32 [B] (trajectories per row), "truncated": int32 [B]
+      (truncated trajectories per row), "hsa_applied": int32 [B, len(hsa.TRANSFORMS)] (trajectories of the row
+      each transform was applied to), "hsa_any": int32 [B] (trajectories with any transform)}; wrap its
+      iterator in `packing.PackedBatches` (`sft_batches`). Unpacked: {"input_ids", "loss_mask",
+      "attention_mask": int32 [B, seq_len], "num_tokens": int32 [B] (lengths before truncation),
+      "truncated": int8 [B] (1 for a row cut to seq_len), "hsa_applied": int8 [B, len(hsa.TRANSFORMS)]}.
+      `iter(ds)` gives an iterator with `get_state()` (JSON-serialisable) / `set_state(state)`. Truncation is
+      logged (module docstring).
     Raises:
-      ValueError: no records, or fewer records than one batch.
+      ValueError: no records, or fewer records than one batch (unpacked). When iterated: a trajectory longer
+        than seq_len with truncate=False (names its task id).
     """
     ds = hsa_dataset(records, harnesses, config, reroll)
-    if config.num_epochs is not None and len(records) * config.num_epochs < config.batch_size:
+    if config.num_epochs is not None and len(records) * config.num_epochs < config.batch_size and not config.pack:
         raise ValueError(
             f"sft_dataset: {len(records)} records x {config.num_epochs} epochs < one batch of {config.batch_size}"
         )
-    ds = ds.map(TokenizeAndPad(tokenizer, config.seq_len, render_tokens))
-    ds = ds.batch(config.batch_size, drop_remainder=True)
-    return ds.to_iter_dataset(grain.ReadOptions(num_threads=config.read_threads, prefetch_buffer_size=config.prefetch))
+    options = grain.ReadOptions(num_threads=config.read_threads, prefetch_buffer_size=config.prefetch)
+    if not config.pack:
+        ds = ds.map(TokenizeAndPad(tokenizer, config.seq_len, render_tokens, config.truncate))
+        return ds.batch(config.batch_size, drop_remainder=True).to_iter_dataset(options)
+    tokenize = TokenizeDocument(tokenizer, config.seq_len, render_tokens, config.truncate)
+    docs = ds.map(tokenize).map(_with_hsa_any).to_iter_dataset(options)
+    rows = pack_documents(docs, config.seq_len, bins=config.pack_bins, pad_id=tokenize.pad_id,
+                          sum_features=("truncated", "hsa_applied", "hsa_any"))
+    return rows.batch(config.batch_size, drop_remainder=True)
+
+
+def _with_hsa_any(doc: dict) -> dict:
+    return {**doc, "hsa_any": np.int32(np.any(doc["hsa_applied"] != 0))}
+
+
+def sft_batches(dataset: grain.IterDataset, config: SFTDataConfig):
+    """The iterator over `sft_dataset(..., config)`: a `packing.PackedBatches` when config.pack (its state
+    carries the packed format and the running counts), else the Grain iterator itself."""
+    return PackedBatches(iter(dataset), "SFT") if config.pack else iter(dataset)
 
 
 def transform_shares(
@@ -291,8 +344,9 @@ def transform_shares(
 
     Args:
       data: either trajectory records (then one epoch of `hsa_dataset(data, harnesses, config)` with
-        num_epochs=1 is sampled), or elements/batches carrying "hsa_applied" ([T] or [B, T]), e.g. a
-        finite `sft_dataset`.
+        num_epochs=1 is sampled), or elements/batches carrying "hsa_applied" ([T] or [B, T] flags), e.g. a
+        finite unpacked `sft_dataset`, or packed batches (with "documents": "hsa_applied" and "hsa_any"
+        are then counts of the row's trajectories).
       harnesses, config: needed when `data` are records.
     Returns:
       {transform: share of records in [0, 1] for each of `hsa.TRANSFORMS`, "original": share of
@@ -305,10 +359,21 @@ def transform_shares(
             raise ValueError("transform_shares: records need `harnesses`")
         config = dataclasses.replace(config or SFTDataConfig(), num_epochs=1)
         data = hsa_dataset(data, harnesses, config)
-    flags = [np.asarray(e["hsa_applied"]).reshape(-1, len(hsa.TRANSFORMS)) for e in data]
-    if not flags:
+    k = len(hsa.TRANSFORMS)
+    applied, docs, original = np.zeros(k), 0, 0
+    for e in data:
+        if "documents" in e:  # a packed row or batch: counts of its trajectories
+            n = int(np.sum(e["documents"]))
+            applied += np.asarray(e["hsa_applied"]).reshape(-1, k).sum(axis=0)
+            original += n - int(np.sum(e["hsa_any"]))
+        else:
+            flags = np.asarray(e["hsa_applied"]).reshape(-1, k).astype(bool)
+            n = flags.shape[0]
+            applied += flags.sum(axis=0)
+            original += int((~flags.any(axis=1)).sum())
+        docs += n
+    if not docs:
         raise ValueError("transform_shares: no elements")
-    applied = np.concatenate(flags).astype(bool)
-    shares = {t: float(applied[:, i].mean()) for i, t in enumerate(hsa.TRANSFORMS)}
-    shares["original"] = float((~applied.any(axis=1)).mean())
+    shares = {t: float(applied[i] / docs) for i, t in enumerate(hsa.TRANSFORMS)}
+    shares["original"] = float(original / docs)
     return shares

@@ -9,7 +9,8 @@ arXiv 2402.03300, eq. 3; the reference code named per item):
 - `token_logprobs` / `token_logprobs_chunked`: log pi(token_t | tokens_<t) at a sampling temperature;
   the chunked one streams the vocabulary through a running logsumexp so [B, T, V] never exists.
 - `masked_token_ce_sum`: (sum of masked token NLL, token count); the trainer divides the sum over all
-  micro-batches by the total count, which is token-mean over the whole accumulated batch.
+  micro-batches by the total count, which is token-mean over the whole accumulated batch. With the
+  `segment_ids` of packed rows, a target is counted only inside its document (`same_document_targets`).
 - `k3_kl`: Schulman's k3 estimator of KL(pi_theta || pi_ref) per token (DeepSeekMath GRPO, Tunix
   `low_var_kl`), unclamped.
 - `aggregate`: the loss aggregation modes of verl/TRL/Tunix: "token-mean" (DAPO, arXiv 2503.14476; verl default),
@@ -151,17 +152,37 @@ def token_logprobs_chunked(hidden: jax.Array, lm_head_kernel: jax.Array, input_i
 # SFT cross-entropy
 
 
-def masked_nll_sum(logprobs: jax.Array, loss_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+def same_document_targets(segment_ids: jax.Array) -> jax.Array:
+    """Where a next-token target stays inside one document of a packed row.
+
+    Args:
+        segment_ids: [B, T] int (0 = padding, 1..n = the row's documents; `hat_jax.data.packing`).
+    Returns:
+        [B, T] bool: entry t is True when t > 0 and tokens t - 1 and t belong to the same document (so
+        the target at t, predicted from t - 1, never crosses from one document into the next, and padding
+        is never a target).
+    """
+    same = (segment_ids[:, 1:] == segment_ids[:, :-1]) & (segment_ids[:, 1:] > 0)
+    return jnp.pad(same, ((0, 0), (1, 0)))
+
+
+def masked_nll_sum(logprobs: jax.Array, loss_mask: jax.Array,
+                   segment_ids: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """(-sum of masked logprobs, number of masked tokens), both float32 scalars.
 
     Args:
         logprobs: [B, T] from `token_logprobs*`; loss_mask: [B, T] 0/1 (0 at t = 0).
+        segment_ids: [B, T] of a packed row, or None; given, the mask is also restricted to
+            `same_document_targets(segment_ids)` (no target crosses documents).
     """
     m = loss_mask.astype(jnp.float32)
+    if segment_ids is not None:
+        m = jnp.where(same_document_targets(segment_ids), m, 0.0)
     return -jnp.sum(jnp.where(m != 0, logprobs * m, 0.0)), jnp.sum(m)
 
 
-def masked_token_ce_sum(logits: jax.Array, input_ids: jax.Array, loss_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+def masked_token_ce_sum(logits: jax.Array, input_ids: jax.Array, loss_mask: jax.Array,
+                        segment_ids: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """Summed token cross-entropy over `loss_mask` and the token count (SFT, issue point 2).
 
     Token-mean across micro-batches: sum the first value over micro-batches and divide by the sum of
@@ -170,18 +191,20 @@ def masked_token_ce_sum(logits: jax.Array, input_ids: jax.Array, loss_mask: jax.
 
     Args:
         logits: [B, T, V]; input_ids: [B, T] int32; loss_mask: [B, T] 0/1 (assistant tokens).
+        segment_ids: [B, T] int32 of packed rows (0 = padding), or None: a document's first token is
+            then never a target (`masked_nll_sum`).
     Returns:
         (sum_nll float32 scalar, n_tokens float32 scalar).
     """
-    return masked_nll_sum(token_logprobs(logits, input_ids), loss_mask)
+    return masked_nll_sum(token_logprobs(logits, input_ids), loss_mask, segment_ids)
 
 
 def masked_token_ce_sum_chunked(hidden: jax.Array, lm_head_kernel: jax.Array, input_ids: jax.Array,
-                                loss_mask: jax.Array, chunk: int = 8192,
-                                compute_dtype=jnp.float32) -> tuple[jax.Array, jax.Array]:
-    """`masked_token_ce_sum` from hidden states and the lm_head kernel, vocabulary-chunked."""
+                                loss_mask: jax.Array, chunk: int = 8192, compute_dtype=jnp.float32,
+                                segment_ids: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """`masked_token_ce_sum` from hidden states and the lm_head kernel, vocabulary-chunked (segment_ids as there)."""
     lp = token_logprobs_chunked(hidden, lm_head_kernel, input_ids, chunk, compute_dtype=compute_dtype)
-    return masked_nll_sum(lp, loss_mask)
+    return masked_nll_sum(lp, loss_mask, segment_ids)
 
 
 # --------------------------------------------------------------------------------------------------

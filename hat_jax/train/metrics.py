@@ -13,9 +13,10 @@ typo cannot split a curve):
 | train/grad_norm | global L2 norm of the gradient before clipping |
 | train/lr | learning rate used by the step |
 | train/loss_tokens | tokens the loss is normalised by (per step) |
-| train/tokens_per_s | tokens (attention_mask = 1) processed per second over the log window (compilation excluded) |
+| train/tokens_per_s | real tokens (attention_mask = 1; packed rows: segment id > 0) per second over the log window (compilation excluded) |
 | moe/expert_load_cv | coefficient of variation of the experts' top-k load (0 = balanced) |
-| data/hsa_share | share of the rows whose harness was HSA-perturbed |
+| data/hsa_share | share of the rows (packed: of the trajectories) whose harness was HSA-perturbed |
+| data/documents | documents (trajectories, chats) per step in packed rows |
 | data/invalid_samples | RL samples dropped from the update (a NaN/inf reward component), per step |
 | eval/<name> | evaluation scalars |
 | reward/<component> | RL reward components (raw and `reward/<component>_norm` after normalisation) |
@@ -41,8 +42,8 @@ from pathlib import Path
 
 TAGS: tuple[str, ...] = (
     "train/loss", "train/lb_loss", "train/total_loss", "train/grad_norm", "train/lr", "train/loss_tokens",
-    "train/tokens_per_s", "moe/expert_load_cv", "data/hsa_share", "data/invalid_samples", "policy/clip_frac",
-    "policy/entropy", "policy/ratio_mean",
+    "train/tokens_per_s", "moe/expert_load_cv", "data/hsa_share", "data/documents", "data/invalid_samples",
+    "policy/clip_frac", "policy/entropy", "policy/ratio_mean",
 )
 TAG_FAMILIES: tuple[str, ...] = ("eval/", "reward/", "adv/", "kl/", "rollout/", "time/", "policy/")
 JSONL = "metrics.jsonl"

@@ -13,8 +13,10 @@ the total number of loss tokens (`hat_jax.train.trainer`), plus lb_coef x the Mo
 (transformers' `router_aux_loss_coef` convention, padding excluded). The MTP block gets no gradient here.
 
 Data: `hat_jax.data.world_data.sft_records(config.world)` (rejection-sampled oracle trajectories under the
-production harness) through `hat_jax.data.pipeline.sft_dataset`: one trajectory per row, right-padded to
-`data.seq_len` and truncated beyond it (not packed, so no Gated DeltaNet state crosses documents). The stage
+production harness) through `hat_jax.data.pipeline.sft_dataset`: trajectories truncated to `data.seq_len`
+and packed several per row (`data.pack`, on by default; `hat_jax.data.packing`), the model run with their
+segment ids so no attention, Gated DeltaNet state or conv crosses documents, and no target crosses them
+(`sft_loss_fn`); `data.pack=false` gives one trajectory per row, right-padded. The stage
 switch of issue point 5 is `data.p_hsa`: "original" harness = 0 (`--hsa off`), "hsa" = p > 0 (`--hsa on`
 sets the preset's mixing probability; the paper mixes original and augmented harnesses).
 
@@ -47,7 +49,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hat_jax.data.pipeline import SFTDataConfig, sft_dataset
+from hat_jax.data.packing import PackedBatches, refuse_packed_state
+from hat_jax.data.pipeline import SFTDataConfig, sft_batches, sft_dataset
 from hat_jax.data.world_data import PRODUCTION, WorldDataConfig, cache_root, sft_records
 from hat_jax.model.config import get_config
 from hat_jax.model.params import init_params, params_shapes
@@ -64,6 +67,7 @@ from hat_jax.train.trainer import (LoopConfig, TrainState, default_mesh, make_tr
 log = logging.getLogger(__name__)
 TOKENIZER_VERSION = 1
 DEVICE_KEYS = ("input_ids", "attention_mask", "loss_mask")
+PACKED_DEVICE_KEYS = ("input_ids", "segment_ids", "loss_mask")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +141,12 @@ SFT_PRESETS: dict[str, SFTConfig] = {
                        steps=20, log_every=2, ckpt_every=10, tokenizer_texts=200),
     # CPU experiments. 8 rows x 2048 tokens in one forward peaked above 10 GiB and was OOM-killed on a
     # shared 24 GiB machine; two micro-batches of 4 (6.0 GiB peak) keep the batch and the token-mean.
+    # Packed rows of 2048 (first fit, 16 open rows): 78% of the slots real vs 72% unpacked, ~4.3 trajectories
+    # per 4 rows instead of 4 (trajectories: median ~1,460 tokens, 90th percentile ~1,930, so two rarely
+    # share a row); ~11% of them are still cut at 2048. Measured as the main job's SFT (4 rows, 12 steps),
+    # before and after side by side on 2 heavily shared cores: 273 -> 287 real tok/s (1.05x; per log window
+    # 0.96-1.11x). Rows of 4096 (2 per step, same slots) fill 89% and cut none, but the attention costs
+    # ~1.3x per slot there: 1.0x (156 -> 157, 166 -> 170 tok/s), so the rows stay at 2048.
     "tiny": SFTConfig(preset="tiny", world=WorldDataConfig(),
                       data=SFTDataConfig(seq_len=2048, batch_size=8, p_hsa=0.5, num_epochs=None, prefetch=4),
                       optim=OptimConfig(lr=1e-3, warmup_steps=20, total_steps=300, weight_decay=0.01),
@@ -246,13 +256,25 @@ def sft_tokenizer(config: SFTConfig, records: Sequence[dict], out_dir: Path):
 # ---------------------------------------------------------------------------------------------- the stage
 
 def sft_loss_fn(model: Qwen3_5MoeForCausalLM):
-    """loss_fn(params, micro_batch, rng) -> (CE sum over loss tokens, loss-token count, moe_aux)."""
+    """loss_fn(params, micro_batch, rng) -> (CE sum over loss tokens, loss-token count, moe_aux).
+
+    A micro-batch with "segment_ids" holds packed rows (`PACKED_DEVICE_KEYS`): the model runs with the
+    segment ids (attention, the DeltaNet state and conv, RoPE restart at each document), the CE counts only
+    targets inside a document (`masked_token_ce_sum` with segment_ids) and the MoE auxiliaries exclude
+    padding (segment id 0). Otherwise it holds one document per row (`DEVICE_KEYS`, attention_mask).
+    """
     top_k = model.config.num_experts_per_tok
 
     def loss_fn(params, micro, rng):
         del rng  # no dropout
-        out = model.apply({"params": params}, micro["input_ids"], attention_mask=micro["attention_mask"])
-        ce, n = masked_token_ce_sum(out.logits, micro["input_ids"], micro["loss_mask"])
+        ids = micro["input_ids"]
+        if "segment_ids" in micro:
+            segment_ids = micro["segment_ids"]
+            out = model.apply({"params": params}, ids, segment_ids=segment_ids)
+            ce, n = masked_token_ce_sum(out.logits, ids, micro["loss_mask"], segment_ids)
+            return ce, n, moe_aux(out.router_logits, segment_ids > 0, top_k)
+        out = model.apply({"params": params}, ids, attention_mask=micro["attention_mask"])
+        ce, n = masked_token_ce_sum(out.logits, ids, micro["loss_mask"])
         return ce, n, moe_aux(out.router_logits, micro["attention_mask"], top_k)
 
     return loss_fn
@@ -319,9 +341,12 @@ def run_sft(config: SFTConfig, out_dir: str | Path, *, resume: bool = False, for
     from hat_jax.harness.loader import production_harness
 
     dataset = sft_dataset(records, {PRODUCTION: production_harness()}, tokenizer, config.data)
-    batches = iter(dataset)
+    batches = sft_batches(dataset, config.data)
 
     def hsa_share(host):
+        if "documents" in host:  # packed rows: counts of the rows' trajectories
+            docs = int(np.sum(host["documents"]))
+            return {"data/hsa_share": float(np.sum(host["hsa_any"])) / max(docs, 1), "data/documents": float(docs)}
         return {"data/hsa_share": float(np.mean(np.any(host["hsa_applied"] != 0, axis=1)))}
 
     return run_masked_ce(run, config, model_config, params, batches, desc=f"sft[{config.harness_mode}]",
@@ -338,21 +363,27 @@ def run_masked_ce(run: StageRun, config, model_config, params, batches, *, desc:
       run: the stage's `StageRun`. config: a stage config with optim, lb_coef, compute_dtype, accum_steps, steps,
         log_every, ckpt_every, max_to_keep and seed. model_config: the architecture. params: the initial params
         (None when resuming). batches: an iterator with get_state / set_state yielding host batches with
-        `DEVICE_KEYS`. desc: progress label. mesh_shape: `default_mesh`'s shape. batch_metrics: as `run_stage`.
+        `DEVICE_KEYS`, or packed ones with `PACKED_DEVICE_KEYS` (`hat_jax.data.packing.PackedBatches`).
+        desc: progress label. mesh_shape: `default_mesh`'s shape. batch_metrics: as `run_stage`.
     Returns:
       the final TrainState.
+    Raises:
+      DataStateFormatError: the checkpoint's data state was written by the other layout (packed / unpacked).
     """
     optimizer = make_optimizer(config.optim)
     mesh = default_mesh(mesh_shape)
     state, data_state = run.start(model_config, optimizer, mesh, params, config.seed)
     if data_state is not None:
-        batches.set_state(data_state)
+        if not isinstance(batches, PackedBatches):  # a packed checkpoint cannot resume an unpacked pipeline
+            refuse_packed_state(data_state, desc)
+        batches.set_state(data_state)  # PackedBatches refuses an unpacked pipeline's state (DataStateFormatError)
     model = Qwen3_5MoeForCausalLM(model_config, dtype=COMPUTE_DTYPES[config.compute_dtype])
     step_fn = make_train_step(sft_loss_fn(model), optimizer, lb_coef=config.lb_coef,
                               schedule=lr_schedule(config.optim), shardings=run.shardings)
 
     def prepare(host):
-        return place_batch(split_micro_batches(host, config.accum_steps, DEVICE_KEYS), mesh)
+        keys = PACKED_DEVICE_KEYS if "segment_ids" in host else DEVICE_KEYS
+        return place_batch(split_micro_batches(host, config.accum_steps, keys), mesh)
 
     loop = LoopConfig(config.steps, config.log_every, config.ckpt_every, desc=desc, progress=progress)
     return run.run(loop, state, batches, step_fn, max_to_keep=config.max_to_keep, prepare=prepare,

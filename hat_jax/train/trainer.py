@@ -296,6 +296,8 @@ class LoopConfig:
 
 
 def _count_tokens(batch: Mapping[str, Any]) -> int:
+    if "segment_ids" in batch:  # packed rows: segment id 0 is padding
+        return int(np.count_nonzero(batch["segment_ids"]))
     if "attention_mask" in batch:
         return int(np.sum(batch["attention_mask"]))
     return int(np.size(batch["input_ids"])) if "input_ids" in batch else 0
@@ -315,8 +317,8 @@ def run_stage(loop: LoopConfig, state: TrainState,
             On-policy stages (OPD, RL) pass a callable instead: state -> the next host batch, built from the
             current params (rollouts), or None to end the stage early.
         prepare: host batch -> device batch for `step_fn` (split into micro-batches, placed/sharded).
-        count_tokens: host batch -> tokens processed (for train/tokens_per_s); default: attention_mask sum,
-            else input_ids size, else 0 (no rate reported).
+        count_tokens: host batch -> tokens processed (for train/tokens_per_s); default: non-zero segment_ids
+            (packed rows), else attention_mask sum, else input_ids size, else 0 (no rate reported).
         checkpointer: a `hat_jax.train.checkpoints.StageCheckpointer` (or None: nothing saved).
         data_state: () -> the data iterator's state after the batches consumed so far (saved with the state).
         writer: a `hat_jax.train.metrics.MetricsWriter` (or None); metric k goes to tag "train/k" unless k

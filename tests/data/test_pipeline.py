@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from hat_jax.data import pipeline as P
+from hat_jax.data.packing import DataStateFormatError
 from hat_jax.harness import hsa
 from hat_jax.harness.loader import production_harness
 from hat_jax.harness.render import render_system_prompt, render_tokens
@@ -63,8 +64,19 @@ def tok(tmp_path_factory):
 
 
 def cfg(**kw):
-    base = dict(seq_len=4096, batch_size=4, seed=3, read_threads=1, prefetch=2)
+    """Unpacked unless pack=True is passed (the layout most tests below pin)."""
+    base = dict(seq_len=4096, batch_size=4, seed=3, read_threads=1, prefetch=2, pack=False)
     return P.SFTDataConfig(**{**base, **kw})
+
+
+def documents(batch: dict) -> list[tuple[list[int], list[int]]]:
+    """The (ids, loss_mask) of each document of a packed batch, row by row."""
+    out = []
+    for row in range(batch["segment_ids"].shape[0]):
+        seg = batch["segment_ids"][row]
+        for d in range(1, int(seg.max()) + 1):
+            out.append((batch["input_ids"][row][seg == d].tolist(), batch["loss_mask"][row][seg == d].tolist()))
+    return out
 
 
 def test_batches_shapes_masks_and_original_rows_exact(tok):
@@ -179,6 +191,58 @@ def test_transform_shares_of_records_equal_those_of_the_batches(tok):
     from_records = P.transform_shares(RECORDS, HARNESSES, config)
     from_batches = P.transform_shares(P.sft_dataset(RECORDS, HARNESSES, tok, config))
     assert from_records == from_batches and 0.0 < from_records["original"] < 1.0
+    # packed rows count their trajectories; rows of 4 x 1500 tokens keep every record (no partial batch dropped)
+    packed = list(P.sft_dataset(RECORDS, HARNESSES, tok, cfg(p_hsa=0.5, pack=True, seq_len=1500, batch_size=1)))
+    assert sum(int(b["documents"].sum()) for b in packed) == 12
+    assert P.transform_shares(packed) == from_records
+
+
+def test_packed_batches_hold_every_record_whole(tok):
+    config = cfg(p_hsa=0.0, pack=True, seq_len=4400, batch_size=2)
+    batches = list(P.sft_batches(P.sft_dataset(RECORDS, HARNESSES, tok, config), config))
+    assert {k: (v.shape, v.dtype) for k, v in batches[0].items()} == {
+        "input_ids": ((2, 4400), np.int32), "loss_mask": ((2, 4400), np.int32),
+        "segment_ids": ((2, 4400), np.int32), "positions": ((2, 4400), np.int32),
+        "documents": ((2,), np.int32), "truncated": ((2,), np.int32),
+        "hsa_applied": ((2, len(hsa.TRANSFORMS)), np.int32), "hsa_any": ((2,), np.int32),
+    }
+    want = sorted((list(ids), list(mask)) for ids, mask in (render_tokens(tok, H, r["messages"]) for r in RECORDS))
+    assert 2 * max(len(ids) for ids, _ in want) <= 4400 < 3 * min(len(ids) for ids, _ in want)  # 2 per row
+    got = sorted(d for b in batches for d in documents(b))
+    assert got == want  # each record exactly once, whole, with its loss mask (first token never a loss token)
+    assert sum(int(b["documents"].sum()) for b in batches) == 12 and not any(b["truncated"].any() for b in batches)
+    assert len(batches) == 3 and all(b["documents"].tolist() == [2, 2] for b in batches)  # unpacked: 6 batches
+
+
+def test_packed_resume_mid_epoch_yields_the_same_batches(tok):
+    config = cfg(p_hsa=0.5, num_epochs=2, pack=True, seq_len=1500, batch_size=1, pack_bins=3)
+    full = list(P.sft_batches(P.sft_dataset(RECORDS, HARNESSES, tok, config), config))
+    it = P.sft_batches(P.sft_dataset(RECORDS, HARNESSES, tok, config), config)
+    for _ in range(3):
+        next(it)
+    state = json.loads(json.dumps(it.get_state()))
+    assert state["format"] == "packed-v1" and state["documents"] == sum(int(b["documents"].sum()) for b in full[:3])
+    resumed = P.sft_batches(P.sft_dataset(RECORDS, HARNESSES, tok, config), config)
+    resumed.set_state(state)
+    rest = list(resumed)
+    assert len(rest) == len(full) - 3 > 0
+    for a, b in zip(full[3:], rest, strict=True):
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+    old = iter(P.sft_dataset(RECORDS, HARNESSES, tok, cfg(p_hsa=0.5)))  # the unpacked pipeline's state
+    next(old)
+    with pytest.raises(DataStateFormatError, match="SFT data state: .*unpacked pipeline"):
+        P.sft_batches(P.sft_dataset(RECORDS, HARNESSES, tok, config), config).set_state(old.get_state())
+
+
+def test_packed_truncation_counts_or_refuses(tok):
+    config = cfg(p_hsa=0.0, pack=True, seq_len=64, batch_size=2, shuffle=False)
+    b = next(P.sft_batches(P.sft_dataset(RECORDS, HARNESSES, tok, config), config))
+    assert b["documents"].tolist() == [1, 1] and b["truncated"].tolist() == [1, 1] and b["segment_ids"].all()
+    strict = cfg(p_hsa=0.0, pack=True, seq_len=64, batch_size=2, shuffle=False, truncate=False)
+    with pytest.raises(ValueError, match=r"document of SFT record 'live-000000': \d+ tokens > seq_len 64 and "
+                                         "truncation is off"):
+        next(P.sft_batches(P.sft_dataset(RECORDS, HARNESSES, tok, strict), strict))
 
 
 def test_hook_change_rerolls_or_is_dropped():

@@ -11,6 +11,7 @@ World data and tokenizers are cached in a module temp dir (HAT_JAX_CACHE).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -29,8 +30,9 @@ import pytest
 from hat_jax.model.checkpoint_io import load_model_checkpoint
 from hat_jax.train import pretrain
 from hat_jax.train.losses import masked_token_ce_sum
-from hat_jax.train.pretrain import (PRETRAIN_PRESETS, PretrainBatches, PretrainConfig, base_checkpoint,
-                                    import_hf_base, pretrain_preset, pretraining_rows)
+from hat_jax.data.packing import DataStateFormatError, PackedBatches
+from hat_jax.train.pretrain import (PRETRAIN_PRESETS, PretrainBatches, PretrainConfig, base_checkpoint, chat_order,
+                                    import_hf_base, pretrain_preset, pretraining_batches, pretraining_rows)
 from hat_jax.train.stage import apply_overrides
 
 
@@ -90,6 +92,50 @@ def test_batches_visit_each_chat_once_per_epoch_and_resume_exactly():
         again.set_state({"batches": 1, "truncated_rows": 0})
 
 
+class _XTokenizer:
+    """One token per "x" of the text plus one: a chat whose user turn is "x" * L is a document of L + 1 tokens."""
+
+    pad_token_id = 0
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [7] * text.count("x") + [3]}
+
+
+def test_packed_batches_hold_the_stream_in_order_and_resume_exactly():
+    lengths = [2, 5, 1, 7, 3, 4, 6, 2]  # documents of 3, 6, 2, 8, 4, 5, 7, 3 tokens
+    chats = [([{"role": "user", "content": "x" * n}], []) for n in lengths]
+    config = PretrainConfig(seq_len=10, batch_size=2, pack_bins=2, seed=3)  # one batch = one group of open rows
+    stream = pretraining_batches(chats, _XTokenizer(), config)
+    first = [next(stream) for _ in range(3)]
+    state = stream.get_state()
+    order = [lengths[chat_order(len(chats), 3, r)] + 1 for r in range(state["documents"])]
+    got = sorted(int(n) for b in first for row in b["segment_ids"] for n in np.bincount(row)[1:])
+    assert got == sorted(order)  # the batches hold exactly the first stream rows, each chat whole
+    assert state["tokens"] == sum(order) == sum(int(np.count_nonzero(b["segment_ids"])) for b in first)
+    assert all(int(b["loss_mask"].sum()) == int(np.count_nonzero(b["segment_ids"])) - int(b["documents"].sum())
+               for b in first)  # every token but each chat's first
+    want = next(stream)
+    again = pretraining_batches(chats, _XTokenizer(), config)
+    again.set_state(json.loads(json.dumps(state)))
+    got = next(again)
+    assert all(np.array_equal(want[k], got[k]) for k in want)
+    with pytest.raises(DataStateFormatError, match="pretraining data state: .*unpacked pipeline"):
+        again.set_state({"batches": 4, "tokens": 40, "truncated_rows": 0})
+    with pytest.raises(DataStateFormatError, match="pretraining data state: .*format 'packed-v1', this pipeline is unpacked"):
+        PretrainBatches(chats, _XTokenizer(), 10, 2, 3).set_state(state)
+    # a chat longer than the row: counted when truncation is on, an error naming the chat when off
+    long_chats = chats + [([{"role": "user", "content": "x" * 30}], [])]
+    cut = pretraining_batches(long_chats, _XTokenizer(), config)
+    while cut.get_state()["documents"] < 2 * len(long_chats):
+        next(cut)
+    assert cut.truncated >= 1 and cut.get_state()["truncated_documents"] == cut.truncated
+    strict = pretraining_batches(long_chats, _XTokenizer(), dataclasses.replace(config, truncate=False))
+    with pytest.raises(ValueError, match=r"document pretraining chat 8 \(stream row \d+\): 31 tokens > seq_len 10 "
+                                         "and truncation is off"):
+        for _ in range(len(long_chats)):
+            next(strict)
+
+
 def test_config_hash_and_bad_fields(monkeypatch):
     micro = pretrain_preset("micro")
     assert micro.digest() == pretrain_preset("micro").digest()
@@ -132,7 +178,7 @@ def test_base_layout_report_and_cache(base, monkeypatch):
     report = json.loads((base / "base_report.json").read_text())
     assert report["steps"] == 4 and report["resumed_from"] is None and report["loss_first_step"] == 1
     assert report["loss_final"] < report["loss_first"] < math.log(4096) + 0.1, report["loss_curve"]
-    assert report["tokens"] > 0 and report["rows"] == 8 and report["wall_s"] > 0
+    assert report["tokens"] > 0 and report["rows"] == 8 and report["documents"] >= 8 and report["wall_s"] > 0
     assert report["probe"]["n"] == 4 and 0 <= report["probe"]["exact"] <= 1 and report["probe"]["name_nll"] > 0
     # The probe's targets: the tokens after the longest token prefix the prompt and prompt + name + ">" share.
     from hat_jax.data.corpus import recall_probe, render_chat
@@ -167,7 +213,7 @@ def test_sft_from_the_base_uses_its_tokenizer(base, tmp_path):
 
 def test_killed_run_resumes_from_its_partial_folder(base, tmp_path, monkeypatch):
     calls = {"n": 0}
-    real_next = PretrainBatches.__next__
+    real_next = PackedBatches.__next__
 
     def dying_next(self):
         calls["n"] += 1
@@ -175,12 +221,12 @@ def test_killed_run_resumes_from_its_partial_folder(base, tmp_path, monkeypatch)
             raise KeyboardInterrupt("killed")
         return real_next(self)
 
-    monkeypatch.setattr(PretrainBatches, "__next__", dying_next)
+    monkeypatch.setattr(PackedBatches, "__next__", dying_next)
     with pytest.raises(KeyboardInterrupt):
         base_checkpoint(pretrain_preset("micro"), cache_dir=tmp_path, progress=False)
     partial = tmp_path / (base.name + ".partial")
     assert not (tmp_path / base.name).exists() and (partial / "2").is_dir() and not (partial / "4").exists()
-    monkeypatch.setattr(PretrainBatches, "__next__", real_next)
+    monkeypatch.setattr(PackedBatches, "__next__", real_next)
     resumed = base_checkpoint(pretrain_preset("micro"), cache_dir=tmp_path, progress=False)
     assert resumed == tmp_path / base.name and not partial.exists()
     assert json.loads((resumed / "base_report.json").read_text())["resumed_from"] == 2

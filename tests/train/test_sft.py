@@ -124,6 +124,20 @@ def test_changed_config_on_resume_is_refused(reference, env, monkeypatch):
         main(argv)
 
 
+def test_unpacked_checkpoint_resumes_only_with_a_clear_message(tmp_path, env, monkeypatch):
+    from hat_jax.data.packing import DataStateFormatError
+    from hat_jax.train.sft import main
+
+    monkeypatch.setenv("HAT_JAX_CACHE", env["HAT_JAX_CACHE"])
+    out = tmp_path / "unpacked"
+    assert main(["--out", str(out), *RUN, "--steps", "2", "--set", "data.pack=false"]) == 0  # one trajectory per row
+    with pytest.raises(ConfigMismatchError, match=r"data\.pack: checkpoint False != now True"):
+        main(["--out", str(out), *RUN, "--steps", "4", "--resume"])
+    with pytest.raises(DataStateFormatError, match=r"SFT data state: the checkpoint's data state has format None "
+                                                   r".*this pipeline packs documents.*--set data\.pack=false"):
+        main(["--out", str(out), *RUN, "--steps", "4", "--resume", "--force"])
+
+
 def test_bad_init_checkpoint_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv("HAT_JAX_CACHE", str(tmp_path / "cache"))
     other = sft_preset("micro").model_config().replace(hidden_size=32)
