@@ -8,6 +8,7 @@ checkpoint, then with every Orbax restore target recorded (`Checkpointer.restore
 - saves that state as a stage checkpoint and resumes it on another mesh (fsdp 2 x expert 4): no config-hash
   error (the mesh is not hashed);
 - reads the same checkpoint as a bf16 OPD teacher;
+- streams a Hugging Face safetensors folder of the model into the mesh (`stream_hf_params`);
 - restores a 4-expert checkpoint onto an 8-way expert axis, which cannot hold it.
 For every restored or initialised tree it reports each device's bytes, the bytes its shardings imply, the
 tree's total, and whether any leaf sits on a single device; the pytest side asserts them exactly.
@@ -134,6 +135,18 @@ def worker(out_path: str) -> None:
     report["restore_targets"] = len(targets)
     report["single_device_targets"] = sum(isinstance(getattr(t, "sharding", None), SingleDeviceSharding)
                                           for t in targets)
+    from hat_jax.model.hf_io import (HFLayout, hf_to_params, params_to_hf, read_safetensors, stream_hf_params,
+                                     write_safetensors)
+
+    hf = os.path.join(root, "hf")
+    host = init_params(model_config, jax.random.key(2))
+    os.makedirs(hf)
+    write_safetensors(params_to_hf(jax.device_get(host), model_config, HFLayout()), hf)
+    streamed, _ = stream_hf_params(hf, model_config, mesh)
+    report["hf_streamed"] = _describe(streamed, mesh)
+    reference, _, _ = hf_to_params(read_safetensors(hf), model_config)
+    report["hf_streamed_equal"] = all(bool((jax.device_get(a) == b).all()) for a, b in
+                                      zip(jax.tree_util.tree_leaves(streamed), jax.tree_util.tree_leaves(reference)))
     four = model_config.replace(num_experts=4)
     save_model_checkpoint(os.path.join(root, "four"), init_params(four, jax.random.key(0)), four)
     try:
@@ -164,7 +177,7 @@ def test_default_mesh_is_fully_sharded(report):
 
 
 @pytest.mark.parametrize("tree", ["init_params", "state_params", "state_opt", "resumed_params", "resumed_opt",
-                                  "teacher"])
+                                  "teacher", "hf_streamed"])
 def test_no_device_holds_more_than_its_share(report, tree):
     r = report[tree]
     assert r["devices"] == NUM_DEVICES and r["all_named_on_mesh"]
@@ -186,11 +199,33 @@ def test_resume_on_another_mesh_gives_the_same_params(report):
     assert report["resumed_equal"]
 
 
+def test_hf_import_streams_into_the_mesh(report):
+    assert report["hf_streamed_equal"]
+
+
 def test_a_mesh_that_cannot_hold_the_checkpoint_names_the_parameter(report):
     msg = report["bad_mesh_error"]
     assert msg is not None and "cannot be restored onto this mesh" in msg
     assert "four" in msg and "param ['model']['layers_0']['mlp']['experts']" in msg
     assert "dimension 4 is not divisible by mesh axes expert (size 8)" in msg
+
+
+def test_host_restore_reads_numpy_arrays(tmp_path):
+    """Export's read: every parameter into host memory (numpy), equal to what was saved."""
+    import jax
+    import numpy as np
+
+    from hat_jax.model.checkpoint_io import load_model_checkpoint, save_model_checkpoint
+    from hat_jax.model.config import get_config
+    from hat_jax.model.params import init_params
+
+    config = get_config("micro")
+    params = init_params(config, jax.random.key(1))
+    save_model_checkpoint(tmp_path / "ck", params, config)
+    _, loaded = load_model_checkpoint(tmp_path / "ck", host=True)
+    leaves = jax.tree_util.tree_leaves(loaded)
+    assert all(type(x) is np.ndarray for x in leaves)
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree_util.tree_leaves(params), leaves))
 
 
 if __name__ == "__main__":
