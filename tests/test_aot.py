@@ -82,6 +82,24 @@ def test_mesh_errors_name_the_mesh():
     assert "experts" in proc.stderr and "dimension 2 is not divisible by mesh axes expert (size 4)" in proc.stderr
 
 
+def test_hlo_collectives_counts_and_sizes():
+    from hat_jax.aot.report import hlo_collectives
+
+    hlo = "\n".join([
+        "  %all-gather.1 = bf16[8,4096,2048]{2,1,0} all-gather(bf16[1,4096,2048]{2,1,0} %p), dimensions={0}",
+        "  %ag-start = (f32[16]{0}, f32[128]{0}) all-gather-start(f32[16]{0} %x), dimensions={0}",
+        "  %ag-done = f32[128]{0} all-gather-done((f32[16]{0}, f32[128]{0}) %ag-start)",
+        "  %all-reduce.7 = f32[2048,8,128]{2,1,0} all-reduce(f32[2048,8,128]{2,1,0} %y), to_apply=%add",
+        "  %add.3 = f32[4]{0} add(f32[4]{0} %a, f32[4]{0} %b)",
+    ])
+    assert hlo_collectives(hlo) == {
+        "all-gather": {"count": 2, "bytes": 8 * 4096 * 2048 * 2 + 128 * 4, "largest": 8 * 4096 * 2048 * 2,
+                       "largest_shape": "bf16[8,4096,2048]"},
+        "all-reduce": {"count": 1, "bytes": 2048 * 8 * 128 * 4, "largest": 2048 * 8 * 128 * 4,
+                       "largest_shape": "f32[2048,8,128]"},
+    }
+
+
 def test_topology_names_and_meshes():
     t = resolve_topology("v5p-64")
     assert (t.libtpu_name, t.chips, t.hbm_bytes) == ("v5p:4x4x2", 32, 95 * GiB)
