@@ -16,9 +16,9 @@ Layouts that `load_model_checkpoint` reads:
    root whose steps are all damaged raises `DamagedCheckpointError`. Orbax's temporary directories (names
    that are not integers) are ignored. The step read is logged ("hat_jax.checkpoints", INFO).
 
-Parameters are restored with the dtypes and shapes stored in the checkpoint, onto the default device
-(the stored sharding is ignored, so a checkpoint written on an accelerator loads on CPU), and checked
-against the config's parameter shapes.
+Parameters are restored with the dtypes and shapes stored in the checkpoint (checked against the config's
+parameter shapes before any array is read), onto the default device, straight into a mesh's shardings, or
+into host memory; the stored sharding is ignored, so a checkpoint written on an accelerator loads on CPU.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import logging
 from pathlib import Path
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from hat_jax.model.checkpoint_steps import DamagedCheckpointError, first_line, recovery_hint, scan_steps
@@ -118,33 +119,47 @@ def resolve_checkpoint(directory: str | Path) -> tuple[Path, Path]:
     raise FileNotFoundError(f"checkpoint {str(root)!r}: no {CONFIG_FILE} in {places}")
 
 
-def load_model_checkpoint(directory: str | Path) -> tuple[Qwen3_5MoeTextConfig, dict]:
+def load_model_checkpoint(directory: str | Path, *, mesh=None, host: bool = False
+                          ) -> tuple[Qwen3_5MoeTextConfig, dict]:
     """Loads (config, params) from a model checkpoint or a CheckpointManager root (module docstring).
 
+    Args:
+        mesh: a `jax.sharding.Mesh`: every parameter is read straight into its `hat_jax.model.sharding`
+            NamedSharding on it (each device reads its own shards; no device holds a full copy). None: onto
+            the default device.
+        host: read into host numpy arrays instead (no device memory; export), ignoring `mesh`.
     Returns:
-        (config, params) with params a nested dict of jax.Arrays in their stored dtypes.
+        (config, params) with params a nested dict of jax.Arrays (numpy arrays with `host`) in their stored dtypes.
     Raises:
         FileNotFoundError: missing directory, params item or config (see `resolve_checkpoint`).
         DamagedCheckpointError (a ValueError): unreadable/corrupt params (names the step and how to recover).
-        ValueError: an unreadable config, or params that do not match the config's shapes (the message names
-            the path and the first mismatching parameter).
+        ValueError: an unreadable config, params that do not match the config's shapes (the message names the
+            path and the first mismatching parameter), or a mesh that cannot shard a parameter (names the
+            parameter, its shape and the mesh).
     """
     item, config_path = resolve_checkpoint(directory)
     config = read_hf_config(config_path)
     checkpointer = ocp.Checkpointer(ocp.StandardCheckpointHandler())  # synchronous: nothing to overlap
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     failure = None
     try:
         stored = checkpointer.metadata(item).item_metadata
         if stored is None:
             raise ValueError("no readable Orbax metadata")
-        stored = stored.tree
-        target = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), stored)
-        params = checkpointer.restore(item, target)
+        stored = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype), stored.tree)
     except Exception as err:  # noqa: BLE001 - Orbax/TensorStore raise many types (a bare Exception too)
         failure = f"{type(err).__name__}: {first_line(err)}"
-    finally:
-        checkpointer.close()
+    if failure is None:
+        try:
+            _check_shapes(stored, params_shapes(config), item)  # before reading any array
+            target = _restore_target(stored, config, mesh, host, item)
+        except Exception:
+            checkpointer.close()
+            raise
+        try:
+            params = checkpointer.restore(item, target)
+        except Exception as err:  # noqa: BLE001 - as above
+            failure = f"{type(err).__name__}: {first_line(err)}"
+    checkpointer.close()
     if failure is not None:  # raised outside the handler: no reference to Orbax's frames or event loop is kept
         hint = ""
         if item.parent.name.isdigit():
@@ -152,10 +167,26 @@ def load_model_checkpoint(directory: str | Path) -> tuple[Qwen3_5MoeTextConfig, 
             hint = ". " + recovery_hint(item.parent.parent, int(item.parent.name), older[-1] if older else None)
         raise DamagedCheckpointError(f"could not read the Orbax params item {str(item)!r} (corrupt, truncated or "
                                      f"not a params checkpoint): {failure}{hint}")
-    _check_shapes(params, params_shapes(config), item)
     where = f"step {item.parent.name} of {item.parent.parent}" if item.parent.name.isdigit() else str(item.parent)
     logging.getLogger("hat_jax.checkpoints").info("loaded the params of %s", where)
     return config, params
+
+
+def _restore_target(stored: dict, config: Qwen3_5MoeTextConfig, mesh, host: bool, item: Path):
+    """What Orbax restores into: numpy arrays (host), ShapeDtypeStructs sharded on the mesh, or on device 0."""
+    if host:
+        return jax.tree_util.tree_map(lambda s: np.empty(s.shape, s.dtype), stored)
+    if mesh is None:
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        return jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device), stored)
+    from hat_jax.model.params import params_logical_axes
+    from hat_jax.model.sharding import logical_to_mesh
+
+    try:
+        shardings = logical_to_mesh(params_logical_axes(config), stored, mesh)
+    except ValueError as err:
+        raise ValueError(f"checkpoint {str(item)!r} cannot be restored onto this mesh: {err}") from None
+    return jax.tree_util.tree_map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), stored, shardings)
 
 
 def _check_shapes(params: dict, expected: dict, item: Path) -> None:
