@@ -25,7 +25,7 @@ def _qkv(b, t, h, kv, d, seed=0):
 def _packed_ids(t):
     """Row 0: three documents then padding; row 1: left padding then one document (unpacked form)."""
     row0 = np.zeros(t, np.int32)
-    row0[:40], row0[40:100], row0[100:t - 20] = 1, 2, 3
+    row0[:40], row0[40:100], row0[100:t - 20] = 1, 2, 3   # t >= 128
     kv1 = np.ones(t, np.int32)
     kv1[:30] = 0
     q = jnp.asarray(np.stack([row0, np.ones(t, np.int32)]))
@@ -37,31 +37,39 @@ def _ref(q, k, v, qs, kvs, scale, causal=True):
     return attention(q, k, v, qs, kvs, scale=scale, causal=causal, impl="xla")
 
 
-@pytest.mark.parametrize("t,block", [(256, 128), (200, 128)])  # 200: padded to 256 inside
-def test_splash_interpret_matches_reference_forward_and_grads(t, block):
-    b, h, kv, d = 2, 4, 2, 16                       # GQA: 2 query heads per KV head
-    q, k, v = _qkv(b, t, h, kv, d)
+def _splash_and_ref(t, block, h=4, kv=2, d=8, causal=True, seed=0):
+    q, k, v = _qkv(2, t, h, kv, d, seed)
     qs, kvs = _packed_ids(t)
     scale = d ** -0.5
-    splash = lambda q, k, v: splash_attention(q, k, v, qs, kvs, scale=scale, block=block, interpret=True)
-    ref = lambda q, k, v: _ref(q, k, v, qs, kvs, scale)
-    out, want = jax.jit(splash)(q, k, v), jax.jit(ref)(q, k, v)
+    splash = lambda q, k, v: splash_attention(q, k, v, qs, kvs, scale=scale, causal=causal, block=block,
+                                              interpret=True)
+    ref = lambda q, k, v: _ref(q, k, v, qs, kvs, scale, causal)
+    return (q, k, v), splash, ref
+
+
+def test_splash_interpret_matches_reference_forward_and_grads():
+    """T 256 in two blocks of 128, GQA (2 query heads per KV head), packed row + left-padded row."""
+    args, splash, ref = _splash_and_ref(256, 128)
+    out, want = jax.jit(splash)(*args), jax.jit(ref)(*args)
     assert not np.isnan(np.asarray(out)).any()
     np.testing.assert_allclose(out, want, atol=TOL, rtol=0)
     w = jax.random.normal(jax.random.key(1), out.shape)
     loss = lambda f: (lambda q, k, v: jnp.sum(f(q, k, v) * w))
-    g = jax.jit(jax.grad(loss(splash), argnums=(0, 1, 2)))(q, k, v)
-    g_ref = jax.jit(jax.grad(loss(ref), argnums=(0, 1, 2)))(q, k, v)
+    g = jax.jit(jax.grad(loss(splash), argnums=(0, 1, 2)))(*args)
+    g_ref = jax.jit(jax.grad(loss(ref), argnums=(0, 1, 2)))(*args)
     for a, e in zip(g, g_ref):
         np.testing.assert_allclose(a, e, atol=TOL, rtol=0)
 
 
+def test_splash_pads_t_to_the_block():
+    """T 200 is padded to 256 inside and cut back."""
+    args, splash, ref = _splash_and_ref(200, 128, seed=4)
+    np.testing.assert_allclose(jax.jit(splash)(*args), jax.jit(ref)(*args), atol=TOL, rtol=0)
+
+
 def test_splash_non_causal_matches_reference():
-    b, t, h, kv, d = 2, 128, 2, 1, 16               # MQA
-    q, k, v = _qkv(b, t, h, kv, d, seed=2)
-    qs, kvs = _packed_ids(t)
-    out = jax.jit(lambda q, k, v: splash_attention(q, k, v, qs, kvs, scale=0.3, causal=False, interpret=True))(q, k, v)
-    np.testing.assert_allclose(out, _ref(q, k, v, qs, kvs, 0.3, causal=False), atol=TOL, rtol=0)
+    args, splash, ref = _splash_and_ref(128, 128, h=2, kv=1, causal=False, seed=2)   # MQA
+    np.testing.assert_allclose(jax.jit(splash)(*args), jax.jit(ref)(*args), atol=TOL, rtol=0)
 
 
 def test_splash_block_sizes():
@@ -116,9 +124,9 @@ def test_model_attention_impl_auto_is_the_xla_path_on_cpu():
 
     config = get_config("micro")
     ids = jax.random.randint(jax.random.key(0), (1, 16), 0, config.vocab_size)
-    params = Qwen3_5MoeForCausalLM(config).init(jax.random.key(1), ids)
-    base = Qwen3_5MoeForCausalLM(config).apply(params, ids).logits
-    auto = Qwen3_5MoeForCausalLM(config, attention_impl="auto").apply(params, ids).logits
-    np.testing.assert_array_equal(base, auto)
+    params = jax.eval_shape(Qwen3_5MoeForCausalLM(config).init, jax.random.key(1), ids)
+    params = jax.tree.map(lambda a: jnp.full(a.shape, 0.02, a.dtype), params)
+    logits = lambda impl: jax.jit(lambda p, i: Qwen3_5MoeForCausalLM(config, attention_impl=impl).apply(p, i).logits)
+    np.testing.assert_array_equal(logits("xla")(params, ids), logits("auto")(params, ids))
     with pytest.raises(ValueError, match="attention_impl 'splash': needs a TPU"):
-        Qwen3_5MoeForCausalLM(config, attention_impl="splash").apply(params, ids)
+        jax.eval_shape(logits("splash"), params, ids)
