@@ -131,14 +131,35 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segment_ids: jax.Array
     return gqa_attention(q, k, v, segment_mask(q_segment_ids, kv_segment_ids, causal, q_offset), scale)
 
 
+def _has_key(q_segment_ids: jax.Array, kv_segment_ids: jax.Array, causal: bool) -> jax.Array:
+    """Whether each query has a key to attend, for queries at slots 0 .. T-1 (q_offset 0), in
+    O(S log S) per row without the [T, S] mask: a stable sort of the kv ids puts each id's first slot
+    first; query t (id g != 0) has a key iff id g occurs among the keys (causally: at a slot <= t).
+
+    Args:
+        q_segment_ids: [B, T] int; kv_segment_ids: [B, S] int (0 = padding).
+    Returns:
+        [B, T] bool.
+    """
+    def row(q_ids, kv_ids):
+        order = jnp.argsort(kv_ids, stable=True)
+        sorted_ids = kv_ids[order]
+        idx = jnp.minimum(jnp.searchsorted(sorted_ids, q_ids, side="left"), kv_ids.shape[0] - 1)
+        found = (sorted_ids[idx] == q_ids) & (q_ids != 0)
+        if causal:
+            found &= order[idx] <= jnp.arange(q_ids.shape[0])
+        return found
+
+    return jax.vmap(row)(q_segment_ids, kv_segment_ids)
+
+
 def _fully_masked_fix(out: jax.Array, v: jax.Array, q_segment_ids: jax.Array, kv_segment_ids: jax.Array,
                       causal: bool) -> jax.Array:
-    """Gives the rows of `out` [B, T, H, D] with no key to attend the reference's value (the mean of all S
-    values, `causal_gqa_attention`). The any-reduction over the segment mask fuses into one pass that keeps
-    only [B, T] (no [B, T, S] buffer; checked in the TPU compile's memory)."""
+    """Gives the rows of `out` [B, T, H, D] with no key to attend (`_has_key`) the reference's value (the
+    mean of all S values, `causal_gqa_attention`)."""
     b, _, h, d = out.shape
     kv = v.shape[2]
-    fully_masked = ~jnp.any(segment_mask(q_segment_ids, kv_segment_ids, causal), axis=-1)      # [B, T]
+    fully_masked = ~_has_key(q_segment_ids, kv_segment_ids, causal)                             # [B, T]
     mean_v = jnp.mean(v.astype(jnp.float32), axis=1).astype(out.dtype)                         # [B, KV, D]
     mean_v = jnp.repeat(mean_v, h // kv, axis=1)[:, None]                                       # [B, 1, H, D]
     return jnp.where(fully_masked[:, :, None, None], mean_v, out)

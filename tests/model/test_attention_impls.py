@@ -129,3 +129,14 @@ def test_model_attention_impl_auto_is_the_xla_path_on_cpu():
     np.testing.assert_array_equal(logits("xla")(params, ids), logits("auto")(params, ids))
     with pytest.raises(ValueError, match="attention_impl 'splash': needs a TPU"):
         jax.eval_shape(logits("splash"), params, ids)
+
+
+def test_has_key_matches_the_segment_mask():
+    """`_has_key` (sort-based, no [T, S] mask) equals any() over `segment_mask`, causal and not."""
+    from hat_jax.model.attention import _has_key, segment_mask
+
+    rng = np.random.default_rng(0)
+    kvs = jnp.asarray(rng.integers(0, 4, (6, 50)), jnp.int32)
+    qs = jnp.asarray(np.where(rng.random((6, 50)) < 0.5, np.asarray(kvs), rng.integers(0, 5, (6, 50))), jnp.int32)
+    for causal in (True, False):
+        np.testing.assert_array_equal(_has_key(qs, kvs, causal), jnp.any(segment_mask(qs, kvs, causal), axis=-1))

@@ -54,9 +54,11 @@ def test_splash_compiles_for_v5p():
 
 if __name__ == "__main__":
     # real preset layer: B=1, T=16384, 16 q heads over 2 KV heads, D=256, bf16; forward + gradient on one chip
+    # usage: python tests/model/test_attention_tpu_compile.py [T] [impls, e.g. splash,xla] [fwd]
     b, t, h, kv, d = 1, int(sys.argv[1]) if len(sys.argv) > 1 else 16384, 16, 2, 256
-    for impl in ("splash", "xla"):
-        _, mem = compiled_memory(impl, b, t, h, kv, d)
-        print(f"{impl}: B={b} T={t} H={h} KV={kv} D={d} bf16 fwd+grad on one v5p chip: "
+    grad = not (len(sys.argv) > 3 and sys.argv[3] == "fwd")
+    for impl in (sys.argv[2] if len(sys.argv) > 2 else "splash,xla").split(","):
+        _, mem = compiled_memory(impl, b, t, h, kv, d, grad=grad)
+        print(f"{impl}: B={b} T={t} H={h} KV={kv} D={d} bf16 {'fwd+grad' if grad else 'fwd'} on one v5p chip: "
               f"temp {mem.temp_size_in_bytes / 2**30:.3f} GiB, args {mem.argument_size_in_bytes / 2**30:.3f} GiB, "
               f"out {mem.output_size_in_bytes / 2**30:.3f} GiB", flush=True)
