@@ -63,6 +63,7 @@ class DecoderLayer(nn.Module):
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
     moe_impl: str = "blocked"
+    attention_impl: str = "xla"
 
     @nn.compact
     def __call__(self, x, cos, sin, token_mask, q_segment_ids, kv_segment_ids, segment_ids=None, cache=None,
@@ -84,8 +85,8 @@ class DecoderLayer(nn.Module):
             h, new_cache = GatedDeltaNet(c, self.dtype, self.param_dtype, name="linear_attn")(
                 h, token_mask, cache, segment_ids)
         else:
-            h, new_cache = GatedAttention(c, self.dtype, self.param_dtype, name="self_attn")(
-                h, cos, sin, q_segment_ids, kv_segment_ids, cache, index)
+            h, new_cache = GatedAttention(c, self.dtype, self.param_dtype, self.attention_impl, name="self_attn")(
+                h, cos, sin, q_segment_ids, kv_segment_ids, cache, index, packed=segment_ids is not None)
         x = x + h
         h = RMSNorm(c.rms_norm_eps, self.param_dtype, name="post_attention_layernorm")(x)
         h, router_logits, expert_ids = SparseMoeBlock(c, self.dtype, self.param_dtype, self.moe_impl, name="mlp")(
@@ -99,6 +100,7 @@ class TextModel(nn.Module):
     param_dtype: jnp.dtype = jnp.float32
     moe_impl: str = "blocked"
     remat: bool = False
+    attention_impl: str = "xla"
 
     def setup(self):
         c = self.config
@@ -106,7 +108,8 @@ class TextModel(nn.Module):
             c.vocab_size, c.hidden_size, dtype=self.dtype, param_dtype=self.param_dtype,
             embedding_init=nn.with_logical_partitioning(nn.initializers.normal(c.initializer_range), ("vocab", "embed")))
         layer_cls = nn.remat(DecoderLayer, static_argnums=()) if self.remat else DecoderLayer
-        self.layers = [layer_cls(c, t, self.dtype, self.param_dtype, self.moe_impl, name=f"layers_{i}")
+        self.layers = [layer_cls(c, t, self.dtype, self.param_dtype, self.moe_impl, self.attention_impl,
+                                 name=f"layers_{i}")
                        for i, t in enumerate(c.layer_types)]
         self.norm = RMSNorm(c.rms_norm_eps, self.param_dtype)
 
@@ -134,37 +137,41 @@ class MultiTokenPredictor(nn.Module):
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
     moe_impl: str = "blocked"
+    attention_impl: str = "xla"
 
     @nn.compact
-    def __call__(self, next_embeds, hidden, cos, sin, token_mask, q_segment_ids, kv_segment_ids):
+    def __call__(self, next_embeds, hidden, cos, sin, token_mask, q_segment_ids, kv_segment_ids, packed=True):
         c = self.config
         e = RMSNorm(c.rms_norm_eps, self.param_dtype, name="pre_fc_norm_embedding")(next_embeds)
         h = RMSNorm(c.rms_norm_eps, self.param_dtype, name="pre_fc_norm_hidden")(hidden)
         x = Linear(c.hidden_size, ("mtp_fc_in", "embed"), self.dtype, self.param_dtype, c.initializer_range,
                    name="fc")(jnp.concatenate([e, h], axis=-1))
+        # segment_ids stands in for "packed" only (the full-attention layer has no Gated DeltaNet)
         x, _, router_logits, _ = DecoderLayer(c, FULL_ATTENTION, self.dtype, self.param_dtype, self.moe_impl,
-                                              name="layers_0")(x, cos, sin, token_mask, q_segment_ids,
-                                                               kv_segment_ids)
+                                              self.attention_impl, name="layers_0")(
+            x, cos, sin, token_mask, q_segment_ids, kv_segment_ids, q_segment_ids if packed else None)
         return RMSNorm(c.rms_norm_eps, self.param_dtype, name="norm")(x), router_logits
 
 
 class Qwen3_5MoeForCausalLM(nn.Module):
     """The model. `dtype` is the compute dtype, `param_dtype` the dtype of freshly initialised params
     (imported params keep their own dtypes). `moe_impl`: 'blocked', 'ragged_dot' or 'dense'
-    (`hat_jax.model.moe`). `remat`: rematerialise each decoder layer in the backward pass."""
+    (`hat_jax.model.moe`). `remat`: rematerialise each decoder layer in the backward pass.
+    `attention_impl`: 'xla', 'splash', 'cudnn' or 'auto' (`hat_jax.model.attention.attention`)."""
 
     config: Qwen3_5MoeTextConfig
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
     moe_impl: str = "blocked"
     remat: bool = False
+    attention_impl: str = "xla"
 
     def setup(self):
         c = self.config
-        self.model = TextModel(c, self.dtype, self.param_dtype, self.moe_impl, self.remat)
+        self.model = TextModel(c, self.dtype, self.param_dtype, self.moe_impl, self.remat, self.attention_impl)
         self.lm_head = Linear(c.vocab_size, ("embed", "vocab"), self.dtype, self.param_dtype, c.initializer_range)
         if c.mtp_num_hidden_layers:
-            self.mtp = MultiTokenPredictor(c, self.dtype, self.param_dtype, self.moe_impl)
+            self.mtp = MultiTokenPredictor(c, self.dtype, self.param_dtype, self.moe_impl, self.attention_impl)
 
     def __call__(self, input_ids, attention_mask=None, positions=None, cache=None, forced_expert_ids=None,
                  return_logits: bool = True, with_mtp: bool = False, segment_ids=None) -> ModelOutput:
@@ -252,7 +259,8 @@ class Qwen3_5MoeForCausalLM(nn.Module):
             crosses = jnp.pad(segment_ids[:, 1:] != segment_ids[:, :-1], ((0, 0), (0, 1)))
             next_ids = jnp.where(crosses, 0, next_ids)
         cos, sin = rope_cos_sin(positions, c.rotary_dim, c.rope_parameters.rope_theta)
-        x, router_logits = self.mtp(self.model.embed_tokens(next_ids), hidden, cos, sin, token_mask, q_seg, kv_seg)
+        x, router_logits = self.mtp(self.model.embed_tokens(next_ids), hidden, cos, sin, token_mask, q_seg, kv_seg,
+                                    segment_ids is not None)
         return self.lm_head(x), router_logits[None]
 
 
