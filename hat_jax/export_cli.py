@@ -179,7 +179,7 @@ def export_hf(ckpt: str | Path | ExportSource, out_dir: str | Path, *, layout: s
     resolved = ckpt if isinstance(ckpt, ExportSource) else resolve_export_source(ckpt)
     if layout == "dropin":
         check_dropin_source(resolved.config_path, Path(source))   # before reading a 70 GB checkpoint
-    config, params = load_model_checkpoint(resolved.directory)
+    config, params = load_model_checkpoint(resolved.directory, host=True)  # into host memory, no device copy
     if not config.mtp_num_hidden_layers:
         raise CheckpointError(f"{resolved.directory}: the checkpoint has no MTP block (mtp_num_hidden_layers=0); "
                               "the export always writes mtp.* for vLLM MTP speculative decoding")

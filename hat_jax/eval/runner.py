@@ -239,7 +239,8 @@ def evaluate_checkpoint(ckpt: str | Path, config: EvalConfig, **kw) -> dict:
     Args:
       ckpt: the checkpoint directory (`hat_jax.model.checkpoint_io` layouts). config: EvalConfig.
       **kw: passed to `evaluate` (out_dir, progress, generate_fn).
-    The params are cast to the config's parameter dtypes and placed, uncommitted, on the default device.
+    On one device the params are cast to the config's parameter dtypes and placed, uncommitted, on the default
+    device; on several, read straight into the default mesh's shardings and cast there to the compute dtype.
     Raises:
       FileNotFoundError: no checkpoint or no tokenizer folder (names the paths looked at).
       ValueError: unreadable params, or a tokenizer larger than the model's vocabulary.
@@ -254,11 +255,21 @@ def evaluate_checkpoint(ckpt: str | Path, config: EvalConfig, **kw) -> dict:
     if folder is None:
         raise FileNotFoundError(f"checkpoint {str(root)!r} has no tokenizer folder (looked in {root / 'tokenizer'} "
                                 f"and {root.parent / 'tokenizer'})")
-    model_config, params = load_model_checkpoint(root)
-    # Through the host: the restored arrays are committed to a device, which `jax.jit` keys apart from the
-    # uncommitted arrays of in-process params; uncommitted ones share the sampler's compilations.
-    params = jax.tree_util.tree_map(lambda p, e: jnp.asarray(np.asarray(jax.device_get(p)), e.dtype), params,
-                                    params_shapes(model_config))
+    if jax.device_count() > 1:  # straight into the shardings of the default mesh, cast there to the compute dtype
+        from hat_jax.model.hf_io import read_hf_config
+        from hat_jax.model.checkpoint_io import resolve_checkpoint
+        from hat_jax.train.sharded_init import cast_params
+        from hat_jax.train.trainer import default_mesh
+
+        mesh = default_mesh(None, read_hf_config(resolve_checkpoint(root)[1]).num_experts)
+        model_config, params = load_model_checkpoint(root, mesh=mesh)
+        params = cast_params(params, model_config, COMPUTE_DTYPES[config.compute_dtype], mesh)
+    else:
+        model_config, params = load_model_checkpoint(root)
+        # Through the host: the restored arrays are committed to a device, which `jax.jit` keys apart from the
+        # uncommitted arrays of in-process params; uncommitted ones share the sampler's compilations.
+        params = jax.tree_util.tree_map(lambda p, e: jnp.asarray(np.asarray(jax.device_get(p)), e.dtype), params,
+                                        params_shapes(model_config))
     tokenizer = load_tokenizer(folder)
     if len(tokenizer) > model_config.vocab_size:
         raise ValueError(f"tokenizer {str(folder)!r} has {len(tokenizer)} tokens, more than the model's vocab_size "

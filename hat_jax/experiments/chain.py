@@ -36,7 +36,7 @@ from hat_jax.experiments.scales import Scale
 
 log = logging.getLogger(__name__)
 DONE_FILE = "stage_done.json"
-_NOT_HASHED = ("init", "teacher", "ref", "seed")
+_NOT_HASHED = ("init", "teacher", "ref", "seed", "mesh")  # mesh: where a stage runs, not what it computes
 
 # Stage fields that `stage_config` (and `stage_template`: harness_mode) set, so a --set of them would be
 # overwritten (refused by `hat_jax.experiments.scales.apply_scale_overrides`), and how to choose them instead.

@@ -14,9 +14,9 @@ Layouts that `load_model_checkpoint` reads:
    The latest integer-named step directory that holds a `params` item is used; Orbax's temporary
    directories (names that are not integers) are skipped.
 
-Parameters are restored with the dtypes and shapes stored in the checkpoint, onto the default device
-(the stored sharding is ignored, so a checkpoint written on an accelerator loads on CPU), and checked
-against the config's parameter shapes.
+Parameters are restored with the dtypes and shapes stored in the checkpoint (checked against the config's
+parameter shapes before any array is read), onto the default device, straight into a mesh's shardings, or
+into host memory; the stored sharding is ignored, so a checkpoint written on an accelerator loads on CPU.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import logging
 from pathlib import Path
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from hat_jax.model.config import Qwen3_5MoeTextConfig
@@ -104,35 +105,66 @@ def resolve_checkpoint(directory: str | Path) -> tuple[Path, Path]:
     raise FileNotFoundError(f"checkpoint {str(root)!r}: no {CONFIG_FILE} in {places}")
 
 
-def load_model_checkpoint(directory: str | Path) -> tuple[Qwen3_5MoeTextConfig, dict]:
+def load_model_checkpoint(directory: str | Path, *, mesh=None, host: bool = False
+                          ) -> tuple[Qwen3_5MoeTextConfig, dict]:
     """Loads (config, params) from a model checkpoint or a CheckpointManager root (module docstring).
 
+    Args:
+        mesh: a `jax.sharding.Mesh`: every parameter is read straight into its `hat_jax.model.sharding`
+            NamedSharding on it (each device reads its own shards; no device holds a full copy). None: onto
+            the default device.
+        host: read into host numpy arrays instead (no device memory; export), ignoring `mesh`.
     Returns:
-        (config, params) with params a nested dict of jax.Arrays in their stored dtypes.
+        (config, params) with params a nested dict of jax.Arrays (numpy arrays with `host`) in their stored dtypes.
     Raises:
         FileNotFoundError: missing directory, params item or config (see `resolve_checkpoint`).
-        ValueError: unreadable/corrupt config or params, or params that do not match the config's shapes
-            (the message names the path and the first mismatching parameter).
+        ValueError: unreadable/corrupt config or params, params that do not match the config's shapes (the
+            message names the path and the first mismatching parameter), or a mesh that cannot shard a
+            parameter (names the parameter, its shape and the mesh).
     """
     item, config_path = resolve_checkpoint(directory)
     config = read_hf_config(config_path)
     checkpointer = ocp.Checkpointer(ocp.StandardCheckpointHandler())  # synchronous: nothing to overlap
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     try:
-        stored = checkpointer.metadata(item).item_metadata
-        if stored is None:
-            raise ValueError("no readable Orbax metadata")
-        stored = stored.tree
-        target = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), stored)
-        params = checkpointer.restore(item, target)
-    except Exception as err:  # Orbax/TensorStore raise many types for unreadable files
-        first_line = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
-        raise ValueError(f"could not read the Orbax params item {str(item)!r} (corrupt or not a params "
-                         f"checkpoint): {type(err).__name__}: {first_line}") from err
+        try:
+            stored = checkpointer.metadata(item).item_metadata
+            if stored is None:
+                raise ValueError("no readable Orbax metadata")
+            stored = jax.tree_util.tree_map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype), stored.tree)
+        except Exception as err:  # Orbax/TensorStore raise many types for unreadable files
+            raise _unreadable(item, err) from err
+        _check_shapes(stored, params_shapes(config), item)  # before reading any array
+        target = _restore_target(stored, config, mesh, host, item)
+        try:
+            params = checkpointer.restore(item, target)
+        except Exception as err:
+            raise _unreadable(item, err) from err
     finally:
         checkpointer.close()
-    _check_shapes(params, params_shapes(config), item)
     return config, params
+
+
+def _unreadable(item: Path, err: Exception) -> ValueError:
+    first_line = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
+    return ValueError(f"could not read the Orbax params item {str(item)!r} (corrupt or not a params "
+                      f"checkpoint): {type(err).__name__}: {first_line}")
+
+
+def _restore_target(stored: dict, config: Qwen3_5MoeTextConfig, mesh, host: bool, item: Path):
+    """What Orbax restores into: numpy arrays (host), ShapeDtypeStructs sharded on the mesh, or on device 0."""
+    if host:
+        return jax.tree_util.tree_map(lambda s: np.empty(s.shape, s.dtype), stored)
+    if mesh is None:
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        return jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device), stored)
+    from hat_jax.model.params import params_logical_axes
+    from hat_jax.model.sharding import logical_to_mesh
+
+    try:
+        shardings = logical_to_mesh(params_logical_axes(config), stored, mesh)
+    except ValueError as err:
+        raise ValueError(f"checkpoint {str(item)!r} cannot be restored onto this mesh: {err}") from None
+    return jax.tree_util.tree_map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), stored, shardings)
 
 
 def _check_shapes(params: dict, expected: dict, item: Path) -> None:

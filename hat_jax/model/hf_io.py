@@ -188,12 +188,21 @@ def hf_to_params(tensors: Mapping[str, np.ndarray], config: Qwen3_5MoeTextConfig
             stacked expert tensor; the message names the tensor (and both shapes).
     """
     layout = layout or detect_layout(set(tensors))
+    params: dict = {}
+    for path, value in iter_hf_params(tensors, config, layout):
+        _set(params, path, value)
+    return params, layout, {n: tensors[n] for n in tensors if n.startswith(VISUAL_PREFIX)}
+
+
+def iter_hf_params(tensors: Mapping[str, np.ndarray], config: Qwen3_5MoeTextConfig,
+                   layout: HFLayout) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
+    """(our parameter path, numpy array) for every parameter, one at a time (a lazy mapping reads each tensor
+    when its parameter comes); the checks and errors of `hf_to_params`, the unexpected-tensor check last."""
     if config.mtp_num_hidden_layers and not any(n.startswith("mtp.") for n in tensors):
         raise CheckpointError(
             f"the config has mtp_num_hidden_layers={config.mtp_num_hidden_layers} but the checkpoint has no mtp.* "
             f"tensors (transformers' save_pretrained drops them); import it with "
             f"config.replace(mtp_num_hidden_layers=0) to load the main model only")
-    params: dict = {}
     used: set[str] = set()
     for path, kind, names in hf_tensor_specs(config, layout):
         arrays = []
@@ -211,15 +220,37 @@ def hf_to_params(tensors: Mapping[str, np.ndarray], config: Qwen3_5MoeTextConfig
                                   f"{FLOAT_DTYPES} (quantized checkpoints are not supported: dequantize first)")
         if len({a.dtype for a in arrays}) > 1:
             raise CheckpointError(f"tensors of {'/'.join(path)} mix dtypes {sorted({str(a.dtype) for a in arrays})}")
-        _set(params, path, _to_ours(kind, arrays))
-    extra = {n: tensors[n] for n in tensors if n.startswith(VISUAL_PREFIX)}
-    unexpected = sorted(set(tensors) - used - set(extra))
+        yield path, _to_ours(kind, arrays)
+    unexpected = sorted(n for n in tensors if n not in used and not n.startswith(VISUAL_PREFIX))
     if unexpected:
         more = f" (and {len(unexpected) - 5} more)" if len(unexpected) > 5 else ""
         raise CheckpointError(f"unexpected tensor(s) {unexpected[:5]}{more}: not part of the qwen3_5_moe text "
                               f"model with this config (num_hidden_layers={config.num_hidden_layers}, "
                               f"num_experts={config.num_experts}, mtp_num_hidden_layers={config.mtp_num_hidden_layers})")
-    return params, layout, extra
+
+
+def stream_hf_params(directory: str | os.PathLike, config: Qwen3_5MoeTextConfig, mesh) -> tuple[dict, HFLayout]:
+    """The safetensors folder's params placed straight into `mesh`'s shardings one tensor at a time: each is read,
+    converted, and each process copies only its devices' shards (`jax.make_array_from_callback`) before the next
+    is read, so host RAM holds about one tensor (the largest: a layer's stacked experts), not the model.
+
+    Returns:
+        (params: nested dict of jax.Arrays with on-disk dtypes, sharded by `hat_jax.model.sharding`, layout).
+    Raises:
+        CheckpointError: as `hf_to_params` (a bad folder, tensor or shape; names it). ValueError: a mesh that
+            cannot shard a parameter (names it).
+    """
+    from hat_jax.model.params import params_logical_axes
+    from hat_jax.model.sharding import logical_to_mesh
+
+    tensors = read_safetensors(directory, lazy=True)
+    layout = detect_layout(set(tensors))
+    shardings = dict(_flatten(logical_to_mesh(params_logical_axes(config), params_shapes(config), mesh)))
+    params: dict = {}
+    for path, value in iter_hf_params(tensors, config, layout):
+        _set(params, path, jax.make_array_from_callback(value.shape, shardings[path], lambda index: value[index]))
+        del value
+    return params, layout
 
 
 def params_to_hf(params: dict, config: Qwen3_5MoeTextConfig, layout: HFLayout = HFLayout(),

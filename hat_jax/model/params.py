@@ -21,8 +21,9 @@ def _boxed_init(config: Qwen3_5MoeTextConfig, rng: jax.Array, param_dtype):
     return model.init(rng, ids)["params"]
 
 
-def init_params(config: Qwen3_5MoeTextConfig, rng: jax.Array, param_dtype=jnp.float32) -> dict:
-    """Freshly initialised parameters: a plain nested dict of arrays (no boxing).
+def init_params(config: Qwen3_5MoeTextConfig, rng: jax.Array, param_dtype=jnp.float32, shardings=None) -> dict:
+    """Freshly initialised parameters: a plain nested dict of arrays (no boxing); with `shardings` (a tree of
+    NamedShardings like the params) each is created straight in its shards.
 
     Init follows transformers' `_init_weights`: linear/embedding/experts ~ N(0, initializer_range),
     zero-centred norms 0, DeltaNet gated norm 1, A_log = log U(0.01, 16), conv ~ torch default; except two
@@ -38,7 +39,9 @@ def init_params(config: Qwen3_5MoeTextConfig, rng: jax.Array, param_dtype=jnp.fl
       attention and expert output projections too is as slow as neither).
     `INIT_SCHEME` names this scheme.
     """
-    return nn.unbox(jax.jit(_boxed_init, static_argnums=(0, 2))(config, rng, param_dtype))
+    if shardings is None:
+        return nn.unbox(jax.jit(_boxed_init, static_argnums=(0, 2))(config, rng, param_dtype))
+    return jax.jit(lambda r: nn.unbox(_boxed_init(config, r, param_dtype)), out_shardings=shardings)(rng)
 
 
 def params_logical_axes(config: Qwen3_5MoeTextConfig) -> dict:

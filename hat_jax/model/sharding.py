@@ -107,3 +107,11 @@ def logical_to_mesh(axes_tree, shapes_tree, mesh: Mesh, rules=DEFAULT_RULES):
 def batch_sharding(mesh: Mesh, ndim: int, rules=DEFAULT_RULES) -> NamedSharding:
     """Sharding for a [B, ...] input: batch over ('data', 'fsdp'), the rest replicated."""
     return NamedSharding(mesh, spec_for(("batch",) + (None,) * (ndim - 1), rules))
+
+
+def fully_sharded_shape(devices: int, num_experts: int) -> tuple[int, int, int, int]:
+    """(data, fsdp, expert, tensor) = (1, devices / e, e, 1): every parameter sharded over all devices (dense
+    weights' hidden dim over fsdp x expert, the experts over expert x fsdp). e is the largest divisor of both
+    `devices` and `num_experts` with e * e <= devices (32 chips, 256 experts: fsdp 8 x expert 4)."""
+    e = max(d for d in range(1, devices + 1) if devices % d == 0 and num_experts % d == 0 and d * d <= devices)
+    return (1, devices // e, e, 1)

@@ -18,7 +18,8 @@ Restoring checks before reading arrays: a missing root or a root without steps r
 naming it; parameters or optimizer leaves whose shapes/dtypes differ from the stage's abstract state raise
 `IncompatibleCheckpointError` naming the checkpoint step directory and the first mismatching leaf; a stored
 config whose hash differs from the current one raises `ConfigMismatchError` listing the differing keys
-unless `force=True`.
+unless `force=True`; the mesh is not compared (`PLACEMENT_FIELDS`): arrays are read straight into the
+shardings of the abstract state given, so a run resumes on another mesh, every device reading only its shards.
 """
 
 from __future__ import annotations
@@ -49,9 +50,21 @@ class ConfigMismatchError(ValueError):
     """Resuming with a stage config whose hash differs from the checkpoint's."""
 
 
+# Top-level stage-config fields that say where a run executes, not what it computes: a resume compares the
+# hash of the current config with these fields taken from the stored one, so a run resumes on another mesh.
+PLACEMENT_FIELDS = ("mesh",)
+
+
 def config_hash(config: Mapping[str, Any]) -> str:
     """16 hex digits of the SHA-256 of the config's canonical JSON (sorted keys)."""
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _with_stored_placement(now: Mapping[str, Any], stored: Mapping[str, Any]) -> dict:
+    """`now` with the `PLACEMENT_FIELDS` of the stored config (absent ones dropped)."""
+    out = {k: v for k, v in now.items() if k not in PLACEMENT_FIELDS}
+    out.update({k: stored[k] for k in PLACEMENT_FIELDS if k in stored})
+    return out
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
@@ -213,7 +226,7 @@ def restore_latest(directory: str | Path, abstract_state: TrainState, *, config:
                 meta=ocp.args.JsonRestore(), config=ocp.args.JsonRestore(), data_state=ocp.args.JsonRestore(),
                 rng=ocp.args.JsonRestore()))
             if config is not None:
-                now = json.loads(json.dumps(config, default=str))
+                now = _with_stored_placement(json.loads(json.dumps(config, default=str)), small["config"])
                 if config_hash(now) != small["meta"]["config_hash"] and not force:
                     diff = _config_diff(small["config"], now) or ["(hash differs)"]
                     raise ConfigMismatchError(f"checkpoint {where} was written with another stage config "
@@ -224,7 +237,7 @@ def restore_latest(directory: str | Path, abstract_state: TrainState, *, config:
                 stored = meta[item]
                 stored = getattr(stored, "tree", stored)
                 check_compatible(where, item, _leaf_struct(stored), expected)
-            arrays = manager.restore(step, args=ocp.args.Composite(**{
+            arrays = manager.restore(step, args=ocp.args.Composite(**{  # each device reads its own shards
                 PARAMS_ITEM: ocp.args.StandardRestore(_with_default_sharding(abstract_state.params)),
                 "opt_state": ocp.args.StandardRestore(_with_default_sharding(abstract_state.opt_state)),
             }))

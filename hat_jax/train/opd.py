@@ -64,8 +64,6 @@ import jax.numpy as jnp
 from hat_jax.data.world_data import WorldDataConfig
 from hat_jax.harness.hsa import HSAConfig
 from hat_jax.judges.rewards import RewardConfig
-from hat_jax.model.params import params_logical_axes, params_shapes
-from hat_jax.model.sharding import logical_to_mesh
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.sim.env import EnvConfig
 from hat_jax.train import checkpoints as ckpt
@@ -77,8 +75,8 @@ from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
 from hat_jax.train.rl import HARNESS_MODES, rl_fault_rates
 from hat_jax.train.sft import tokenizer_from_checkpoint, with_steps
 from hat_jax.train.stage import (COMPUTE_DTYPES, StageRun, add_out_steps, add_resume_force, add_set_progress,
-                                 apply_overrides, cli, config_json, finish_main, parse_stage_args, run_options,
-                                 stage_parser)
+                                 apply_overrides, check_dtypes, cli, config_json, finish_main, parse_stage_args,
+                                 run_options, stage_parser)
 from hat_jax.train.trainer import (LoopConfig, TrainState, default_mesh, make_train_step, place_batch,
                                    split_micro_batches)
 
@@ -111,7 +109,8 @@ class OPDConfig:
       clip_eps: PPO clip of the sampled loss (None = no clip). kl_coef: scale of the KL (advantage or loss).
       aggregation: `hat_jax.train.losses.AGGREGATIONS`. vocab_chunk: None = full logits; else the
         vocabulary chunk of the chunked logprob/KL/entropy computations.
-      optim, accum_steps, lb_coef, compute_dtype, steps, log_every, ckpt_every, max_to_keep, seed, mesh: as SFT.
+      optim, accum_steps, lb_coef, compute_dtype, param_dtype, mu_dtype, remat, steps, log_every, ckpt_every,
+        max_to_keep, seed, mesh: as SFT. The frozen teacher is held in compute_dtype.
     """
 
     preset: str = "micro"
@@ -144,6 +143,9 @@ class OPDConfig:
     accum_steps: int = 1
     lb_coef: float = 0.001
     compute_dtype: str = "float32"
+    param_dtype: str = "float32"
+    mu_dtype: str | None = None
+    remat: bool = False
     steps: int = 100
     log_every: int = 10
     ckpt_every: int = 50
@@ -152,6 +154,7 @@ class OPDConfig:
     mesh: tuple[int, int, int, int] | None = None
 
     def __post_init__(self):
+        check_dtypes("OPDConfig", param_dtype=self.param_dtype, mu_dtype=self.mu_dtype)
         check_opd_loss(self.loss)
         check_aggregation(self.aggregation)
         if self.prompts not in PROMPT_SOURCES:
@@ -253,23 +256,26 @@ def _checkpoint_config(path: str, role: str):
         raise ckpt.IncompatibleCheckpointError(f"OPD {role} checkpoint {path!r}: {err}") from err
 
 
-def load_checkpoint(path: str, role: str):
-    """(model config, params as float32) of a model checkpoint or run dir; errors name the role and path.
+def load_checkpoint(path: str, role: str, mesh_shape=None, dtype: str | None = None):
+    """(model config, params) of a model checkpoint or run dir, read straight into the shardings of
+    `default_mesh(mesh_shape)` for its model and, with `dtype`, cast to it inside `jit` on them (the stored
+    dtypes otherwise); errors name the role and path.
 
     Raises:
-      FileNotFoundError: missing checkpoint or params. IncompatibleCheckpointError: unreadable or mismatched.
+      FileNotFoundError: missing checkpoint or params. IncompatibleCheckpointError: unreadable or mismatched, or
+        a mesh that cannot shard a parameter (named).
     """
-    from hat_jax.model.checkpoint_io import load_model_checkpoint
+    from hat_jax.train.sharded_init import cast_params, restore_params
 
-    _checkpoint_config(path, role)
+    model_config = _checkpoint_config(path, role)
+    mesh = default_mesh(mesh_shape, model_config.num_experts)
     try:
-        model_config, params = load_model_checkpoint(path)
+        params = restore_params(path, model_config, mesh, f"OPD {role}")
     except FileNotFoundError as err:
         raise FileNotFoundError(f"OPD {role} checkpoint {path!r}: {err}") from err
-    except ValueError as err:
-        raise ckpt.IncompatibleCheckpointError(f"OPD {role} checkpoint {path!r}: {err}") from err
-    expected = params_shapes(model_config)
-    return model_config, jax.tree_util.tree_map(lambda p, e: jnp.asarray(p, e.dtype), params, expected)
+    if dtype is not None:
+        params = cast_params(params, model_config, COMPUTE_DTYPES[dtype], mesh)
+    return model_config, params
 
 
 def opd_tokenizer(config: OPDConfig, vocab_size: int, out_dir: Path):
@@ -322,10 +328,10 @@ def run_opd(config: OPDConfig, out_dir: str | Path, *, resume: bool = False, for
     run = StageRun("opd", out_dir, config.to_json(), resume=resume, force=force, logger=log)
     out = run.out
     if run.existing is None:
-        model_config, params = load_checkpoint(config.init, "student init")
+        model_config, params = load_checkpoint(config.init, "student init", config.mesh)
     else:
         model_config, params = _checkpoint_config(config.init, "student init"), None
-    teacher_config, teacher_params = load_checkpoint(config.teacher, "teacher")
+    teacher_config, teacher_params = load_checkpoint(config.teacher, "teacher", config.mesh, config.compute_dtype)
     if teacher_config.vocab_size != model_config.vocab_size:
         raise ckpt.IncompatibleCheckpointError(
             f"OPD teacher checkpoint {config.teacher!r} has vocab_size {teacher_config.vocab_size}, the student "
@@ -334,14 +340,11 @@ def run_opd(config: OPDConfig, out_dir: str | Path, *, resume: bool = False, for
     tokenizer = opd_tokenizer(config, model_config.vocab_size, out)
     pool = live_pool(config, tokenizer) if config.prompts == "live" else prompt_pool(config, tokenizer)
 
-    optimizer = make_optimizer(config.optim)
-    mesh = default_mesh(config.mesh)
-    state, _ = run.start(model_config, optimizer, mesh, params, config.seed)
-    if run.shardings is not None:
-        teacher_params = jax.device_put(teacher_params, logical_to_mesh(params_logical_axes(teacher_config),
-                                                                        teacher_params, mesh))
+    optimizer = make_optimizer(config.optim, mu_dtype=COMPUTE_DTYPES[config.mu_dtype] if config.mu_dtype else None)
+    mesh = default_mesh(config.mesh, model_config.num_experts)
+    state, _ = run.start(model_config, optimizer, mesh, params, config.seed, config.param_dtype)
     dtype = COMPUTE_DTYPES[config.compute_dtype]
-    model = Qwen3_5MoeForCausalLM(model_config, dtype=dtype)
+    model = Qwen3_5MoeForCausalLM(model_config, dtype=dtype, remat=config.remat)
     teacher_model = Qwen3_5MoeForCausalLM(teacher_config, dtype=dtype)
     train_step = make_train_step(opd_loss_fn(model, config), optimizer, lb_coef=config.lb_coef,
                                  schedule=lr_schedule(config.optim), shardings=run.shardings)

@@ -70,10 +70,13 @@ def decay_mask(params) -> object:
     return jax.tree_util.tree_map(lambda p: p.ndim >= 2, params)
 
 
-def make_optimizer(config: OptimConfig) -> optax.GradientTransformation:
-    """clip_by_global_norm (when clip_norm) -> adamw(schedule, weight decay masked by `decay_mask`)."""
+def make_optimizer(config: OptimConfig, mu_dtype=None) -> optax.GradientTransformation:
+    """clip_by_global_norm (when clip_norm) -> adamw(schedule, weight decay masked by `decay_mask`).
+
+    mu_dtype: dtype of Adam's first moment (None: the params' dtype); the second moment is kept in the params'
+    dtype (optax's `scale_by_adam`)."""
     adamw = optax.adamw(lr_schedule(config), b1=config.b1, b2=config.b2, eps=config.eps,
-                        weight_decay=config.weight_decay, mask=decay_mask)
+                        weight_decay=config.weight_decay, mask=decay_mask, mu_dtype=mu_dtype)
     if config.clip_norm:
         return optax.chain(optax.clip_by_global_norm(config.clip_norm), adamw)
     return optax.chain(optax.identity(), adamw)

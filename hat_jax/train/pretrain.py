@@ -463,7 +463,9 @@ def import_hf_base(hf_path: str | Path, out_dir: str | Path) -> Path:
     Output (written to a temporary sibling and renamed into place): `<out>/params` (Orbax) +
     `<out>/model_config.json` (`save_model_checkpoint`), `<out>/tokenizer/` (the folder's tokenizer files,
     copied byte for byte) and `<out>/import_report.json`. Parameters keep their on-disk dtypes (the stages
-    cast to fp32 when they load them). A folder that already holds a finished import is returned as it is.
+    cast to fp32 when they load them). With several devices they are streamed one tensor at a time into the
+    default mesh's shardings and written shard by shard (`hat_jax.model.hf_io.stream_hf_params`; host RAM
+    about one tensor, not the model). A folder that already holds a finished import is returned as it is.
 
     Raises:
         FileNotFoundError: hf_path is not a folder, or lacks config.json, *.safetensors weights or
@@ -473,7 +475,8 @@ def import_hf_base(hf_path: str | Path, out_dir: str | Path) -> Path:
         ValueError: the tokenizer has more tokens than the config's vocab_size.
     """
     from hat_jax.model.checkpoint_io import save_model_checkpoint
-    from hat_jax.model.hf_io import TOKENIZER_FILES, load_hf_checkpoint
+    from hat_jax.model.hf_io import TOKENIZER_FILES, load_hf_checkpoint, read_hf_config, stream_hf_params
+    from hat_jax.train.trainer import default_mesh
     from hat_jax.tokenizer import load_tokenizer
 
     src, out = Path(hf_path).resolve(), Path(out_dir).resolve()
@@ -494,7 +497,12 @@ def import_hf_base(hf_path: str | Path, out_dir: str | Path) -> Path:
         raise FileExistsError(f"{str(out)!r} exists and is not an empty folder or a finished import; choose another "
                               "out_dir")
     t0 = time.perf_counter()
-    config, params, layout = load_hf_checkpoint(src)
+    config = read_hf_config(src / "config.json")
+    mesh = default_mesh(None, config.num_experts)
+    if mesh is None:
+        config, params, layout = load_hf_checkpoint(src)
+    else:  # several devices: one tensor at a time into the mesh's shards; every process writes its own shards
+        params, layout = stream_hf_params(src, config, mesh)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
     try:

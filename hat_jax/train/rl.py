@@ -89,8 +89,8 @@ from hat_jax.train.rl_loss import BATCH_KEYS, make_ref_logprobs, make_rl_train_s
 from hat_jax.train.rl_rewards import host_batch, judge_rewards
 from hat_jax.train.sft import load_init_params, tokenizer_from_checkpoint
 from hat_jax.train.stage import (COMPUTE_DTYPES, StageRun, add_out_steps, add_resume_force, add_set_progress,
-                                 apply_overrides, cli, config_json, finish_main, parse_stage_args, run_options,
-                                 stage_parser)
+                                 apply_overrides, check_dtypes, cli, config_json, finish_main, parse_stage_args,
+                                 run_options, stage_parser)
 from hat_jax.train.trainer import LoopConfig, TrainState, default_mesh, place_batch, split_micro_batches
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,8 @@ class RLConfig:
       eps_low, eps_high: clip range. beta: k3 KL coefficient. aggregation: loss aggregation mode.
       routing_replay: force sampling-time expert ids in the update. optim: AdamW + schedule.
       lb_coef: MoE load-balancing coefficient. ppo_epochs, ppo_minibatches: updates per rollout batch.
-      accum_steps: micro-batches per minibatch. compute_dtype: "float32" | "bfloat16" (rollouts and update).
+      accum_steps: micro-batches per minibatch. compute_dtype: "float32" | "bfloat16" (rollouts and update;
+        the frozen reference is held in it). param_dtype, mu_dtype, remat: as `SFTConfig`.
       log_every, ckpt_every, max_to_keep, seed, mesh: as `SFTConfig`.
     """
 
@@ -153,6 +154,9 @@ class RLConfig:
     ppo_minibatches: int = 1
     accum_steps: int = 1
     compute_dtype: str = "float32"
+    param_dtype: str = "float32"
+    mu_dtype: str | None = None
+    remat: bool = False
     log_every: int = 1
     ckpt_every: int = 10
     max_to_keep: int = 3
@@ -160,6 +164,7 @@ class RLConfig:
     mesh: tuple[int, int, int, int] | None = None
 
     def __post_init__(self):
+        check_dtypes("RLConfig", param_dtype=self.param_dtype, mu_dtype=self.mu_dtype)
         get_advantage_estimator(self.estimator)      # ValueError listing the valid names
         check_aggregation(self.aggregation)
         if self.harness_mode not in HARNESS_MODES:
@@ -370,19 +375,20 @@ def run_rl(config: RLConfig, out_dir: str | Path, *, resume: bool = False, force
     out.mkdir(parents=True, exist_ok=True)
     if run.existing is None:
         model_config = _init_model_config(config.init)
-        params = load_init_params(config.init, model_config, "RL init")
     else:
-        model_config, params = read_hf_config(out / CONFIG_FILE), None
+        model_config = read_hf_config(out / CONFIG_FILE)
+    mesh = default_mesh(config.mesh, model_config.num_experts)
+    params = load_init_params(config.init, model_config, "RL init", mesh) if run.existing is None else None
     ref_params = None
     if config.beta > 0:
-        ref_params = load_init_params(config.ref or config.init, model_config, "RL reference")
+        ref_params = load_init_params(config.ref or config.init, model_config, "RL reference", mesh,
+                                      config.compute_dtype)
     tokenizer = stage_tokenizer(config.init, out, model_config.vocab_size)
     batches = RLBatches(config, model_config, tokenizer, ref_params)
 
-    optimizer = make_optimizer(config.optim)
-    mesh = default_mesh(config.mesh)
-    state, _ = run.start(model_config, optimizer, mesh, params, config.seed)
-    model = Qwen3_5MoeForCausalLM(model_config, dtype=COMPUTE_DTYPES[config.compute_dtype])
+    optimizer = make_optimizer(config.optim, mu_dtype=COMPUTE_DTYPES[config.mu_dtype] if config.mu_dtype else None)
+    state, _ = run.start(model_config, optimizer, mesh, params, config.seed, config.param_dtype)
+    model = Qwen3_5MoeForCausalLM(model_config, dtype=COMPUTE_DTYPES[config.compute_dtype], remat=config.remat)
     loss_fn = rl_loss_fn(model, temperature=config.temperature, eps_low=config.eps_low, eps_high=config.eps_high,
                          beta=config.beta, aggregation=config.aggregation, max_len=config.max_len,
                          routing_replay=config.routing_replay)

@@ -43,21 +43,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from hat_jax.data.pipeline import SFTDataConfig, sft_dataset
 from hat_jax.data.world_data import PRODUCTION, WorldDataConfig, cache_root, sft_records
 from hat_jax.model.config import get_config
-from hat_jax.model.params import init_params, params_shapes
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
-from hat_jax.train import checkpoints as ckpt
-from hat_jax.train.losses import masked_token_ce_sum
+from hat_jax.train.losses import masked_token_ce_sum, masked_token_ce_sum_chunked
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
 from hat_jax.train.stage import (COMPUTE_DTYPES, StageRun, add_out_steps, add_resume_force, add_set_progress,
-                                 apply_overrides, cli, config_json, finish_main, parse_stage_args, run_options,
-                                 stage_parser)
+                                 apply_overrides, check_dtypes, cli, config_json, finish_main, parse_stage_args,
+                                 run_options, stage_parser)
 from hat_jax.train.trainer import (LoopConfig, TrainState, default_mesh, make_train_step, moe_aux, place_batch,
                                    split_micro_batches)
 
@@ -76,11 +72,15 @@ class SFTConfig:
         batch per optimizer step, data.seq_len the row length, data.p_hsa the HSA switch (module docstring).
       optim: AdamW + schedule. steps: optimizer steps. accum_steps: micro-batches per step
         (data.batch_size / accum_steps rows each).
-      lb_coef: MoE load-balancing coefficient. compute_dtype: "float32" or "bfloat16" (params stay fp32).
+      lb_coef: MoE load-balancing coefficient. compute_dtype: "float32" or "bfloat16" (activations).
+      param_dtype: "float32" | "bfloat16", the trained params (and the second Adam moment). mu_dtype: the first
+        Adam moment's dtype (None: param_dtype). remat: rematerialise each decoder layer in the backward pass.
+        vocab_chunk: None = full [B, T, V] logits; else the cross-entropy over vocabulary chunks of this size.
       log_every, ckpt_every, max_to_keep: metrics/checkpoint intervals and checkpoints kept.
       seed: init and step RNG. init: checkpoint to start from (None = fresh init).
       tokenizer_texts: pretraining chats in the BPE's training texts (when no tokenizer comes with init).
-      mesh: (data, fsdp, expert, tensor) or None (all devices on 'data' when there are several).
+      mesh: (data, fsdp, expert, tensor) or None (fsdp x expert over every device when there are several);
+        not part of the config hash, so a run resumes on another mesh.
     """
 
     preset: str = "micro"
@@ -92,6 +92,10 @@ class SFTConfig:
     accum_steps: int = 1
     lb_coef: float = 0.001
     compute_dtype: str = "float32"
+    param_dtype: str = "float32"
+    mu_dtype: str | None = None
+    remat: bool = False
+    vocab_chunk: int | None = None
     log_every: int = 10
     ckpt_every: int = 50
     max_to_keep: int = 3
@@ -101,8 +105,10 @@ class SFTConfig:
     mesh: tuple[int, int, int, int] | None = None
 
     def __post_init__(self):
-        if self.compute_dtype not in COMPUTE_DTYPES:
-            raise ValueError(f"SFTConfig.compute_dtype = {self.compute_dtype!r}; valid: {sorted(COMPUTE_DTYPES)}")
+        check_dtypes("SFTConfig", compute_dtype=self.compute_dtype, param_dtype=self.param_dtype,
+                     mu_dtype=self.mu_dtype)
+        if self.vocab_chunk is not None and self.vocab_chunk < 1:
+            raise ValueError(f"SFTConfig.vocab_chunk = {self.vocab_chunk}: expected >= 1 or None")
         if self.accum_steps < 1 or self.data.batch_size % self.accum_steps:
             raise ValueError(f"SFTConfig: data.batch_size ({self.data.batch_size}) must be a multiple of "
                              f"accum_steps ({self.accum_steps}) >= 1")
@@ -244,55 +250,52 @@ def sft_tokenizer(config: SFTConfig, records: Sequence[dict], out_dir: Path):
 
 # ---------------------------------------------------------------------------------------------- the stage
 
-def sft_loss_fn(model: Qwen3_5MoeForCausalLM):
-    """loss_fn(params, micro_batch, rng) -> (CE sum over loss tokens, loss-token count, moe_aux)."""
+def sft_loss_fn(model: Qwen3_5MoeForCausalLM, vocab_chunk: int | None = None):
+    """loss_fn(params, micro_batch, rng) -> (CE sum over loss tokens, loss-token count, moe_aux); with
+    `vocab_chunk` the CE is computed from the final hidden states over vocabulary chunks (no [B, T, V] logits)."""
     top_k = model.config.num_experts_per_tok
 
     def loss_fn(params, micro, rng):
         del rng  # no dropout
-        out = model.apply({"params": params}, micro["input_ids"], attention_mask=micro["attention_mask"])
-        ce, n = masked_token_ce_sum(out.logits, micro["input_ids"], micro["loss_mask"])
+        out = model.apply({"params": params}, micro["input_ids"], attention_mask=micro["attention_mask"],
+                          return_logits=vocab_chunk is None)
+        if vocab_chunk is None:
+            ce, n = masked_token_ce_sum(out.logits, micro["input_ids"], micro["loss_mask"])
+        else:
+            ce, n = masked_token_ce_sum_chunked(out.hidden, params["lm_head"]["kernel"], micro["input_ids"],
+                                                micro["loss_mask"], vocab_chunk, model.dtype)
         return ce, n, moe_aux(out.router_logits, micro["attention_mask"], top_k)
 
     return loss_fn
 
 
-def load_init_params(path: str | Path, model_config, what: str = "SFT init"):
+def load_init_params(path: str | Path, model_config, what: str = "SFT init", mesh=None, dtype=None):
     """Params of the checkpoint `path` (a model checkpoint or a stage's run dir), checked against the stage's
-    `model_config` and cast to its param dtypes (fp32 training). Shared by the stages (RL init/reference).
+    `model_config`, read straight into `mesh`'s shardings (`hat_jax.train.sharded_init.restore_params`) and,
+    with `dtype` ("float32" / "bfloat16"), cast to it inside `jit` on those shardings. Shared by the stages
+    (RL init/reference).
 
     Args:
         path: checkpoint directory. model_config: the architecture the stage expects.
         what: how the messages name the checkpoint (e.g. "SFT init", "RL reference").
+        mesh: the stage's mesh or None (the default device). dtype: None keeps the stored dtypes.
     Raises:
         FileNotFoundError: `path` does not exist.
-        IncompatibleCheckpointError: unreadable params, another shape (names the first bad leaf) or another
-            model config (lists the differing fields).
+        IncompatibleCheckpointError: unreadable params, another shape (names the first bad leaf), another model
+            config (lists the differing fields), a mesh that cannot shard a parameter (names it).
     """
-    from hat_jax.model.checkpoint_io import load_model_checkpoint
+    from hat_jax.train.sharded_init import cast_params, restore_params
 
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{what} checkpoint {str(path)!r} does not exist")
-    try:
-        stored_config, params = load_model_checkpoint(path)
-    except ValueError as err:
-        raise ckpt.IncompatibleCheckpointError(f"{what} checkpoint {str(path)!r}: {err}") from err
-    expected = params_shapes(model_config)
-    ckpt.check_compatible(str(path), "params", params, expected, check_dtype=False)  # names the first bad leaf
-    fields = [f.name for f in dataclasses.fields(model_config) if f.name != "extra"]
-    diff = [f"{f}: checkpoint {getattr(stored_config, f)!r} != stage {getattr(model_config, f)!r}"
-            for f in fields if getattr(stored_config, f) != getattr(model_config, f)]
-    if diff:
-        raise ckpt.IncompatibleCheckpointError(f"{what} checkpoint {str(path)!r} has another model config: "
-                                               + "; ".join(diff[:8]))
-    return jax.tree_util.tree_map(lambda p, e: jnp.asarray(p, e.dtype), params, expected)  # train in fp32
+    params = restore_params(path, model_config, mesh, what)
+    return params if dtype is None else cast_params(params, model_config, COMPUTE_DTYPES[dtype], mesh)
 
 
-def _initial_params(config: SFTConfig, model_config):
+def _initial_params(config: SFTConfig, model_config, mesh=None):
+    from hat_jax.train.sharded_init import fresh_params
+
     if config.init is None:
-        return init_params(model_config, jax.random.key(config.seed))
-    return load_init_params(config.init, model_config, "SFT init")
+        return fresh_params(model_config, config.seed, mesh)
+    return load_init_params(config.init, model_config, "SFT init", mesh)
 
 
 def run_sft(config: SFTConfig, out_dir: str | Path, *, resume: bool = False, force: bool = False,
@@ -312,7 +315,8 @@ def run_sft(config: SFTConfig, out_dir: str | Path, *, resume: bool = False, for
     out.mkdir(parents=True, exist_ok=True)
     model_config = config.model_config()
 
-    params = _initial_params(config, model_config) if run.existing is None else None  # fail fast on a bad --init
+    mesh = default_mesh(config.mesh, model_config.num_experts)
+    params = _initial_params(config, model_config, mesh) if run.existing is None else None  # fail fast on a bad --init
     records, _ = sft_records(config.world)
     tokenizer = sft_tokenizer(config, records, out)
     from hat_jax.harness.loader import production_harness
@@ -324,11 +328,14 @@ def run_sft(config: SFTConfig, out_dir: str | Path, *, resume: bool = False, for
         return {"data/hsa_share": float(np.mean(np.any(host["hsa_applied"] != 0, axis=1)))}
 
     return run_masked_ce(run, config, model_config, params, batches, desc=f"sft[{config.harness_mode}]",
-                         mesh_shape=config.mesh, progress=progress, batch_metrics=hsa_share)
+                         mesh_shape=config.mesh, progress=progress, batch_metrics=hsa_share,
+                         param_dtype=config.param_dtype, mu_dtype=config.mu_dtype, remat=config.remat,
+                         vocab_chunk=config.vocab_chunk)
 
 
 def run_masked_ce(run: StageRun, config, model_config, params, batches, *, desc: str, mesh_shape=None,
-                  progress: bool = True, batch_metrics=None) -> TrainState:
+                  progress: bool = True, batch_metrics=None, param_dtype: str = "float32", mu_dtype: str | None = None,
+                  remat: bool = False, vocab_chunk: int | None = None) -> TrainState:
     """The masked token-CE training loop shared by SFT and the base pretraining (`hat_jax.train.pretrain`): the
     state from `run.start` (restored with the iterator's data state on resume), `sft_loss_fn` + lb_coef x the MoE
     load-balancing loss, `accum_steps` micro-batches of `DEVICE_KEYS`, `run.run` with the config's intervals.
@@ -338,16 +345,17 @@ def run_masked_ce(run: StageRun, config, model_config, params, batches, *, desc:
         log_every, ckpt_every, max_to_keep and seed. model_config: the architecture. params: the initial params
         (None when resuming). batches: an iterator with get_state / set_state yielding host batches with
         `DEVICE_KEYS`. desc: progress label. mesh_shape: `default_mesh`'s shape. batch_metrics: as `run_stage`.
+      param_dtype, mu_dtype, remat, vocab_chunk: as `SFTConfig`.
     Returns:
       the final TrainState.
     """
-    optimizer = make_optimizer(config.optim)
-    mesh = default_mesh(mesh_shape)
-    state, data_state = run.start(model_config, optimizer, mesh, params, config.seed)
+    optimizer = make_optimizer(config.optim, mu_dtype=COMPUTE_DTYPES[mu_dtype] if mu_dtype else None)
+    mesh = default_mesh(mesh_shape, model_config.num_experts)
+    state, data_state = run.start(model_config, optimizer, mesh, params, config.seed, param_dtype)
     if data_state is not None:
         batches.set_state(data_state)
-    model = Qwen3_5MoeForCausalLM(model_config, dtype=COMPUTE_DTYPES[config.compute_dtype])
-    step_fn = make_train_step(sft_loss_fn(model), optimizer, lb_coef=config.lb_coef,
+    model = Qwen3_5MoeForCausalLM(model_config, dtype=COMPUTE_DTYPES[config.compute_dtype], remat=remat)
+    step_fn = make_train_step(sft_loss_fn(model, vocab_chunk), optimizer, lb_coef=config.lb_coef,
                               schedule=lr_schedule(config.optim), shardings=run.shardings)
 
     def prepare(host):

@@ -7,9 +7,11 @@ is that directory's life cycle, in the order every stage uses it:
 1. `StageRun(name, out_dir, config_json, resume=..., force=...)`: refuses a directory that already holds
    checkpoints unless resuming (FileExistsError, message names the latest step); `existing` is its latest
    checkpoint step or None (a fresh start). The stage then loads its init, tokenizer and data.
-2. `start(model_config, optimizer, mesh, params, seed)`: the abstract train state and its shardings (on a
-   mesh), then either the latest checkpoint restored (its config hash checked, `force` overrides) or a
-   fresh `init_train_state(params, optimizer, fold_in(key(seed), 1))`; committed once with `place_state`;
+2. `start(model_config, optimizer, mesh, params, seed, param_dtype)`: the abstract train state and its
+   shardings (on a mesh), then either the latest checkpoint restored into them (its config hash checked,
+   `force` overrides; the mesh is not part of the hash) or a fresh `init_train_state(params, optimizer,
+   fold_in(key(seed), 1))` built inside `jit` with those shardings (`hat_jax.train.sharded_init`);
+   committed once with `place_state`;
    `stage_config.json` written. Returns (state, data_state); `shardings` is kept for the train step.
 3. `run(loop, state, batches, step_fn, ...)`: `run_stage` with the stage's `StageCheckpointer` and
    `MetricsWriter` (a fresh run logs its config as the text `config/<name>`), both closed on any exit.
@@ -41,6 +43,13 @@ from hat_jax.train.trainer import (LoopConfig, NonFiniteLossError, TrainState, i
                                    run_stage, state_shardings)
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def check_dtypes(owner: str, **fields) -> None:
+    """Raises ValueError naming `owner.field` when a dtype field is not a key of COMPUTE_DTYPES (None passes)."""
+    for name, value in fields.items():
+        if value is not None and value not in COMPUTE_DTYPES:
+            raise ValueError(f"{owner}.{name} = {value!r}; valid: {sorted(COMPUTE_DTYPES)}")
 CLI_ERRORS = (NonFiniteLossError, ckpt.ConfigMismatchError, ckpt.IncompatibleCheckpointError, FileExistsError,
               FileNotFoundError, ValueError)
 
@@ -80,15 +89,22 @@ class StageRun:
         self.shardings = None
         self.model_config = None
 
-    def start(self, model_config, optimizer, mesh, params, seed: int) -> tuple[TrainState, Any]:
-        """(state, data_state): the restored latest checkpoint (data_state its stored data state) or a fresh
-        state from `params` (data_state None), placed on `mesh`; writes `<out>/stage_config.json`.
+    def start(self, model_config, optimizer, mesh, params, seed: int,
+              param_dtype: str = "float32") -> tuple[TrainState, Any]:
+        """(state, data_state): the restored latest checkpoint (data_state its stored data state, read straight
+        into the mesh's shardings) or a fresh state from `params` (data_state None; params cast to `param_dtype`
+        and the optimizer state initialised inside `jit` with the mesh's shardings, `params` donated); writes
+        `<out>/stage_config.json`.
 
         Raises:
           ckpt.ConfigMismatchError / IncompatibleCheckpointError: see `hat_jax.train.checkpoints`.
         """
+        from hat_jax.train.sharded_init import init_state
+
         self.model_config = model_config
-        abstract = jax.eval_shape(lambda: init_train_state(params_shapes(model_config), optimizer, jax.random.key(0)))
+        dtype = COMPUTE_DTYPES[param_dtype]
+        abstract = jax.eval_shape(lambda: init_train_state(params_shapes(model_config, dtype), optimizer,
+                                                           jax.random.key(0)))
         self.shardings = state_shardings(abstract, optimizer, model_config, mesh) if mesh is not None else None
         if self.shardings is not None:
             abstract = jax.tree_util.tree_map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
@@ -98,7 +114,7 @@ class StageRun:
             state, data_state, _ = ckpt.restore_latest(self.out, abstract, config=self.cfg_json, force=self.force)
             self.log.info("resumed %s at step %d", self.out, self.existing)
         else:
-            state = init_train_state(params, optimizer, jax.random.fold_in(jax.random.key(seed), 1))
+            state = init_state(params, optimizer, jax.random.fold_in(jax.random.key(seed), 1), dtype, self.shardings)
         state = place_state(state, self.shardings)
         (self.out / "stage_config.json").write_text(json.dumps(self.cfg_json, indent=1, sort_keys=True) + "\n")
         return state, data_state

@@ -1,0 +1,105 @@
+"""Compile a stage's jitted programs for a TPU pod slice on this machine and report per-chip memory and FLOPs.
+
+    python -m hat_jax.aot --preset qwen3_6_35b_a3b --topology v5p-64 --stage sft|opd|rl|generate
+        [--mesh data,fsdp,expert,tensor] [--set sft.data.seq_len=4096 --set model.num_hidden_layers=4 ...]
+        [--json FILE]
+
+Needs libtpu (`pip install -e ".[tpu-aot]"`); run with JAX_PLATFORMS=cpu (nothing runs on a TPU). `--set`
+takes the experiment presets' `section.field=value` (`hat_jax.experiments.scales`) and `model.<field>=value`
+for the model of every stage. The default mesh is `hat_jax.model.sharding.fully_sharded_shape` for the slice.
+Prints the figures (`hat_jax.aot.report.format_report`); exit 2 with `error: ...` on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before jax is imported: compile for TPU, run nothing on one
+
+from hat_jax.aot.programs import STAGES, stage_model_config, stage_programs
+from hat_jax.aot.report import format_report, stage_report
+from hat_jax.aot.topology import check_mesh, parse_mesh, resolve_topology, topology_devices, valid_names
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    from hat_jax.experiments.scales import SCALES
+
+    parser = argparse.ArgumentParser(prog="python -m hat_jax.aot", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="qwen3_6_35b_a3b", help=f"experiment preset: {', '.join(SCALES)}")
+    parser.add_argument("--topology", required=True, help=f"TPU slice: {', '.join(valid_names())} or libtpu's "
+                                                          "'v5p:4x4x2' form")
+    parser.add_argument("--stage", required=True, choices=STAGES)
+    parser.add_argument("--mesh", help="data,fsdp,expert,tensor sizes (default: fsdp x expert over every chip)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="section.field=value of the preset (sft.data.seq_len=4096, rl.accum_steps=8) or "
+                             "model.<field>=value (model.num_hidden_layers=4)")
+    parser.add_argument("--json", help="also write the report as JSON to FILE")
+    return parser.parse_args(argv)
+
+
+def split_model_overrides(assignments: Sequence[str]) -> tuple[list[tuple[str, object]], list[str]]:
+    """(model.<field> overrides as (field, value), the other assignments); values parsed as JSON when they are.
+
+    Raises:
+        ValueError: a model.* assignment without '=' or a field.
+    """
+    model, rest = [], []
+    for item in assignments:
+        key, sep, value = item.partition("=")
+        if not key.strip().startswith("model."):
+            rest.append(item)
+            continue
+        field = key.strip()[len("model."):]
+        if not sep or not field:
+            raise ValueError(f"--set {item!r}: expected model.<field>=value")
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = value
+        model.append((field, tuple(parsed) if isinstance(parsed, list) else parsed))
+    return model, rest
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Builds, compiles and reports (module docstring); returns the report dict."""
+    from hat_jax.experiments.scales import apply_scale_overrides, get_scale
+    from hat_jax.model.sharding import fully_sharded_shape, make_mesh
+
+    topology = resolve_topology(args.topology)
+    model_overrides, rest = split_model_overrides(args.set)
+    scale = apply_scale_overrides(get_scale(args.preset), rest)
+    model_config = stage_model_config(args.stage, scale, model_overrides)
+    shape = parse_mesh(args.mesh) if args.mesh else fully_sharded_shape(topology.chips, model_config.num_experts)
+    check_mesh(shape, topology.chips)
+    devices = topology_devices(topology)
+    mesh = make_mesh(*shape, devices=devices)
+    programs = stage_programs(args.stage, scale, model_config, mesh)
+    model = {"layers": model_config.num_hidden_layers, "hidden_size": model_config.hidden_size,
+             "num_experts": model_config.num_experts, "vocab_size": model_config.vocab_size}
+    return stage_report(args.stage, topology, mesh, programs, preset=args.preset, model=model)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    report = run(args)
+    print(format_report(report))
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (ValueError, RuntimeError) as err:
+        print(f"error: {type(err).__name__}: {err}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,197 @@
+"""Compiles a stage's programs and reads per-chip figures: memory against HBM, FLOPs, collectives.
+
+Per program (`compile_program`): `compiled.memory_analysis()` gives one chip's argument, output, temporary
+and aliased (donated) bytes; total = arguments + outputs - aliased + temporaries + the program's resident
+bytes (state held on the chip besides the arguments). `compiled.cost_analysis()` gives the chip's FLOPs and
+the compiler's time estimate. A program above HBM is refused by the TPU compiler; its report then holds the
+bytes the compiler's message states and the message itself (the largest allocations). The collectives are read from the partitioned HLO (`compiled.as_text()`):
+count and result bytes per kind (an op inside a loop body is counted once, not per iteration).
+The stage's peak is its program with the largest total.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from hat_jax.aot.programs import Program
+from hat_jax.aot.topology import GiB, Topology
+
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute", "ragged-all-to-all")
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
+                "f32": 4, "s64": 8, "u64": 8, "f64": 8, "f8e4m3fn": 1, "f8e5m2": 1, "s4": 1, "u4": 1}
+_SHAPE = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\]")
+_OP = re.compile(r"=\s*(.*?)\s+(" + "|".join(sorted(COLLECTIVES, key=len, reverse=True)) + r")(-start)?\(")
+
+
+def check_divisible(program: Program, mesh) -> None:
+    """Raises ValueError naming the program, the argument, its shape and the mesh when a sharded dimension
+    does not divide by its mesh axes (e.g. a batch of 2 rows on 4 batch devices)."""
+    for path, leaf in jax.tree_util.tree_leaves_with_path(program.args):
+        spec = getattr(getattr(leaf, "sharding", None), "spec", None)
+        if spec is None:
+            continue
+        for dim, axes in zip(leaf.shape, spec):
+            if axes is None:
+                continue
+            size = math.prod(mesh.shape[a] for a in (axes if isinstance(axes, tuple) else (axes,)))
+            if dim % size:
+                raise ValueError(f"{program.name}: argument {jax.tree_util.keystr(path)} of shape {tuple(leaf.shape)}"
+                                 f" has dimension {dim}, not divisible by mesh axes {axes} (size {size}) of mesh "
+                                 f"{dict(mesh.shape)}")
+
+
+def hlo_collectives(hlo: str) -> dict[str, dict[str, Any]]:
+    """{kind: {"count", "bytes" (sum of result sizes), "largest" (bytes), "largest_shape"}} of the collectives
+    in an HLO module's text (asynchronous `-start` ops counted, their `-done` halves not; the result of a
+    start op is the last shape of its tuple)."""
+    out: dict[str, dict[str, Any]] = {}
+    for line in hlo.splitlines():
+        m = _OP.search(line)
+        if m is None:
+            continue
+        shapes = _SHAPE.findall(m.group(1))
+        if not shapes:
+            continue
+        dtype, dims = shapes[-1]
+        size = _DTYPE_BYTES.get(dtype, 4) * int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
+        entry = out.setdefault(m.group(2), {"count": 0, "bytes": 0, "largest": 0, "largest_shape": ""})
+        entry["count"] += 1
+        entry["bytes"] += size
+        if size > entry["largest"]:
+            entry["largest"], entry["largest_shape"] = size, f"{dtype}[{dims}]"
+    return dict(sorted(out.items()))
+
+
+def _cost(compiled) -> dict:
+    cost = compiled.cost_analysis()
+    if isinstance(cost, Sequence) and not isinstance(cost, Mapping):
+        cost = cost[0] if cost else {}
+    return dict(cost or {})
+
+
+def compile_program(program: Program, topology: Topology, mesh) -> dict[str, Any]:
+    """Lowers and compiles one program for the topology's devices; its figures (bytes and FLOPs per chip).
+
+    Returns:
+        {"name", "compile_s", "bytes_per_chip": {"arguments", "outputs", "temporaries", "aliased", "resident",
+        "total"}, "flops_per_chip" (compiler), "analytic_flops_per_chip", "flops_ratio" (compiled / analytic),
+        "tokens", "compiler_seconds" (the compiler's step-time estimate, None when it gives none or a
+        non-positive one), "collectives" (`hlo_collectives`)}.
+    Raises:
+        ValueError: an argument that the mesh cannot shard (`check_divisible`).
+    """
+    check_divisible(program, mesh)
+    t0 = time.perf_counter()
+    lowered = program.fn.lower(*program.args)
+    try:
+        compiled = lowered.compile()
+    except Exception as err:  # JaxRuntimeError RESOURCE_EXHAUSTED: the compiler refuses a program above HBM
+        if "RESOURCE_EXHAUSTED" not in str(err):
+            raise
+        return _over_hbm(program, topology, str(err), time.perf_counter() - t0)
+    seconds = time.perf_counter() - t0
+    mem = compiled.memory_analysis()
+    args, outs = int(mem.argument_size_in_bytes), int(mem.output_size_in_bytes)
+    temps, alias = int(mem.temp_size_in_bytes), int(mem.alias_size_in_bytes)
+    cost = _cost(compiled)
+    flops = float(cost.get("flops", 0.0))
+    analytic = program.analytic_flops / topology.chips
+    estimate = cost.get("optimal_seconds")
+    return {
+        "name": program.name,
+        "compile_s": round(seconds, 1),
+        "bytes_per_chip": {"arguments": args, "outputs": outs, "temporaries": temps, "aliased": alias,
+                           "resident": int(program.resident),
+                           "total": args + outs - alias + temps + int(program.resident)},
+        "flops_per_chip": flops,
+        "analytic_flops_per_chip": analytic,
+        "flops_ratio": flops / analytic if analytic else None,
+        "tokens": int(program.tokens),
+        "compiler_seconds": float(estimate) if estimate is not None and float(estimate) > 0 else None,
+        "collectives": hlo_collectives(compiled.as_text()),
+    }
+
+
+_SIZE = r"([0-9.]+)([KMGT]?)"
+_REQUIRED = (re.compile(r"HLO temporaries \(" + _SIZE + r"\)"), re.compile(r"Used " + _SIZE + r" of"))
+
+
+def _bytes(number: str, unit: str) -> int:
+    return int(float(number) * 1024 ** " KMGT".index(unit or " "))
+
+
+def _over_hbm(program: Program, topology: Topology, message: str, seconds: float) -> dict[str, Any]:
+    """The figures of a program the TPU compiler refused for exceeding HBM: the temporaries (or program bytes) its
+    message states, `error` (the message, its allocation list included), no FLOPs or collectives."""
+    required = next((m for m in (r.search(message) for r in _REQUIRED) if m), None)
+    temps = _bytes(*required.groups()) if required else None
+    analytic = program.analytic_flops / topology.chips
+    return {
+        "name": program.name, "compile_s": round(seconds, 1),
+        "bytes_per_chip": {"arguments": None, "outputs": None, "temporaries": temps, "aliased": None,
+                           "resident": int(program.resident),
+                           "total": None if temps is None else temps + int(program.resident)},
+        "flops_per_chip": None, "analytic_flops_per_chip": analytic, "flops_ratio": None,
+        "tokens": int(program.tokens), "compiler_seconds": None, "collectives": {},
+        "error": message.strip()[:4000],
+    }
+
+
+def stage_report(stage: str, topology: Topology, mesh, programs: Sequence[Program], *, preset: str,
+                 model: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON report of a stage: the peak program's figures at the top level (`bytes_per_chip`,
+    `flops_per_chip`, `analytic_flops_per_chip`, `collectives`), every program under "programs", and
+    `fits` (total <= HBM). With the compiler's time estimate for a train step, `mfu` = analytic FLOPs per chip /
+    (estimate x peak FLOP/s)."""
+    results = [compile_program(p, topology, mesh) for p in programs]
+    peak = max(results, key=lambda r: r["bytes_per_chip"]["total"] or float("inf"))
+    report = {
+        "stage": stage, "preset": preset, "topology": topology.name, "libtpu_topology": topology.libtpu_name,
+        "chips": topology.chips, "mesh": dict(mesh.shape), "hbm_bytes_per_chip": topology.hbm_bytes,
+        "model": dict(model), "peak_program": peak["name"],
+        "bytes_per_chip": peak["bytes_per_chip"], "flops_per_chip": peak["flops_per_chip"],
+        "analytic_flops_per_chip": peak["analytic_flops_per_chip"], "collectives": peak["collectives"],
+        "fits": all(r["bytes_per_chip"]["total"] is not None and r["bytes_per_chip"]["total"] <= topology.hbm_bytes
+                    for r in results),
+        "programs": results,
+    }
+    for r in results:
+        if r["compiler_seconds"]:
+            r["mfu"] = r["analytic_flops_per_chip"] / (r["compiler_seconds"] * topology.peak_flops_per_s)
+    return report
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+    """Human-readable lines of a `stage_report` (GiB, TFLOPs, collective counts and sizes)."""
+    hbm = report["hbm_bytes_per_chip"]
+    lines = [f"{report['stage']} on {report['topology']} ({report['chips']} chips, mesh "
+             + ", ".join(f"{k}={v}" for k, v in report["mesh"].items()) + f"), HBM {hbm / GiB:.1f} GiB per chip"]
+    for r in report["programs"]:
+        b = r["bytes_per_chip"]
+        if "error" in r:
+            temps = "?" if b["temporaries"] is None else f"{b['temporaries'] / GiB:.2f} GiB"
+            lines.append(f"  {r['name']}: the compiler refused it after {r['compile_s']:.0f} s: temporaries {temps} "
+                         f"per chip exceed the HBM; its message:")
+            lines += ["    | " + line for line in r["error"].splitlines()[:40]]
+            continue
+        lines.append(f"  {r['name']}: compiled in {r['compile_s']:.0f} s")
+        lines.append("    per chip: " + ", ".join(f"{k} {b[k] / GiB:.2f} GiB" for k in
+                                                  ("arguments", "outputs", "aliased", "temporaries", "resident"))
+                     + f" -> total {b['total'] / GiB:.2f} GiB ({100 * b['total'] / hbm:.0f}% of HBM"
+                     + (", does NOT fit)" if b["total"] > hbm else ")"))
+        ratio = f" (x{r['flops_ratio']:.2f})" if r["flops_ratio"] else ""
+        lines.append(f"    FLOPs per chip: compiled {r['flops_per_chip']:.3e}, analytic "
+                     f"{r['analytic_flops_per_chip']:.3e}{ratio}; {r['tokens']:,} tokens")
+        if r["compiler_seconds"]:
+            lines.append(f"    compiler's estimate {r['compiler_seconds']:.3f} s -> MFU {100 * r['mfu']:.1f}%")
+        for kind, c in r["collectives"].items():
+            lines.append(f"    {kind}: {c['count']} ops, {c['bytes'] / 2**20:.1f} MiB results, largest "
+                         f"{c['largest_shape']} ({c['largest'] / 2**20:.1f} MiB)")
+    return "\n".join(lines)

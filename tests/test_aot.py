@@ -1,0 +1,116 @@
+"""`python -m hat_jax.aot`: the micro SFT step compiled for a 4-chip TPU slice (v5p 2x2x1) on this CPU.
+
+libtpu's compiler runs in subprocesses (`JAX_PLATFORMS=cpu`), so the pytest process never loads libtpu. The
+compile is kept small (2 layers: one Gated DeltaNet, one attention; 4 rows x 64 tokens). Bad input fails before
+compiling: an unknown topology lists the valid names, a mesh of the wrong size names it and the chip count, a
+mesh that cannot shard a parameter names the parameter and the mesh. Names and mesh rules are checked
+in-process too (no libtpu needed).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hat_jax.aot.topology import GiB, check_mesh, parse_mesh, resolve_topology
+from hat_jax.model.sharding import fully_sharded_shape
+
+needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                                  reason="libtpu missing: pip install -e '.[tpu-aot]' (the test extra has it)")
+SMALL = ["--preset", "micro", "--topology", "v5p:2x2x1", "--stage", "sft", "--set", "sft.data.batch_size=4",
+         "--set", "sft.data.seq_len=64", "--set", "model.num_hidden_layers=2", "--set",
+         "model.full_attention_interval=2"]
+
+
+def _aot(args, tmp_path=None, timeout=300):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    return subprocess.run([sys.executable, "-m", "hat_jax.aot", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd=tmp_path)
+
+
+@pytest.fixture(scope="module")
+def micro_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("aot") / "sft.json"
+    proc = _aot([*SMALL, "--json", str(out)])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out.read_text()), proc.stdout
+
+
+@needs_libtpu
+def test_micro_sft_compiles_for_v5p_2x2x1(micro_report):
+    report, stdout = micro_report
+    assert report["stage"] == "sft" and report["topology"] == "v5p:2x2x1" and report["chips"] == 4
+    assert report["hbm_bytes_per_chip"] == 95 * GiB and report["fits"] is True
+    assert report["mesh"] == {"data": 1, "fsdp": 2, "expert": 2, "tensor": 1}
+    assert [p["name"] for p in report["programs"]] == ["train_step"]
+    b = report["bytes_per_chip"]
+    assert b["total"] == b["arguments"] + b["outputs"] - b["aliased"] + b["temporaries"] + b["resident"]
+    assert b["arguments"] > 0 and b["temporaries"] > 0 and b["resident"] == 0
+    assert b["aliased"] > 0  # the state is donated
+    # analytic: 6 x (active params - embedding) x tokens + 12 x attention layers x heads x head_dim x T x tokens
+    from hat_jax.model.config import get_config
+    from hat_jax.model.params import param_counts
+
+    config = get_config("micro", vocab_size=4096, num_hidden_layers=2, full_attention_interval=2)
+    matmul = param_counts(config)["active"] - 4096 * 64
+    tokens = 4 * 64
+    assert report["analytic_flops_per_chip"] == (6.0 * matmul * tokens + 12.0 * 1 * 4 * 32 * 64 * tokens) / 4
+    assert 0.5 < report["flops_per_chip"] / report["analytic_flops_per_chip"] < 3.0
+    assert report["collectives"]["all-reduce"]["count"] > 0 and report["collectives"]["all-gather"]["bytes"] > 0
+    assert "train_step: compiled in" in stdout and "HBM 95.0 GiB per chip" in stdout
+
+
+@needs_libtpu
+def test_unknown_topology_lists_valid_names():
+    proc = _aot(["--topology", "v5p-7", "--stage", "sft"])
+    assert proc.returncode == 2
+    assert "unknown TPU topology 'v5p-7'; valid:" in proc.stderr and "v5p-64" in proc.stderr
+
+
+@needs_libtpu
+def test_mesh_errors_name_the_mesh():
+    proc = _aot([*SMALL, "--mesh", "1,2,1,1"])
+    assert proc.returncode == 2 and "mesh (data=1, fsdp=2, expert=1, tensor=1) has 2 devices, the topology 4" \
+        in proc.stderr
+    proc = _aot([*SMALL, "--mesh", "1,1,4,1", "--set", "model.num_experts=2"])
+    assert proc.returncode == 2
+    assert "experts" in proc.stderr and "dimension 2 is not divisible by mesh axes expert (size 4)" in proc.stderr
+
+
+def test_hlo_collectives_counts_and_sizes():
+    from hat_jax.aot.report import hlo_collectives
+
+    hlo = "\n".join([
+        "  %all-gather.1 = bf16[8,4096,2048]{2,1,0} all-gather(bf16[1,4096,2048]{2,1,0} %p), dimensions={0}",
+        "  %ag-start = (f32[16]{0}, f32[128]{0}) all-gather-start(f32[16]{0} %x), dimensions={0}",
+        "  %ag-done = f32[128]{0} all-gather-done((f32[16]{0}, f32[128]{0}) %ag-start)",
+        "  %all-reduce.7 = f32[2048,8,128]{2,1,0} all-reduce(f32[2048,8,128]{2,1,0} %y), to_apply=%add",
+        "  %add.3 = f32[4]{0} add(f32[4]{0} %a, f32[4]{0} %b)",
+    ])
+    assert hlo_collectives(hlo) == {
+        "all-gather": {"count": 2, "bytes": 8 * 4096 * 2048 * 2 + 128 * 4, "largest": 8 * 4096 * 2048 * 2,
+                       "largest_shape": "bf16[8,4096,2048]"},
+        "all-reduce": {"count": 1, "bytes": 2048 * 8 * 128 * 4, "largest": 2048 * 8 * 128 * 4,
+                       "largest_shape": "f32[2048,8,128]"},
+    }
+
+
+def test_topology_names_and_meshes():
+    t = resolve_topology("v5p-64")
+    assert (t.libtpu_name, t.chips, t.hbm_bytes) == ("v5p:4x4x2", 32, 95 * GiB)
+    assert (resolve_topology("v6e-64").libtpu_name, resolve_topology("v6e-64").chips) == ("v6e:8x8", 64)
+    assert resolve_topology("v5p:2x2x1").chips == 4
+    with pytest.raises(ValueError, match=r"unknown TPU topology 'tpu9-8'; valid: .*v5p-128"):
+        resolve_topology("tpu9-8")
+    assert parse_mesh("1,8,4,1") == (1, 8, 4, 1)
+    with pytest.raises(ValueError, match="expected 4 positive integers data,fsdp,expert,tensor"):
+        parse_mesh("8,4")
+    with pytest.raises(ValueError, match=r"mesh \(data=1, fsdp=8, expert=8, tensor=1\) has 64 devices, the topology 32"):
+        check_mesh((1, 8, 8, 1), 32)
+    assert fully_sharded_shape(32, 256) == (1, 8, 4, 1) and fully_sharded_shape(64, 256) == (1, 8, 8, 1)
+    assert fully_sharded_shape(8, 8) == (1, 4, 2, 1) and fully_sharded_shape(1, 8) == (1, 1, 1, 1)
