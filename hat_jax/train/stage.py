@@ -50,6 +50,21 @@ def check_dtypes(owner: str, **fields) -> None:
     for name, value in fields.items():
         if value is not None and value not in COMPUTE_DTYPES:
             raise ValueError(f"{owner}.{name} = {value!r}; valid: {sorted(COMPUTE_DTYPES)}")
+
+
+def check_model_options(owner: str, config) -> None:
+    """Raises ValueError naming `owner.remat_policy` when it is not a `REMAT_POLICIES` key (listing them)."""
+    from hat_jax.model.transformer import check_remat_policy
+    check_remat_policy(config.remat_policy, f"{owner}.remat_policy")
+
+
+def model_options(config) -> dict:
+    """The `Qwen3_5MoeForCausalLM` keyword options of a stage config: remat_policy and scan_layers (how the
+    trained model runs its layers; the defaults of configs without them: no remat, the Python loop)."""
+    return {"remat_policy": getattr(config, "remat_policy", "none"),
+            "scan_layers": bool(getattr(config, "scan_layers", False))}
+
+
 CLI_ERRORS = (NonFiniteLossError, ckpt.ConfigMismatchError, ckpt.IncompatibleCheckpointError, FileExistsError,
               FileNotFoundError, ValueError)
 
