@@ -55,8 +55,9 @@ def policy_forward(model: Qwen3_5MoeForCausalLM, params, batch: Mapping[str, jax
     `vocab_chunk` the logprobs stream the vocabulary in chunks (`token_logprobs_chunked`) and the output has no
     logits (no [B, T, V] array)."""
     forced = forced_ids_rows(batch["expert_ids"]) if routing_replay else None
+    chunked = {} if vocab_chunk is None else {"return_logits": False}
     out = model.apply({"params": params}, batch["input_ids"], attention_mask=batch["attention_mask"],
-                      forced_expert_ids=forced, return_logits=vocab_chunk is None)
+                      forced_expert_ids=forced, **chunked)
     if vocab_chunk is None:
         return token_logprobs(out.logits, batch["input_ids"], temperature), out
     return token_logprobs_chunked(out.hidden, params["lm_head"]["kernel"], batch["input_ids"], vocab_chunk,
