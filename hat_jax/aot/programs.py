@@ -34,7 +34,7 @@ from hat_jax.model.params import param_counts, params_logical_axes, params_shape
 from hat_jax.model.sharding import batch_sharding, logical_to_mesh
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.train.optim import lr_schedule, make_optimizer
-from hat_jax.train.stage import COMPUTE_DTYPES
+from hat_jax.train.stage import COMPUTE_DTYPES, model_options
 from hat_jax.train.trainer import init_train_state, micro_batch_sharding, state_shardings
 
 STAGES = ("sft", "opd", "rl", "generate")
@@ -117,8 +117,7 @@ def _rows_batch(mesh: Mesh, rows: int, seq_len: int, dtype=jnp.int32):
 
 
 def _model(config, model_config) -> Qwen3_5MoeForCausalLM:
-    return Qwen3_5MoeForCausalLM(model_config, dtype=COMPUTE_DTYPES[config.compute_dtype],
-                                 remat=bool(getattr(config, "remat", False)))
+    return Qwen3_5MoeForCausalLM(model_config, dtype=COMPUTE_DTYPES[config.compute_dtype], **model_options(config))
 
 
 def sft_programs(scale, model_config, mesh: Mesh) -> list[Program]:
@@ -152,7 +151,7 @@ def opd_programs(scale, model_config, mesh: Mesh) -> list[Program]:
     teacher = _frozen_params(model_config, mesh, dtype)
     rows, t, split = c.rows, c.seq_len, c.accum_steps
     micro = rows // split
-    teacher_fn = make_teacher_fn(Qwen3_5MoeForCausalLM(model_config, dtype=dtype), c)
+    teacher_fn = make_teacher_fn(Qwen3_5MoeForCausalLM(model_config, dtype=dtype, scan_layers=c.scan_layers), c)
     columns = {k: ((t,), jnp.int32) for k in ("input_ids", "attention_mask", "action_mask")}
     columns.update({k: ((t,), jnp.float32) for k in ("old_logprobs", "teacher_logprobs")})
     if c.loss == "exact":
@@ -193,7 +192,8 @@ def rl_programs(scale, model_config, mesh: Mesh) -> list[Program]:
     batch = _micro_batch(mesh, split, rows, columns)
     model = _model(c, model_config)
     loss_fn = rl_loss_fn(model, temperature=c.temperature, eps_low=c.eps_low, eps_high=c.eps_high, beta=c.beta,
-                         aggregation=c.aggregation, max_len=c.max_len, routing_replay=c.routing_replay)
+                         aggregation=c.aggregation, max_len=c.max_len, routing_replay=c.routing_replay,
+                         vocab_chunk=c.vocab_chunk)
     step = make_rl_train_step(loss_fn, optimizer, accum_steps=c.accum_steps, epochs=c.ppo_epochs,
                               minibatches=c.ppo_minibatches, lb_coef=c.lb_coef, schedule=lr_schedule(c.optim),
                               shardings=shardings)
@@ -202,7 +202,8 @@ def rl_programs(scale, model_config, mesh: Mesh) -> list[Program]:
     reference = None
     if c.beta > 0:
         reference = _frozen_params(model_config, mesh, dtype)
-        ref_fn = make_ref_logprobs(Qwen3_5MoeForCausalLM(model_config, dtype=dtype), c.temperature)
+        ref_fn = make_ref_logprobs(Qwen3_5MoeForCausalLM(model_config, dtype=dtype, **model_options(c)), c.temperature,
+                                   c.vocab_chunk)
         programs.append(Program("reference_forward", ref_fn,
                                 (reference, _rows_batch(mesh, micro, t), _rows_batch(mesh, micro, t)),
                                 analytic_flops(model_config, micro, t, False), micro * t,

@@ -135,15 +135,19 @@ def _real() -> Scale:
     from hat_jax.data.pipeline import SFTDataConfig
 
     preset = "qwen3_6_35b_a3b"
-    sft = SFTConfig(preset=preset, data=SFTDataConfig(seq_len=16384, batch_size=64, p_hsa=0.5, num_epochs=None),
+    # The trained model at scale: a scan over the 4-layer blocks (compile time flat in depth), each layer
+    # rematerialised (only its input is kept for the backward pass) and the vocabulary (248,320) in 8,192-wide
+    # chunks, so no [B, T, V] array exists (figures: docs/real_scale.md).
+    fits = dict(scan_layers=True, remat_policy="full", vocab_chunk=8192)
+    sft = SFTConfig(**fits, preset=preset, data=SFTDataConfig(seq_len=16384, batch_size=64, p_hsa=0.5, num_epochs=None),
                     optim=OptimConfig(lr=1e-5, warmup_steps=50, total_steps=2000, weight_decay=0.01), steps=2000,
                     compute_dtype="bfloat16", log_every=10, ckpt_every=200)
     # The paper distils on Tulu-3 prompts: --set opd.tulu_path=/data/tulu-3.parquet --set opd.prompts=tulu.
-    opd = OPDConfig(preset=preset, prompts="general", prompt_pool=20000, prompts_per_step=64, samples_per_prompt=4,
+    opd = OPDConfig(**fits, preset=preset, prompts="general", prompt_pool=20000, prompts_per_step=64, samples_per_prompt=4,
                     max_new_tokens=2048, seq_len=4096, bucket=512, loss="sampled", compute_dtype="bfloat16",
                     optim=OptimConfig(lr=1e-6, warmup_steps=10, total_steps=300, min_lr_ratio=1.0), steps=300,
                     log_every=5, ckpt_every=50)
-    rl = RLConfig(world=WorldDataConfig(sft_tasks=0, eval_items=0, rl_tasks=20000), tasks_per_step=64, group_size=8,
+    rl = RLConfig(**fits, world=WorldDataConfig(sft_tasks=0, eval_items=0, rl_tasks=20000), tasks_per_step=64, group_size=8,
                   steps=300, max_new_tokens=2048, max_turns=8, seq_len=32768, rollout_bucket=1024,
                   train_bucket=4096, estimator="gdpo", routing_replay=True, compute_dtype="bfloat16",
                   optim=OptimConfig(lr=1e-6, warmup_steps=0, total_steps=300, min_lr_ratio=1.0), ckpt_every=20)

@@ -16,11 +16,18 @@ Masked scores get the dtype's most negative finite value, so a fully masked row 
 With a cache, keys/values of the T new tokens are written at slot `index` of a fixed-size [B, S, KV, D]
 buffer. When the query offset is static (no cache, or a cache with a static `index`),
 `causal_gqa_attention` computes the same result in query blocks that skip the masked upper triangle.
+
+Implementations (`ATTENTION_IMPLS`, the model's `attention_impl`): 'xla' (the paths above, exact reference,
+any backend), 'splash' (TPU Pallas splash attention, `jax.experimental.pallas.ops.tpu.splash_attention`,
+`splash_attention`), 'cudnn' (`jax.nn.dot_product_attention(implementation="cudnn")`, GPU,
+`cudnn_attention`), 'auto' (splash on TPU, cudnn on GPU, xla elsewhere). The fused ones build no [B, T, S]
+mask and serve the uncached forward (q_offset 0, S == T); cached calls (prefill, decode) take 'xla'.
 """
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from hat_jax.model.config import Qwen3_5MoeTextConfig
 from hat_jax.model.linear import Linear
@@ -30,6 +37,9 @@ from hat_jax.model.rope import apply_partial_rope
 
 ATTENTION_BLOCK = 128  # query rows per block of `causal_gqa_attention`
 MAX_ATTENTION_BLOCKS = 16  # longer sequences get larger blocks (the block loop is unrolled at trace time)
+ATTENTION_IMPLS = ("xla", "splash", "cudnn", "auto")
+SPLASH_BLOCK = 512  # splash query/key block rows when T allows (MaxText's default sa_block_* on TPU)
+SPLASH_MIN_BLOCK = 128  # splash blocks are multiples of the 128 TPU lanes
 
 
 def segment_mask(q_segment_ids: jax.Array, kv_segment_ids: jax.Array, causal: bool = True,
@@ -49,25 +59,220 @@ def segment_mask(q_segment_ids: jax.Array, kv_segment_ids: jax.Array, causal: bo
     return mask
 
 
+def _target_platform() -> str:
+    """The platform being compiled for: that of the mesh set by `jax.set_mesh` (an AOT compile for TPU
+    devices from a CPU host sets one), else `jax.default_backend()`."""
+    mesh = jax.sharding.get_abstract_mesh()  # usable inside jit, unlike get_mesh
+    device = None if mesh.empty else getattr(mesh, "abstract_device", None)
+    if device is not None and getattr(device, "platform", None):
+        return device.platform
+    return jax.default_backend()
+
+
+def resolve_attention_impl(impl: str, platform: str | None = None) -> str:
+    """'auto' -> 'splash' on TPU, 'cudnn' on GPU, 'xla' elsewhere; other names are checked against the
+    platform (default `_target_platform()`).
+
+    Raises:
+        ValueError naming `attention_impl` for an unknown name, 'splash' off TPU or 'cudnn' off GPU.
+    """
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"attention_impl {impl!r}: expected one of {list(ATTENTION_IMPLS)}")
+    if impl == "xla":
+        return impl
+    platform = platform or _target_platform()
+    if impl == "auto":
+        return {"tpu": "splash", "gpu": "cudnn", "cuda": "cudnn"}.get(platform, "xla")
+    if impl == "splash" and platform != "tpu":
+        raise ValueError(f"attention_impl 'splash': needs a TPU backend, got {platform!r} (use 'xla' or "
+                         "'auto'; tests run the kernel with `splash_attention(..., interpret=True)`)")
+    if impl == "cudnn" and platform not in ("gpu", "cuda"):
+        raise ValueError(f"attention_impl 'cudnn': needs a GPU backend, got {platform!r} (use 'xla' or 'auto')")
+    return impl
+
+
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segment_ids: jax.Array, kv_segment_ids: jax.Array, *,
-              scale: float, causal: bool = True, q_offset: int | jax.Array = 0) -> jax.Array:
+              scale: float, causal: bool = True, q_offset: int | jax.Array = 0, impl: str = "xla",
+              packed: bool = True) -> jax.Array:
     """Softmax attention with grouped KV heads, masked by segment ids (and causality): the entry point.
 
-    Picks the implementation: one query (a decode step) -> `_single_query_attention`; causal with a static
+    impl 'xla' picks: one query (a decode step) -> `_single_query_attention`; causal with a static
     `q_offset` -> `causal_gqa_attention` (skips the upper triangle); otherwise `gqa_attention` on
-    `segment_mask`. All give the same result.
+    `segment_mask`. All give the same result. 'splash' -> `splash_attention`, 'cudnn' -> `cudnn_attention`,
+    'auto' -> `resolve_attention_impl`. A cached call (q_offset not the int 0, or S != T) takes 'xla' under
+    'auto'.
 
     Args:
         q: [B, T, H, D]; k, v: [B, S, KV, D] with H % KV == 0.
         q_segment_ids: [B, T] int32; kv_segment_ids: [B, S] int32 (0 = padding key; module docstring).
         scale: multiplier of the scores. causal: mask keys after the query's slot.
         q_offset: key slot of query 0 (the cache index); a Python int allows the causal block path.
+        impl: one of ATTENTION_IMPLS. packed: the rows may hold several documents (False: unpacked rows,
+            queries in segment 1; only 'cudnn' uses it).
     Returns:
         [B, T, H, D] in q.dtype.
+    Raises:
+        ValueError from `resolve_attention_impl`, or when 'splash'/'cudnn' is asked for a cached call.
     """
+    asked, impl = impl, resolve_attention_impl(impl)
+    uncached = isinstance(q_offset, int) and q_offset == 0 and q.shape[1] == k.shape[1]
+    if impl != "xla" and not uncached:
+        if asked != "auto":
+            raise ValueError(f"attention_impl {impl!r}: serves the uncached forward only (q_offset 0, "
+                             f"S == T), got q_offset {q_offset!r}, T {q.shape[1]}, S {k.shape[1]}")
+        impl = "xla"
+    if impl == "splash":
+        return splash_attention(q, k, v, q_segment_ids, kv_segment_ids, scale=scale, causal=causal)
+    if impl == "cudnn":
+        return cudnn_attention(q, k, v, q_segment_ids, kv_segment_ids, scale=scale, causal=causal,
+                               packed=packed)
     if q.shape[1] > 1 and causal and isinstance(q_offset, int):
         return causal_gqa_attention(q, k, v, q_segment_ids, kv_segment_ids, scale, q_offset)
     return gqa_attention(q, k, v, segment_mask(q_segment_ids, kv_segment_ids, causal, q_offset), scale)
+
+
+def _has_key(q_segment_ids: jax.Array, kv_segment_ids: jax.Array, causal: bool) -> jax.Array:
+    """Whether each query has a key to attend, for queries at slots 0 .. T-1 (q_offset 0), in
+    O(S log S) per row without the [T, S] mask: a stable sort of the kv ids puts each id's first slot
+    first; query t (id g != 0) has a key iff id g occurs among the keys (causally: at a slot <= t).
+
+    Args:
+        q_segment_ids: [B, T] int; kv_segment_ids: [B, S] int (0 = padding).
+    Returns:
+        [B, T] bool.
+    """
+    def row(q_ids, kv_ids):
+        order = jnp.argsort(kv_ids, stable=True)
+        sorted_ids = kv_ids[order]
+        idx = jnp.minimum(jnp.searchsorted(sorted_ids, q_ids, side="left"), kv_ids.shape[0] - 1)
+        found = (sorted_ids[idx] == q_ids) & (q_ids != 0)
+        if causal:
+            found &= order[idx] <= jnp.arange(q_ids.shape[0])
+        return found
+
+    return jax.vmap(row)(q_segment_ids, kv_segment_ids)
+
+
+def _fully_masked_fix(out: jax.Array, v: jax.Array, q_segment_ids: jax.Array, kv_segment_ids: jax.Array,
+                      causal: bool) -> jax.Array:
+    """Gives the rows of `out` [B, T, H, D] with no key to attend (`_has_key`) the reference's value (the
+    mean of all S values, `causal_gqa_attention`)."""
+    b, _, h, d = out.shape
+    kv = v.shape[2]
+    fully_masked = ~_has_key(q_segment_ids, kv_segment_ids, causal)                             # [B, T]
+    mean_v = jnp.mean(v.astype(jnp.float32), axis=1).astype(out.dtype)                         # [B, KV, D]
+    mean_v = jnp.repeat(mean_v, h // kv, axis=1)[:, None]                                       # [B, 1, H, D]
+    return jnp.where(fully_masked[:, :, None, None], mean_v, out)
+
+
+def splash_block(t: int) -> int:
+    """Splash block rows for a length-T sequence: SPLASH_BLOCK when T >= SPLASH_BLOCK, else T rounded up to
+    a multiple of SPLASH_MIN_BLOCK."""
+    if t >= SPLASH_BLOCK:
+        return SPLASH_BLOCK
+    return -(-t // SPLASH_MIN_BLOCK) * SPLASH_MIN_BLOCK
+
+
+def _splash_kernel(t: int, groups: int, causal: bool, block: int, interpret: bool):
+    """The splash MQA kernel for G = `groups` query heads over one KV head, length T (a multiple of block):
+    q [G, T, D], k/v [T, D], SegmentIds([T], [T]) -> [G, T, D]. Built per trace (its mask info becomes
+    constants of the trace; a cached kernel would leak them into the next trace)."""
+    from jax.experimental.pallas.ops.tpu import splash_attention as sa
+
+    one = sa.CausalMask((t, t)) if causal else sa.FullMask((t, t))
+    sizes = sa.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
+                          block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
+                          block_q_dq=block, block_kv_dq=block)
+    return sa.make_splash_mqa_single_device(sa.MultiHeadMask([one] * groups), block_sizes=sizes,
+                                            interpret=interpret)
+
+
+def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segment_ids: jax.Array,
+                     kv_segment_ids: jax.Array, *, scale: float, causal: bool = True, block: int | None = None,
+                     interpret: bool = False) -> jax.Array:
+    """`attention` of an uncached forward (q_offset 0, S == T) with TPU splash attention (Pallas).
+
+    The MQA form of the kernel (G = H / KV query heads over one KV head) is vmapped over batch and KV heads;
+    the mask is splash's `CausalMask` (or `FullMask`) and-ed with its `SegmentIds` (q id == kv id), no
+    [B, T, S] array. To give padding keys no query, kv ids 0 become -1 (segment ids are >= 0). T is padded
+    to a multiple of `block` inside (queries with id 0, keys with id -1) and cut back. The scale multiplies
+    q before the kernel; the kernel's softmax runs in float32. Rows with no key (padding queries) get the
+    reference's value (`_fully_masked_fix`), so outputs and gradients match the 'xla' path.
+
+    Args:
+        q: [B, T, H, D]; k, v: [B, T, KV, D], H % KV == 0, same dtype.
+        q_segment_ids, kv_segment_ids: [B, T] int32, >= 0 (0 = padding).
+        scale: multiplier of the scores. causal: causal mask (else full within segments).
+        block: block rows for all kernel passes, a multiple of 128 (default `splash_block(T)`).
+        interpret: run the Pallas kernel in interpret mode (CPU tests).
+    Returns:
+        [B, T, H, D] in q.dtype.
+    Raises:
+        ValueError when S != T, H % KV != 0, or block is not a positive multiple of 128.
+    """
+    b, t, h, d = q.shape
+    s, kv = k.shape[1], k.shape[2]
+    if s != t:
+        raise ValueError(f"attention_impl 'splash': expected keys of the queries' length (S == T), got T {t}, S {s}")
+    if h % kv:
+        raise ValueError(f"attention_impl 'splash': heads {h} not a multiple of kv heads {kv}")
+    block = block or splash_block(t)
+    if block <= 0 or block % SPLASH_MIN_BLOCK:
+        raise ValueError(f"splash_attention: block {block}: expected a positive multiple of {SPLASH_MIN_BLOCK}")
+    tp = -(-t // block) * block
+    pad = tp - t
+    qs = (q * scale).astype(q.dtype)
+    qt, kt, vt = _to_heads_major(qs, k, v)                         # [B, KV, G, T, D], [B, KV, T, D] x2
+    q_ids = q_segment_ids.astype(jnp.int32)
+    kv_ids = jnp.where(kv_segment_ids == 0, -1, kv_segment_ids).astype(jnp.int32)
+    if pad:
+        qt = jnp.pad(qt, ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0)))
+        kt = jnp.pad(kt, ((0, 0), (0, 0), (0, pad), (0, 0)))
+        vt = jnp.pad(vt, ((0, 0), (0, 0), (0, pad), (0, 0)))
+        q_ids = jnp.pad(q_ids, ((0, 0), (0, pad)))
+        kv_ids = jnp.pad(kv_ids, ((0, 0), (0, pad)), constant_values=-1)
+    from jax.experimental.pallas.ops.tpu.splash_attention import SegmentIds
+
+    kernel = _splash_kernel(tp, h // kv, causal, block, interpret)
+    per_kv = jax.vmap(kernel, in_axes=(0, 0, 0, None))                                # over KV heads
+    out = jax.vmap(per_kv, in_axes=(0, 0, 0, 0))(qt, kt, vt, SegmentIds(q_ids, kv_ids))  # over batch
+    out = _from_heads_major(out[:, :, :, :t])
+    return _fully_masked_fix(out, v, q_segment_ids, kv_segment_ids, causal)
+
+
+def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segment_ids: jax.Array,
+                    kv_segment_ids: jax.Array, *, scale: float, causal: bool = True, packed: bool = True,
+                    implementation: str = "cudnn") -> jax.Array:
+    """`attention` of an uncached forward with `jax.nn.dot_product_attention(implementation="cudnn")`.
+
+    jax 0.10.2's `dot_product_attention` takes no segment ids: bias-free masking is causality plus
+    `key_value_seq_lengths` (keys 0 .. L-1 real). So only unpacked, right-padded rows can be expressed:
+    queries in segment 1, keys 1 (first L) then 0. L is the count of non-zero kv ids. Packed rows are
+    refused (`packed`); a row that is not right-padded (e.g. left padding) gets NaN outputs rather than a
+    silently wrong mask. Padding query rows get the reference's value (`_fully_masked_fix`).
+    `implementation="xla"` runs the same argument mapping on CPU (tests).
+
+    Args:
+        q: [B, T, H, D]; k, v: [B, T, KV, D]. q_segment_ids, kv_segment_ids: [B, T] int32.
+        scale: multiplier of the scores. causal: causal mask. packed: the rows may hold several documents.
+        implementation: 'cudnn' (GPU) or 'xla'.
+    Returns:
+        [B, T, H, D] in q.dtype.
+    Raises:
+        ValueError for packed rows.
+    """
+    if packed:
+        raise ValueError("attention_impl 'cudnn': packed rows (segment_ids) cannot be expressed with "
+                         "jax.nn.dot_product_attention (no segment ids in jax 0.10.2); use 'xla' or 'splash'")
+    t = q.shape[1]
+    real = kv_segment_ids != 0
+    lengths = jnp.sum(real, axis=1, dtype=jnp.int32)                                          # [B]
+    right_padded = jnp.all(real == (jnp.arange(t)[None, :] < lengths[:, None]), axis=1)
+    right_padded &= jnp.all(q_segment_ids == 1, axis=1)
+    out = jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal, key_value_seq_lengths=lengths,
+                                       implementation=implementation)
+    out = jnp.where(right_padded[:, None, None, None], out, jnp.nan).astype(q.dtype)
+    return _fully_masked_fix(out, v, q_segment_ids, kv_segment_ids, causal)
 
 
 def _to_heads_major(q: jax.Array, k: jax.Array, v: jax.Array):
@@ -168,14 +373,16 @@ def causal_gqa_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segment_ids
 
 
 class GatedAttention(nn.Module):
-    """Gated full-attention token mixer. Params: q_proj, k_proj, v_proj, o_proj, q_norm, k_norm."""
+    """Gated full-attention token mixer. Params: q_proj, k_proj, v_proj, o_proj, q_norm, k_norm.
+    `attention_impl`: one of ATTENTION_IMPLS (`attention`)."""
 
     config: Qwen3_5MoeTextConfig
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
+    attention_impl: str = "xla"
 
     @nn.compact
-    def __call__(self, x, cos, sin, q_segment_ids, kv_segment_ids, cache=None, index=None):
+    def __call__(self, x, cos, sin, q_segment_ids, kv_segment_ids, cache=None, index=None, packed=True):
         """
         Args:
             x: [B, T, hidden] compute dtype.
@@ -185,6 +392,7 @@ class GatedAttention(nn.Module):
             cache: None or {'k': [B, S, KV, D], 'v': [B, S, KV, D]}.
             index: int32 scalar, the cache slot of the first new token (with a cache); a static Python int
                 lets a multi-token call skip the masked upper triangle (`causal_gqa_attention`).
+            packed: static bool, the rows may hold several documents (`attention`).
         Returns:
             (y [B, T, hidden], new cache or None).
         """
@@ -209,7 +417,10 @@ class GatedAttention(nn.Module):
         # Query t sits at key slot offset + t: 0 without a cache, the cache index with one (a static int for
         # the sampler's prefill, which then skips the masked upper triangle).
         offset = 0 if cache is None else index
-        out = attention(q, k, v, q_segment_ids, kv_segment_ids, scale=d**-0.5, causal=True, q_offset=offset)
+        # a cache (the sampler's prefill and decode) takes 'xla' unless the implementation is 'xla' already
+        impl = self.attention_impl if cache is None or self.attention_impl == "xla" else "auto"
+        out = attention(q, k, v, q_segment_ids, kv_segment_ids, scale=d**-0.5, causal=True, q_offset=offset,
+                        impl=impl, packed=packed)
         out = out.reshape(b, t, h * d)
         out = out * jax.nn.sigmoid(gate)
         return dense("o_proj", c.hidden_size, ("heads", "embed"))(out), new_cache

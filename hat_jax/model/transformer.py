@@ -29,6 +29,7 @@ import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from hat_jax.model.attention import GatedAttention
 from hat_jax.model.cache import check_cache_room
@@ -63,6 +64,7 @@ class DecoderLayer(nn.Module):
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
     moe_impl: str = "blocked"
+    attention_impl: str = "xla"
 
     @nn.compact
     def __call__(self, x, cos, sin, token_mask, q_segment_ids, kv_segment_ids, segment_ids=None, cache=None,
@@ -84,8 +86,8 @@ class DecoderLayer(nn.Module):
             h, new_cache = GatedDeltaNet(c, self.dtype, self.param_dtype, name="linear_attn")(
                 h, token_mask, cache, segment_ids)
         else:
-            h, new_cache = GatedAttention(c, self.dtype, self.param_dtype, name="self_attn")(
-                h, cos, sin, q_segment_ids, kv_segment_ids, cache, index)
+            h, new_cache = GatedAttention(c, self.dtype, self.param_dtype, self.attention_impl, name="self_attn")(
+                h, cos, sin, q_segment_ids, kv_segment_ids, cache, index, packed=segment_ids is not None)
         x = x + h
         h = RMSNorm(c.rms_norm_eps, self.param_dtype, name="post_attention_layernorm")(x)
         h, router_logits, expert_ids = SparseMoeBlock(c, self.dtype, self.param_dtype, self.moe_impl, name="mlp")(
@@ -93,28 +95,76 @@ class DecoderLayer(nn.Module):
         return x + h, new_cache, router_logits, expert_ids
 
 
+REMAT_POLICIES: dict[str, Any] = {
+    "none": None,  # no rematerialisation: the backward pass keeps every activation
+    "full": jax.checkpoint_policies.nothing_saveable,  # keep each layer's input only, recompute the rest
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "save_layer_outputs": jax.checkpoint_policies.save_only_these_names("layer_output"),
+}
+
+
+def check_remat_policy(policy: str, field: str = "remat_policy") -> str:
+    """Returns `policy` when it names a `REMAT_POLICIES` entry.
+
+    Raises:
+        ValueError: naming `field` and listing the valid policies.
+    """
+    if policy not in REMAT_POLICIES:
+        raise ValueError(f"{field} = {policy!r}: expected one of {sorted(REMAT_POLICIES)}")
+    return policy
+
+
+def layer_block(layer_types: tuple[str, ...]) -> int:
+    """The length p of the repeating layer pattern: the smallest p with layer_types[i] == layer_types[i % p]
+    for every i (4 for 3 Gated DeltaNet + 1 attention layers; the last L mod p layers are a partial block)."""
+    n = len(layer_types)
+    for p in range(1, n + 1):
+        if all(layer_types[i] == layer_types[i % p] for i in range(n)):
+            return p
+    return max(n, 1)
+
+
 class TextModel(nn.Module):
+    """Embedding, decoder layers, final norm. Uncached calls with `scan_layers` run `jax.lax.scan` over the
+    blocks of the repeating layer pattern (`layer_block`): the per-layer params of each block position are
+    stacked inside the forward pass (the parameter tree keeps its `layers_{i}` names), the last L mod p
+    layers run unscanned after the scan. Cached calls (decoding) and `init` use the Python loop over layers.
+    `remat_policy` (a `REMAT_POLICIES` key) rematerialises each decoder layer, scanned or not."""
+
     config: Qwen3_5MoeTextConfig
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
     moe_impl: str = "blocked"
-    remat: bool = False
+    remat_policy: str = "none"
+    scan_layers: bool = False
+    attention_impl: str = "xla"
 
     def setup(self):
         c = self.config
+        check_remat_policy(self.remat_policy)
         self.embed_tokens = nn.Embed(
             c.vocab_size, c.hidden_size, dtype=self.dtype, param_dtype=self.param_dtype,
             embedding_init=nn.with_logical_partitioning(nn.initializers.normal(c.initializer_range), ("vocab", "embed")))
-        layer_cls = nn.remat(DecoderLayer, static_argnums=()) if self.remat else DecoderLayer
-        self.layers = [layer_cls(c, t, self.dtype, self.param_dtype, self.moe_impl, name=f"layers_{i}")
+        layer_cls = DecoderLayer
+        if self.remat_policy != "none":
+            layer_cls = nn.remat(DecoderLayer, static_argnums=(), prevent_cse=not self.scan_layers,
+                                 policy=REMAT_POLICIES[self.remat_policy])
+        self.layers = [layer_cls(c, t, self.dtype, self.param_dtype, self.moe_impl, self.attention_impl,
+                                 name=f"layers_{i}")
                        for i, t in enumerate(c.layer_types)]
         self.norm = RMSNorm(c.rms_norm_eps, self.param_dtype)
 
     def __call__(self, input_ids, cos, sin, token_mask, q_segment_ids, kv_segment_ids, segment_ids=None,
                  cache=None, index=None, forced_expert_ids=None):
         """Arguments as `DecoderLayer`, with input_ids [B, T] int32, cache a list of layer caches, and
-        forced_expert_ids [L, B*T, k]."""
+        forced_expert_ids [L, B*T, k]. Returns (hidden [B, T, H], layer caches, router_logits [L, B*T, E],
+        expert_ids [L, B*T, k])."""
         x = self.embed_tokens(input_ids)
+        if self.scan_layers and cache is None and not self.is_initializing():
+            x, all_logits, all_ids = self._scanned(x, cos, sin, token_mask, q_segment_ids, kv_segment_ids,
+                                                   segment_ids, forced_expert_ids)
+            return self.norm(x), [None] * len(self.layers), all_logits, all_ids
         new_layers, all_logits, all_ids = [], [], []
         for i, layer in enumerate(self.layers):
             forced = None if forced_expert_ids is None else forced_expert_ids[i]
@@ -126,6 +176,56 @@ class TextModel(nn.Module):
             all_ids.append(ids)
         return self.norm(x), new_layers, jnp.stack(all_logits), jnp.stack(all_ids)
 
+    def _scanned(self, x, cos, sin, token_mask, q_seg, kv_seg, segment_ids, forced_expert_ids):
+        """The uncached layers as a scan over blocks: (x [B, T, H], router_logits [L, B*T, E],
+        expert_ids [L, B*T, k]); equal to the Python loop (tests/model/test_scan.py)."""
+        c = self.config
+        types = tuple(c.layer_types)
+        n, p = len(types), layer_block(types)
+        n_blocks = n // p
+        params = self.variables["params"]
+        policy = REMAT_POLICIES[self.remat_policy]
+
+        def layer_fn(layer_type):
+            module = DecoderLayer(c, layer_type, self.dtype, self.param_dtype, self.moe_impl, self.attention_impl,
+                                  parent=None)
+
+            def run(lp, h, forced):
+                out, _, logits, ids = module.apply({"params": lp}, h, cos, sin, token_mask, q_seg, kv_seg,
+                                                   segment_ids, None, None, forced)
+                return checkpoint_name(out, "layer_output"), logits, ids
+
+            return run if self.remat_policy == "none" else jax.checkpoint(run, policy=policy, prevent_cse=False)
+
+        fns = [layer_fn(t) for t in types[:p]]
+
+        def block(h, xs):
+            block_params, forced = xs
+            logits, ids = [], []
+            for j in range(p):
+                h, lg, ei = fns[j](block_params[j], h, None if forced is None else forced[j])
+                logits.append(lg)
+                ids.append(ei)
+            return h, (jnp.stack(logits), jnp.stack(ids))
+
+        all_logits, all_ids = [], []
+        if n_blocks:
+            stacked = [jax.tree_util.tree_map(lambda *a: jnp.stack(a),
+                                              *[params[f"layers_{b * p + j}"] for b in range(n_blocks)])
+                       for j in range(p)]
+            forced = None
+            if forced_expert_ids is not None:
+                forced = forced_expert_ids[:n_blocks * p].reshape(n_blocks, p, *forced_expert_ids.shape[1:])
+            x, (lg, ei) = jax.lax.scan(block, x, (stacked, forced))
+            all_logits.append(lg.reshape(n_blocks * p, *lg.shape[2:]))
+            all_ids.append(ei.reshape(n_blocks * p, *ei.shape[2:]))
+        for i in range(n_blocks * p, n):
+            forced = None if forced_expert_ids is None else forced_expert_ids[i]
+            x, lg, ei = layer_fn(types[i])(params[f"layers_{i}"], x, forced)
+            all_logits.append(lg[None])
+            all_ids.append(ei[None])
+        return x, jnp.concatenate(all_logits), jnp.concatenate(all_ids)
+
 
 class MultiTokenPredictor(nn.Module):
     """The `mtp.*` block. Shares `embed_tokens` and `lm_head` with the main model (passed in)."""
@@ -134,37 +234,45 @@ class MultiTokenPredictor(nn.Module):
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
     moe_impl: str = "blocked"
+    attention_impl: str = "xla"
 
     @nn.compact
-    def __call__(self, next_embeds, hidden, cos, sin, token_mask, q_segment_ids, kv_segment_ids):
+    def __call__(self, next_embeds, hidden, cos, sin, token_mask, q_segment_ids, kv_segment_ids, packed=True):
         c = self.config
         e = RMSNorm(c.rms_norm_eps, self.param_dtype, name="pre_fc_norm_embedding")(next_embeds)
         h = RMSNorm(c.rms_norm_eps, self.param_dtype, name="pre_fc_norm_hidden")(hidden)
         x = Linear(c.hidden_size, ("mtp_fc_in", "embed"), self.dtype, self.param_dtype, c.initializer_range,
                    name="fc")(jnp.concatenate([e, h], axis=-1))
+        # segment_ids stands in for "packed" only (the full-attention layer has no Gated DeltaNet)
         x, _, router_logits, _ = DecoderLayer(c, FULL_ATTENTION, self.dtype, self.param_dtype, self.moe_impl,
-                                              name="layers_0")(x, cos, sin, token_mask, q_segment_ids,
-                                                               kv_segment_ids)
+                                              self.attention_impl, name="layers_0")(
+            x, cos, sin, token_mask, q_segment_ids, kv_segment_ids, q_segment_ids if packed else None)
         return RMSNorm(c.rms_norm_eps, self.param_dtype, name="norm")(x), router_logits
 
 
 class Qwen3_5MoeForCausalLM(nn.Module):
     """The model. `dtype` is the compute dtype, `param_dtype` the dtype of freshly initialised params
     (imported params keep their own dtypes). `moe_impl`: 'blocked', 'ragged_dot' or 'dense'
-    (`hat_jax.model.moe`). `remat`: rematerialise each decoder layer in the backward pass."""
+    (`hat_jax.model.moe`). `remat_policy`: a `REMAT_POLICIES` key, how each decoder layer is rematerialised
+    in the backward pass ("none": not at all). `scan_layers`: uncached forwards scan over the blocks of the
+    repeating layer pattern (`TextModel`; compile time flat in depth); same results as the loop.
+    `attention_impl`: 'xla', 'splash', 'cudnn' or 'auto' (`hat_jax.model.attention.attention`)."""
 
     config: Qwen3_5MoeTextConfig
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
     moe_impl: str = "blocked"
-    remat: bool = False
+    remat_policy: str = "none"
+    scan_layers: bool = False
+    attention_impl: str = "xla"
 
     def setup(self):
         c = self.config
-        self.model = TextModel(c, self.dtype, self.param_dtype, self.moe_impl, self.remat)
+        self.model = TextModel(c, self.dtype, self.param_dtype, self.moe_impl, self.remat_policy, self.scan_layers,
+                               self.attention_impl)
         self.lm_head = Linear(c.vocab_size, ("embed", "vocab"), self.dtype, self.param_dtype, c.initializer_range)
         if c.mtp_num_hidden_layers:
-            self.mtp = MultiTokenPredictor(c, self.dtype, self.param_dtype, self.moe_impl)
+            self.mtp = MultiTokenPredictor(c, self.dtype, self.param_dtype, self.moe_impl, self.attention_impl)
 
     def __call__(self, input_ids, attention_mask=None, positions=None, cache=None, forced_expert_ids=None,
                  return_logits: bool = True, with_mtp: bool = False, segment_ids=None) -> ModelOutput:
@@ -252,7 +360,8 @@ class Qwen3_5MoeForCausalLM(nn.Module):
             crosses = jnp.pad(segment_ids[:, 1:] != segment_ids[:, :-1], ((0, 0), (0, 1)))
             next_ids = jnp.where(crosses, 0, next_ids)
         cos, sin = rope_cos_sin(positions, c.rotary_dim, c.rope_parameters.rope_theta)
-        x, router_logits = self.mtp(self.model.embed_tokens(next_ids), hidden, cos, sin, token_mask, q_seg, kv_seg)
+        x, router_logits = self.mtp(self.model.embed_tokens(next_ids), hidden, cos, sin, token_mask, q_seg, kv_seg,
+                                    segment_ids is not None)
         return self.lm_head(x), router_logits[None]
 
 

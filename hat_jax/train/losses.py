@@ -166,6 +166,35 @@ def same_document_targets(segment_ids: jax.Array) -> jax.Array:
     return jnp.pad(same, ((0, 0), (1, 0)))
 
 
+def token_entropy_chunked(hidden: jax.Array, kernel: jax.Array, chunk: int, temperature: float, compute_dtype) -> jax.Array:
+    """[B, T] entropy of the next-token distribution of `hidden @ kernel / temperature` (entry t: of position
+    t-1's logits, entry 0 = 0), over vocabulary chunks: H = lse - sum_v e^(z_v - m) z_v / S. No gradient flows
+    (a metric); never builds [B, T, V].
+
+    Args:
+        hidden: [B, T, H]; kernel: [H, V] (the lm_head); chunk: vocabulary chunk width (clipped to V);
+        temperature: the sampling temperature; compute_dtype: the matmul dtype.
+    Returns:
+        [B, T] float32.
+    """
+    b, t, h = hidden.shape
+    vocab = kernel.shape[1]
+    size = min(int(chunk), vocab)
+    x = jax.lax.stop_gradient(hidden[:, :-1].reshape(-1, h))
+    k = jax.lax.stop_gradient(kernel)
+
+    def body(carry, i):
+        m, s, w = carry
+        z, _, fresh = vocab_chunk_logits(x, k, i, size, temperature, compute_dtype)
+        m, s, e, scale = running_logsumexp(m, s, z, fresh)
+        return (m, s, w * scale + jnp.sum(e * jnp.where(fresh[None, :], z, 0.0), axis=-1)), None
+
+    rows = x.shape[0]
+    init = (jnp.full((rows,), -jnp.inf, jnp.float32), jnp.zeros((rows,), jnp.float32), jnp.zeros((rows,), jnp.float32))
+    (m, s, w), _ = jax.lax.scan(body, init, jnp.arange(-(-vocab // size)))
+    return jnp.pad((m + jnp.log(s) - w / s).reshape(b, t - 1), ((0, 0), (1, 0)))
+
+
 def masked_nll_sum(logprobs: jax.Array, loss_mask: jax.Array,
                    segment_ids: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """(-sum of masked logprobs, number of masked tokens), both float32 scalars.

@@ -75,8 +75,8 @@ from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
 from hat_jax.train.rl import HARNESS_MODES, rl_fault_rates
 from hat_jax.train.sft import tokenizer_from_checkpoint, with_steps
 from hat_jax.train.stage import (COMPUTE_DTYPES, StageRun, add_out_steps, add_resume_force, add_set_progress,
-                                 apply_overrides, check_dtypes, check_run_fields, cli, config_json, finish_main,
-                                 parse_stage_args, run_options, stage_parser)
+                                 apply_overrides, check_dtypes, check_model_options, check_run_fields, cli, config_json,
+                                 finish_main, model_options, parse_stage_args, run_options, stage_parser)
 from hat_jax.train.trainer import (LoopConfig, TrainState, default_mesh, make_train_step, place_batch,
                                    split_micro_batches)
 
@@ -109,7 +109,7 @@ class OPDConfig:
       clip_eps: PPO clip of the sampled loss (None = no clip). kl_coef: scale of the KL (advantage or loss).
       aggregation: `hat_jax.train.losses.AGGREGATIONS`. vocab_chunk: None = full logits; else the
         vocabulary chunk of the chunked logprob/KL/entropy computations.
-      optim, accum_steps, lb_coef, compute_dtype, param_dtype, mu_dtype, remat, steps, log_every, ckpt_every,
+      optim, accum_steps, lb_coef, compute_dtype, param_dtype, mu_dtype, remat_policy, scan_layers, steps, log_every, ckpt_every,
         max_to_keep, seed, mesh: as SFT. The frozen teacher is held in compute_dtype.
     """
 
@@ -145,7 +145,8 @@ class OPDConfig:
     compute_dtype: str = "float32"
     param_dtype: str = "float32"
     mu_dtype: str | None = None
-    remat: bool = False
+    remat_policy: str = "none"
+    scan_layers: bool = False
     steps: int = 100
     log_every: int = 10
     ckpt_every: int = 50
@@ -156,6 +157,7 @@ class OPDConfig:
     def __post_init__(self):
         check_run_fields(self)
         check_dtypes("OPDConfig", param_dtype=self.param_dtype, mu_dtype=self.mu_dtype)
+        check_model_options("OPDConfig", self)
         check_opd_loss(self.loss)
         check_aggregation(self.aggregation)
         if self.prompts not in PROMPT_SOURCES:
@@ -345,8 +347,8 @@ def run_opd(config: OPDConfig, out_dir: str | Path, *, resume: bool = False, for
     mesh = default_mesh(config.mesh, model_config.num_experts)
     state, _ = run.start(model_config, optimizer, mesh, params, config.seed, config.param_dtype)
     dtype = COMPUTE_DTYPES[config.compute_dtype]
-    model = Qwen3_5MoeForCausalLM(model_config, dtype=dtype, remat=config.remat)
-    teacher_model = Qwen3_5MoeForCausalLM(teacher_config, dtype=dtype)
+    model = Qwen3_5MoeForCausalLM(model_config, dtype=dtype, **model_options(config))
+    teacher_model = Qwen3_5MoeForCausalLM(teacher_config, dtype=dtype, scan_layers=config.scan_layers)
     train_step = make_train_step(opd_loss_fn(model, config), optimizer, lb_coef=config.lb_coef,
                                  schedule=lr_schedule(config.optim), shardings=run.shardings)
     batches = OPDBatches(config, model_config, tokenizer, pool, teacher_params, teacher_model, generate_fn)

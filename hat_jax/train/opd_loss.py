@@ -42,8 +42,7 @@ import jax.numpy as jnp
 
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.train.kl import exact_reverse_kl, sampled_reverse_kl_loss
-from hat_jax.train.losses import (masked_mean, running_logsumexp, token_logprobs, token_logprobs_chunked,
-                                  vocab_chunk_logits)
+from hat_jax.train.losses import masked_mean, token_entropy_chunked, token_logprobs, token_logprobs_chunked
 from hat_jax.train.rl_loss import counted_sequences
 from hat_jax.train.stage import COMPUTE_DTYPES
 from hat_jax.train.trainer import moe_aux
@@ -56,26 +55,6 @@ def _entropy(logits: jax.Array, temperature: float) -> jax.Array:
     """[B, T, V] -> [B, T] entropy of the next-token distribution (entry t: of position t-1's logits)."""
     lp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32) / temperature, axis=-1)
     return jnp.pad(-jnp.sum(jnp.exp(lp) * lp, axis=-1), ((0, 0), (1, 0)))
-
-
-def _entropy_chunked(hidden: jax.Array, kernel: jax.Array, chunk: int, temperature: float, compute_dtype) -> jax.Array:
-    """`_entropy(hidden @ kernel)` over vocabulary chunks: H = lse - sum_v e^(z_v - m) z_v / S (no gradient)."""
-    b, t, h = hidden.shape
-    vocab = kernel.shape[1]
-    size = min(int(chunk), vocab)
-    x = jax.lax.stop_gradient(hidden[:, :-1].reshape(-1, h))
-    k = jax.lax.stop_gradient(kernel)
-
-    def body(carry, i):
-        m, s, w = carry
-        z, _, fresh = vocab_chunk_logits(x, k, i, size, temperature, compute_dtype)
-        m, s, e, scale = running_logsumexp(m, s, z, fresh)
-        return (m, s, w * scale + jnp.sum(e * jnp.where(fresh[None, :], z, 0.0), axis=-1)), None
-
-    rows = x.shape[0]
-    init = (jnp.full((rows,), -jnp.inf, jnp.float32), jnp.zeros((rows,), jnp.float32), jnp.zeros((rows,), jnp.float32))
-    (m, s, w), _ = jax.lax.scan(body, init, jnp.arange(-(-vocab // size)))
-    return jnp.pad((m + jnp.log(s) - w / s).reshape(b, t - 1), ((0, 0), (1, 0)))
 
 
 def opd_loss_fn(model: Qwen3_5MoeForCausalLM, config: OPDConfig):
@@ -99,7 +78,7 @@ def opd_loss_fn(model: Qwen3_5MoeForCausalLM, config: OPDConfig):
             lp, ent = token_logprobs(out.logits, ids, temp), _entropy(sg(out.logits), temp)
         else:
             lp = token_logprobs_chunked(out.hidden, kernel, ids, chunk, temp, cd)
-            ent = _entropy_chunked(out.hidden, kernel, chunk, temp, cd)
+            ent = token_entropy_chunked(out.hidden, kernel, chunk, temp, cd)
         aux = moe_aux(out.router_logits, att, top_k)
         if config.loss == "sampled":
             loss_sum, met = sampled_reverse_kl_loss(lp, old, tlp, m, clip_eps=config.clip_eps, kl_coef=config.kl_coef,

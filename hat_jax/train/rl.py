@@ -89,8 +89,8 @@ from hat_jax.train.rl_loss import BATCH_KEYS, make_ref_logprobs, make_rl_train_s
 from hat_jax.train.rl_rewards import host_batch, judge_rewards
 from hat_jax.train.sft import load_init_params, tokenizer_from_checkpoint
 from hat_jax.train.stage import (COMPUTE_DTYPES, StageRun, add_out_steps, add_resume_force, add_set_progress,
-                                 apply_overrides, check_dtypes, check_run_fields, cli, config_json, finish_main,
-                                 parse_stage_args, run_options, stage_parser)
+                                 apply_overrides, check_dtypes, check_model_options, check_run_fields, cli, config_json,
+                                 finish_main, model_options, parse_stage_args, run_options, stage_parser)
 from hat_jax.train.trainer import LoopConfig, TrainState, default_mesh, place_batch, split_micro_batches
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,8 @@ class RLConfig:
       routing_replay: force sampling-time expert ids in the update. optim: AdamW + schedule.
       lb_coef: MoE load-balancing coefficient. ppo_epochs, ppo_minibatches: updates per rollout batch.
       accum_steps: micro-batches per minibatch. compute_dtype: "float32" | "bfloat16" (rollouts and update;
-        the frozen reference is held in it). param_dtype, mu_dtype, remat: as `SFTConfig`.
+        the frozen reference is held in it). param_dtype, mu_dtype, remat_policy, scan_layers, vocab_chunk: as `SFTConfig`
+        (vocab_chunk: the policy's and the reference's logprobs and entropy).
       log_every, ckpt_every, max_to_keep, seed, mesh: as `SFTConfig`.
     """
 
@@ -156,7 +157,9 @@ class RLConfig:
     compute_dtype: str = "float32"
     param_dtype: str = "float32"
     mu_dtype: str | None = None
-    remat: bool = False
+    remat_policy: str = "none"
+    scan_layers: bool = False
+    vocab_chunk: int | None = None
     log_every: int = 1
     ckpt_every: int = 10
     max_to_keep: int = 3
@@ -166,6 +169,9 @@ class RLConfig:
     def __post_init__(self):
         check_run_fields(self)
         check_dtypes("RLConfig", param_dtype=self.param_dtype, mu_dtype=self.mu_dtype)
+        check_model_options("RLConfig", self)
+        if self.vocab_chunk is not None and self.vocab_chunk < 1:
+            raise ValueError(f"RLConfig.vocab_chunk = {self.vocab_chunk}: expected >= 1 or None")
         get_advantage_estimator(self.estimator)      # ValueError listing the valid names
         check_aggregation(self.aggregation)
         if self.harness_mode not in HARNESS_MODES:
@@ -278,7 +284,8 @@ class RLBatches:
         self.ref_params = ref_params
         self.ref_fn = None
         if config.beta > 0:
-            self.ref_fn = make_ref_logprobs(Qwen3_5MoeForCausalLM(model_config, dtype=self.dtype), config.temperature)
+            self.ref_fn = make_ref_logprobs(Qwen3_5MoeForCausalLM(model_config, dtype=self.dtype, **model_options(config)),
+                                            config.temperature, config.vocab_chunk)
         self.last_step = 0
 
     def rollout(self, params, step: int):
@@ -389,10 +396,11 @@ def run_rl(config: RLConfig, out_dir: str | Path, *, resume: bool = False, force
 
     optimizer = make_optimizer(config.optim, mu_dtype=COMPUTE_DTYPES[config.mu_dtype] if config.mu_dtype else None)
     state, _ = run.start(model_config, optimizer, mesh, params, config.seed, config.param_dtype)
-    model = Qwen3_5MoeForCausalLM(model_config, dtype=COMPUTE_DTYPES[config.compute_dtype], remat=config.remat)
+    model = Qwen3_5MoeForCausalLM(model_config, dtype=COMPUTE_DTYPES[config.compute_dtype],
+                                  **model_options(config))
     loss_fn = rl_loss_fn(model, temperature=config.temperature, eps_low=config.eps_low, eps_high=config.eps_high,
                          beta=config.beta, aggregation=config.aggregation, max_len=config.max_len,
-                         routing_replay=config.routing_replay)
+                         routing_replay=config.routing_replay, vocab_chunk=config.vocab_chunk)
     train_step = make_rl_train_step(loss_fn, optimizer, accum_steps=config.accum_steps, epochs=config.ppo_epochs,
                                     minibatches=config.ppo_minibatches, lb_coef=config.lb_coef,
                                     schedule=lr_schedule(config.optim), shardings=run.shardings)

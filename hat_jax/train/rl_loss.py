@@ -36,7 +36,8 @@ import jax.numpy as jnp
 import optax
 
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
-from hat_jax.train.losses import aggregate, check_aggregation, clipped_policy_loss, masked_mean, token_logprobs
+from hat_jax.train.losses import (aggregate, check_aggregation, clipped_policy_loss, masked_mean, token_entropy_chunked,
+                                  token_logprobs, token_logprobs_chunked)
 from hat_jax.train.trainer import LossFn, TrainState, accumulate_gradients, finite_flag, moe_aux
 
 BATCH_KEYS = ("input_ids", "attention_mask", "action_mask", "old_logprobs", "advantages")
@@ -49,12 +50,18 @@ def forced_ids_rows(expert_ids: jax.Array) -> jax.Array:
 
 
 def policy_forward(model: Qwen3_5MoeForCausalLM, params, batch: Mapping[str, jax.Array], temperature: float,
-                   routing_replay: bool):
-    """(token logprobs [B, T] at `temperature`, ModelOutput) of the policy on `batch` (module docstring)."""
+                   routing_replay: bool, vocab_chunk: int | None = None):
+    """(token logprobs [B, T] at `temperature`, ModelOutput) of the policy on `batch` (module docstring). With
+    `vocab_chunk` the logprobs stream the vocabulary in chunks (`token_logprobs_chunked`) and the output has no
+    logits (no [B, T, V] array)."""
     forced = forced_ids_rows(batch["expert_ids"]) if routing_replay else None
+    chunked = {} if vocab_chunk is None else {"return_logits": False}
     out = model.apply({"params": params}, batch["input_ids"], attention_mask=batch["attention_mask"],
-                      forced_expert_ids=forced)
-    return token_logprobs(out.logits, batch["input_ids"], temperature), out
+                      forced_expert_ids=forced, **chunked)
+    if vocab_chunk is None:
+        return token_logprobs(out.logits, batch["input_ids"], temperature), out
+    return token_logprobs_chunked(out.hidden, params["lm_head"]["kernel"], batch["input_ids"], vocab_chunk,
+                                  temperature, model.dtype), out
 
 
 def token_entropy(logits: jax.Array, temperature: float) -> jax.Array:
@@ -70,7 +77,7 @@ def counted_sequences(action_mask: jax.Array) -> jax.Array:
 
 def rl_loss_fn(model: Qwen3_5MoeForCausalLM, *, temperature: float = 1.0, eps_low: float = 0.2,
                eps_high: float = 0.28, beta: float = 0.0, aggregation: str = "token-mean", max_len: int | None = None,
-               routing_replay: bool = False) -> LossFn:
+               routing_replay: bool = False, vocab_chunk: int | None = None) -> LossFn:
     """loss_fn(params, micro, rng) -> (loss_sum, n, aux) for `hat_jax.train.trainer` (module docstring).
 
     Per token: `clipped_policy_loss` (max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high)) + beta k3(logp,
@@ -82,6 +89,7 @@ def rl_loss_fn(model: Qwen3_5MoeForCausalLM, *, temperature: float = 1.0, eps_lo
         aggregation: one of `hat_jax.train.losses.AGGREGATIONS`.
         max_len: L_max of "seq-mean-token-sum-norm" (required by it).
         routing_replay: force micro["expert_ids"] in the forward.
+        vocab_chunk: None = full [B, T, V] logits; else logprobs and entropy over vocabulary chunks of this size.
     Returns:
         the loss function; aux = moe_aux (lb_loss, moe/expert_load_cv) plus policy/clip_frac, policy/clip_frac_low,
         policy/clip_frac_high, policy/ratio_mean, policy/ratio_max, policy/entropy (token mean over action tokens),
@@ -97,14 +105,19 @@ def rl_loss_fn(model: Qwen3_5MoeForCausalLM, *, temperature: float = 1.0, eps_lo
 
     def loss_fn(params, micro, rng):
         del rng  # no dropout
-        lp, out = policy_forward(model, params, micro, temperature, routing_replay)
+        lp, out = policy_forward(model, params, micro, temperature, routing_replay, vocab_chunk)
         mask = micro["action_mask"]
         ref = micro["ref_logprobs"] if beta > 0 else None
         loss_sum, m = clipped_policy_loss(lp, micro["old_logprobs"], micro["advantages"], mask, eps_low=eps_low,
                                           eps_high=eps_high, aggregation=aggregation, max_len=max_len,
                                           ref_logprobs=ref, beta=beta, total_tokens=1.0, total_sequences=1.0)
         n = jnp.sum(mask.astype(jnp.float32)) if aggregation == "token-mean" else counted_sequences(mask)
-        ent = masked_mean(jax.lax.stop_gradient(token_entropy(out.logits, temperature)), mask)
+        if vocab_chunk is None:
+            ent = token_entropy(jax.lax.stop_gradient(out.logits), temperature)
+        else:
+            ent = token_entropy_chunked(out.hidden, params["lm_head"]["kernel"], vocab_chunk, temperature,
+                                        model.dtype)
+        ent = masked_mean(jax.lax.stop_gradient(ent), mask)
         aux = moe_aux(out.router_logits, micro["attention_mask"], top_k)
         aux.update({"policy/clip_frac": m["clip_frac"], "policy/clip_frac_low": m["clip_frac_low"],
                     "policy/clip_frac_high": m["clip_frac_high"], "policy/ratio_mean": m["ratio_mean"],
@@ -121,14 +134,15 @@ def batch_aggregate(per_token: jax.Array, mask: jax.Array, aggregation: str, max
     return aggregate(per_token, mask, aggregation, max_len, total_sequences=counted_sequences(mask))
 
 
-def make_ref_logprobs(model: Qwen3_5MoeForCausalLM, temperature: float) -> Callable:
+def make_ref_logprobs(model: Qwen3_5MoeForCausalLM, temperature: float, vocab_chunk: int | None = None) -> Callable:
     """Jitted (ref_params, input_ids, attention_mask) -> [B, T] logprobs of the frozen reference at the sampling
-    temperature (its own routing: the recorded ids belong to the policy)."""
+    temperature (its own routing: the recorded ids belong to the policy); vocabulary-chunked with `vocab_chunk`."""
 
     @jax.jit
     def ref_logprobs(params, input_ids, attention_mask):
-        out = model.apply({"params": params}, input_ids, attention_mask=attention_mask)
-        return token_logprobs(out.logits, input_ids, temperature)
+        lp, _ = policy_forward(model, params, {"input_ids": input_ids, "attention_mask": attention_mask},
+                               temperature, False, vocab_chunk)
+        return lp
 
     return ref_logprobs
 

@@ -55,8 +55,8 @@ from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.train.losses import masked_token_ce_sum, masked_token_ce_sum_chunked
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
 from hat_jax.train.stage import (COMPUTE_DTYPES, StageRun, add_out_steps, add_resume_force, add_set_progress,
-                                 apply_overrides, check_dtypes, check_run_fields, cli, config_json, finish_main,
-                                 parse_stage_args, run_options, stage_parser)
+                                 apply_overrides, check_dtypes, check_model_options, check_run_fields, cli, config_json,
+                                 finish_main, model_options, parse_stage_args, run_options, stage_parser)
 from hat_jax.train.trainer import (LoopConfig, TrainState, default_mesh, make_train_step, moe_aux, place_batch,
                                    split_micro_batches)
 
@@ -78,7 +78,9 @@ class SFTConfig:
         (data.batch_size / accum_steps rows each).
       lb_coef: MoE load-balancing coefficient. compute_dtype: "float32" or "bfloat16" (activations).
       param_dtype: "float32" | "bfloat16", the trained params (and the second Adam moment). mu_dtype: the first
-        Adam moment's dtype (None: param_dtype). remat: rematerialise each decoder layer in the backward pass.
+        Adam moment's dtype (None: param_dtype). remat_policy: how each decoder layer is
+        rematerialised in the backward pass (`hat_jax.model.transformer.REMAT_POLICIES`; "none", "full", ...).
+        scan_layers: scan over the repeating layer block (compile time flat in depth; same results).
         vocab_chunk: None = full [B, T, V] logits; else the cross-entropy over vocabulary chunks of this size.
       log_every, ckpt_every, max_to_keep: metrics/checkpoint intervals and checkpoints kept.
       seed: init and step RNG. init: checkpoint to start from (None = fresh init).
@@ -98,7 +100,8 @@ class SFTConfig:
     compute_dtype: str = "float32"
     param_dtype: str = "float32"
     mu_dtype: str | None = None
-    remat: bool = False
+    remat_policy: str = "none"
+    scan_layers: bool = False
     vocab_chunk: int | None = None
     log_every: int = 10
     ckpt_every: int = 50
@@ -112,6 +115,7 @@ class SFTConfig:
         check_run_fields(self)
         check_dtypes("SFTConfig", compute_dtype=self.compute_dtype, param_dtype=self.param_dtype,
                      mu_dtype=self.mu_dtype)
+        check_model_options("SFTConfig", self)
         if self.vocab_chunk is not None and self.vocab_chunk < 1:
             raise ValueError(f"SFTConfig.vocab_chunk = {self.vocab_chunk}: expected >= 1 or None")
         if self.accum_steps < 1 or self.data.batch_size % self.accum_steps:
@@ -356,13 +360,13 @@ def run_sft(config: SFTConfig, out_dir: str | Path, *, resume: bool = False, for
 
     return run_masked_ce(run, config, model_config, params, batches, desc=f"sft[{config.harness_mode}]",
                          mesh_shape=config.mesh, progress=progress, batch_metrics=hsa_share,
-                         param_dtype=config.param_dtype, mu_dtype=config.mu_dtype, remat=config.remat,
+                         param_dtype=config.param_dtype, mu_dtype=config.mu_dtype,
                          vocab_chunk=config.vocab_chunk)
 
 
 def run_masked_ce(run: StageRun, config, model_config, params, batches, *, desc: str, mesh_shape=None,
                   progress: bool = True, batch_metrics=None, param_dtype: str = "float32", mu_dtype: str | None = None,
-                  remat: bool = False, vocab_chunk: int | None = None) -> TrainState:
+                  vocab_chunk: int | None = None) -> TrainState:
     """The masked token-CE training loop shared by SFT and the base pretraining (`hat_jax.train.pretrain`): the
     state from `run.start` (restored with the iterator's data state on resume), `sft_loss_fn` + lb_coef x the MoE
     load-balancing loss, `accum_steps` micro-batches of `DEVICE_KEYS`, `run.run` with the config's intervals.
@@ -373,7 +377,7 @@ def run_masked_ce(run: StageRun, config, model_config, params, batches, *, desc:
         (None when resuming). batches: an iterator with get_state / set_state yielding host batches with
         `DEVICE_KEYS`, or packed ones with `PACKED_DEVICE_KEYS` (`hat_jax.data.packing.PackedBatches`).
         desc: progress label. mesh_shape: `default_mesh`'s shape. batch_metrics: as `run_stage`.
-      param_dtype, mu_dtype, remat, vocab_chunk: as `SFTConfig`.
+      param_dtype, mu_dtype, vocab_chunk: as `SFTConfig`; the model options (`model_options`) come from config.
     Returns:
       the final TrainState.
     Raises:
@@ -386,7 +390,8 @@ def run_masked_ce(run: StageRun, config, model_config, params, batches, *, desc:
         if not isinstance(batches, PackedBatches):  # a packed checkpoint cannot resume an unpacked pipeline
             refuse_packed_state(data_state, desc)
         batches.set_state(data_state)  # PackedBatches refuses an unpacked pipeline's state (DataStateFormatError)
-    model = Qwen3_5MoeForCausalLM(model_config, dtype=COMPUTE_DTYPES[config.compute_dtype], remat=remat)
+    model = Qwen3_5MoeForCausalLM(model_config, dtype=COMPUTE_DTYPES[config.compute_dtype],
+                                  **model_options(config))
     step_fn = make_train_step(sft_loss_fn(model, vocab_chunk), optimizer, lb_coef=config.lb_coef,
                               schedule=lr_schedule(config.optim), shardings=run.shardings)
 

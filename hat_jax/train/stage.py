@@ -56,6 +56,19 @@ def check_dtypes(owner: str, **fields) -> None:
             raise ValueError(f"{owner}.{name} = {value!r}; valid: {sorted(COMPUTE_DTYPES)}")
 
 
+def check_model_options(owner: str, config) -> None:
+    """Raises ValueError naming `owner.remat_policy` when it is not a `REMAT_POLICIES` key (listing them)."""
+    from hat_jax.model.transformer import check_remat_policy
+    check_remat_policy(config.remat_policy, f"{owner}.remat_policy")
+
+
+def model_options(config) -> dict:
+    """The `Qwen3_5MoeForCausalLM` keyword options of a stage config: remat_policy and scan_layers (how the
+    trained model runs its layers; the defaults of configs without them: no remat, the Python loop)."""
+    return {"remat_policy": getattr(config, "remat_policy", "none"),
+            "scan_layers": bool(getattr(config, "scan_layers", False))}
+
+
 def config_json(config) -> dict:
     """A stage config (a frozen dataclass) as plain JSON data (what is hashed and written)."""
     return json.loads(json.dumps(dataclasses.asdict(config), default=str))

@@ -37,7 +37,8 @@ from hat_jax.train.checkpoints import IncompatibleCheckpointError, latest_step
 from hat_jax.train.metrics import read_metrics
 from hat_jax.train.opd import apply_opd_overrides, main, opd_preset, run_opd
 from hat_jax.train.opd_batches import OPDBatches, prompt_pool
-from hat_jax.train.opd_loss import _entropy, _entropy_chunked, opd_loss_fn
+from hat_jax.train.losses import token_entropy_chunked
+from hat_jax.train.opd_loss import _entropy, opd_loss_fn
 from hat_jax.train.optim import make_optimizer
 from hat_jax.train.sft import with_steps
 from hat_jax.train.trainer import accumulate_gradients, init_train_state, split_micro_batches
@@ -169,7 +170,7 @@ def test_chunked_entropy_equals_the_full_one():
     rng = np.random.default_rng(0)
     hidden, kernel = rng.normal(size=(2, 5, 8)).astype(np.float32), rng.normal(size=(8, 37)).astype(np.float32)
     full = _entropy(jnp.asarray(hidden @ kernel), 0.7)
-    chunked = _entropy_chunked(jnp.asarray(hidden), jnp.asarray(kernel), 10, 0.7, jnp.float32)
+    chunked = token_entropy_chunked(jnp.asarray(hidden), jnp.asarray(kernel), 10, 0.7, jnp.float32)
     np.testing.assert_allclose(chunked, full, rtol=1e-5, atol=1e-6)
     assert float(full[0, 0]) == 0.0
 

@@ -195,6 +195,43 @@ class TinyLM:
         return types.SimpleNamespace(logits=h @ p["out"], router_logits=(h @ p["router"]).reshape(1, -1, 4))
 
 
+class TinyHeadLM(TinyLM):
+    """`TinyLM` with its output matrix as the lm_head kernel and the hidden states in the output, so the
+    vocabulary-chunked loss can run on it."""
+
+    dtype = jnp.float32
+
+    @staticmethod
+    def init(key, vocab=32, hidden=8, experts=4):
+        p = TinyLM.init(key, vocab, hidden, experts)
+        return {"embed": p["embed"], "lm_head": {"kernel": p.pop("out")}, "router": p["router"]}
+
+    def apply(self, variables, ids, attention_mask=None, forced_expert_ids=None, return_logits=True):
+        p = variables["params"]
+        h = jnp.tanh(jnp.cumsum(p["embed"][ids], axis=1) / 4.0)
+        return types.SimpleNamespace(logits=h @ p["lm_head"]["kernel"] if return_logits else None, hidden=h,
+                                     router_logits=(h @ p["router"]).reshape(1, -1, 4))
+
+
+def test_vocab_chunked_rl_loss_equals_full_logits():
+    model, batch = TinyHeadLM(), toy_rl_batch()
+    params = TinyHeadLM.init(jax.random.key(2))
+    batch = {k: jnp.asarray(v) for k, v in batch.items()}
+    batch["ref_logprobs"] = batch["old_logprobs"] - 0.1
+    results = []
+    for chunk in (None, 10):  # 32 = 3 chunks of 10 + a shifted last chunk
+        loss_fn = rl_loss_fn(model, temperature=0.7, beta=0.05, vocab_chunk=chunk)
+        results.append(jax.jit(jax.value_and_grad(lambda p: loss_fn(p, batch, None)[0]))(params))
+        results[-1] += (jax.jit(lambda p: loss_fn(p, batch, None)[2])(params),)
+    (v0, g0, aux0), (v1, g1, aux1) = results
+    np.testing.assert_allclose(v1, v0, atol=1e-6, rtol=0)
+    for a, b in zip(jax.tree_util.tree_leaves(g1), jax.tree_util.tree_leaves(g0)):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+    for key in ("policy/entropy", "kl/k3", "kl/approx"):
+        np.testing.assert_allclose(aux1[key], aux0[key], atol=1e-6, rtol=0, err_msg=key)
+    assert float(aux0["policy/entropy"]) > 0.5
+
+
 def toy_rl_batch(b=4, t=12, vocab=32):
     rng = np.random.default_rng(0)
     batch = {"input_ids": rng.integers(1, vocab, (b, t)).astype(np.int32),
