@@ -24,6 +24,8 @@ any backend), 'splash' (TPU Pallas splash attention, `jax.experimental.pallas.op
 mask and serve the uncached forward (q_offset 0, S == T); cached calls (prefill, decode) take 'xla'.
 """
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -33,6 +35,7 @@ from hat_jax.model.config import Qwen3_5MoeTextConfig
 from hat_jax.model.linear import Linear
 from hat_jax.model.norms import RMSNorm
 from hat_jax.model.rope import apply_partial_rope
+from hat_jax.model.sharding import map_row_shards
 
 
 ATTENTION_BLOCK = 128  # query rows per block of `causal_gqa_attention`
@@ -121,8 +124,9 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segment_ids: jax.Array
             raise ValueError(f"attention_impl {impl!r}: serves the uncached forward only (q_offset 0, "
                              f"S == T), got q_offset {q_offset!r}, T {q.shape[1]}, S {k.shape[1]}")
         impl = "xla"
-    if impl == "splash":
-        return splash_attention(q, k, v, q_segment_ids, kv_segment_ids, scale=scale, causal=causal)
+    if impl == "splash":  # a Mosaic kernel: GSPMD cannot partition it, each device runs its own rows
+        fn = functools.partial(splash_attention, scale=scale, causal=causal)
+        return map_row_shards(fn, (q, k, v, q_segment_ids, kv_segment_ids))
     if impl == "cudnn":
         return cudnn_attention(q, k, v, q_segment_ids, kv_segment_ids, scale=scale, causal=causal,
                                packed=packed)

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 
 from hat_jax.model.config import Qwen3_5MoeTextConfig
 from hat_jax.model.linear import Linear
-from hat_jax.model.sharding import param_with_axes
+from hat_jax.model.sharding import constrain, map_row_shards, param_with_axes
 
 
 def route(logits: jax.Array, top_k: int, forced_expert_ids: jax.Array | None = None):
@@ -130,6 +130,23 @@ def dense_expert_ffn(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, do
 EXPERT_IMPLS = {"blocked": blocked_expert_ffn, "ragged_dot": ragged_expert_ffn, "dense": dense_expert_ffn}
 
 
+def token_local_experts(impl: str, x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down: jax.Array):
+    """`EXPERT_IMPLS[impl]` on each device's own token rows (`map_row_shards`): with a mesh in context the
+    sort, the grouped matmul and the unsort run locally (the dispatch never sorts or gathers the global
+    batch), the experts' weights cast to the compute dtype and then replicated (all-gathered per layer,
+    FSDP-style; their gradients reduced back). Tokens never leave their device: expert parallelism (tokens
+    sent to the experts' devices by all-to-all) is a different dispatch.
+
+    Args:
+        impl: an `EXPERT_IMPLS` key. x: [N, H] compute dtype. expert_ids: [N, k] int32.
+        gate_up: [E, H, 2I]. down: [E, I, H].
+    Returns:
+        [N, k, H] as `blocked_expert_ffn`, equal to the unsharded call (each token's result depends only on
+        its own row).
+    """
+    return map_row_shards(EXPERT_IMPLS[impl], (x, expert_ids), (gate_up.astype(x.dtype), down.astype(x.dtype)))
+
+
 class SparseMoeBlock(nn.Module):
     """Params: gate.kernel [H, E], experts.{gate_up_proj [E, H, 2I], down_proj [E, I, H]},
     shared_expert.{gate_proj, up_proj, down_proj}, shared_expert_gate.kernel [H, 1]."""
@@ -151,12 +168,12 @@ class SparseMoeBlock(nn.Module):
         if self.impl not in EXPERT_IMPLS:
             raise ValueError(f"moe impl {self.impl!r}: expected one of {sorted(EXPERT_IMPLS)}")
         b, t, hdim = x.shape
-        xf = x.reshape(b * t, hdim)
+        xf = constrain(x.reshape(b * t, hdim), ("batch", None))
         dense = lambda n, feats, axes: Linear(feats, axes, self.dtype, self.param_dtype, c.initializer_range, name=n)
         logits = dense("gate", c.num_experts, ("embed", "router"))(xf)
         weights, ids = route(logits, c.num_experts_per_tok, forced_expert_ids)
         gate_up, down = Experts(c, self.param_dtype, name="experts")()
-        expert_out = EXPERT_IMPLS[self.impl](xf, ids, gate_up, down)               # [N, k, H]
+        expert_out = token_local_experts(self.impl, xf, ids, gate_up, down)         # [N, k, H]
         routed = jnp.einsum("nkh,nk->nh", expert_out, weights.astype(self.dtype))
         s = c.shared_expert_intermediate_size
         shared = SwiGLU(s, self.dtype, self.param_dtype, c.initializer_range, name="shared_expert")(xf)

@@ -29,6 +29,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from hat_jax.model.sharding import constrain
+
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
@@ -63,6 +65,20 @@ def token_logprobs(logits: jax.Array, input_ids: jax.Array, temperature: float |
     logp = jax.nn.log_softmax(z, axis=-1)
     picked = jnp.take_along_axis(logp, input_ids[:, 1:, None].astype(jnp.int32), axis=-1)[..., 0]
     return _shift_pad(picked)
+
+
+def predicting_rows(hidden: jax.Array) -> jax.Array:
+    """[B, T, H] -> [B*T, H]: every position's hidden state as one row of the chunked vocabulary matmuls,
+    the rows split over the mesh's batch axes (`constrain`). Position T-1 predicts nothing; callers drop it
+    with `_next_token_values`. All T positions are kept (not T-1) so that B*T divides by the batch devices
+    whenever B*T does (T-1 = 16,383 is odd), at 1/T extra compute."""
+    b, t, h = hidden.shape
+    return constrain(hidden.reshape(b * t, h), ("batch", None))
+
+
+def _next_token_values(rows: jax.Array, b: int, t: int) -> jax.Array:
+    """[B*T] per-position values of `predicting_rows` -> [B, T]: entry 0 = 0, entry t = position t-1's value."""
+    return _shift_pad(rows.reshape(b, t)[:, :-1])
 
 
 def _chunk_plan(vocab: int, chunk: int) -> tuple[int, int]:
@@ -130,10 +146,10 @@ def token_logprobs_chunked(hidden: jax.Array, lm_head_kernel: jax.Array, input_i
     Returns:
         [B, T] float32, same convention as `token_logprobs`.
     """
-    b, t, h = hidden.shape
+    b, t, _ = hidden.shape
     size, n_chunks = _chunk_plan(lm_head_kernel.shape[1], chunk)
-    x = hidden[:, :-1].reshape(-1, h)
-    target = input_ids[:, 1:].reshape(-1).astype(jnp.int32)
+    x = predicting_rows(hidden)
+    target = jnp.pad(input_ids[:, 1:], ((0, 0), (0, 1))).reshape(-1).astype(jnp.int32)
 
     def body(carry, i):
         m, s, picked = carry
@@ -145,7 +161,7 @@ def token_logprobs_chunked(hidden: jax.Array, lm_head_kernel: jax.Array, input_i
     rows = x.shape[0]
     init = (jnp.full((rows,), -jnp.inf, jnp.float32), jnp.zeros((rows,), jnp.float32), jnp.zeros((rows,), jnp.float32))
     (m, s, picked), _ = jax.lax.scan(jax.checkpoint(body, prevent_cse=False), init, jnp.arange(n_chunks))
-    return _shift_pad((picked - (m + jnp.log(s))).reshape(b, t - 1))
+    return _next_token_values(picked - (m + jnp.log(s)), b, t)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -177,10 +193,10 @@ def token_entropy_chunked(hidden: jax.Array, kernel: jax.Array, chunk: int, temp
     Returns:
         [B, T] float32.
     """
-    b, t, h = hidden.shape
+    b, t, _ = hidden.shape
     vocab = kernel.shape[1]
     size = min(int(chunk), vocab)
-    x = jax.lax.stop_gradient(hidden[:, :-1].reshape(-1, h))
+    x = jax.lax.stop_gradient(predicting_rows(hidden))
     k = jax.lax.stop_gradient(kernel)
 
     def body(carry, i):
@@ -192,7 +208,7 @@ def token_entropy_chunked(hidden: jax.Array, kernel: jax.Array, chunk: int, temp
     rows = x.shape[0]
     init = (jnp.full((rows,), -jnp.inf, jnp.float32), jnp.zeros((rows,), jnp.float32), jnp.zeros((rows,), jnp.float32))
     (m, s, w), _ = jax.lax.scan(body, init, jnp.arange(-(-vocab // size)))
-    return jnp.pad((m + jnp.log(s) - w / s).reshape(b, t - 1), ((0, 0), (1, 0)))
+    return _next_token_values(m + jnp.log(s) - w / s, b, t)
 
 
 def masked_nll_sum(logprobs: jax.Array, loss_mask: jax.Array,

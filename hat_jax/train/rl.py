@@ -121,7 +121,7 @@ class RLConfig:
       routing_replay: force sampling-time expert ids in the update. optim: AdamW + schedule.
       lb_coef: MoE load-balancing coefficient. ppo_epochs, ppo_minibatches: updates per rollout batch.
       accum_steps: micro-batches per minibatch. compute_dtype: "float32" | "bfloat16" (rollouts and update;
-        the frozen reference is held in it). param_dtype, mu_dtype, remat_policy, scan_layers, vocab_chunk: as `SFTConfig`
+        the frozen reference is held in it). param_dtype, mu_dtype, remat_policy, scan_layers, attention_impl, moe_impl, vocab_chunk: as `SFTConfig`
         (vocab_chunk: the policy's and the reference's logprobs and entropy).
       log_every, ckpt_every, max_to_keep, seed, mesh: as `SFTConfig`.
     """
@@ -159,6 +159,8 @@ class RLConfig:
     mu_dtype: str | None = None
     remat_policy: str = "none"
     scan_layers: bool = False
+    attention_impl: str = "auto"
+    moe_impl: str = "blocked"
     vocab_chunk: int | None = None
     log_every: int = 1
     ckpt_every: int = 10
@@ -284,8 +286,8 @@ class RLBatches:
         self.ref_params = ref_params
         self.ref_fn = None
         if config.beta > 0:
-            self.ref_fn = make_ref_logprobs(Qwen3_5MoeForCausalLM(model_config, dtype=self.dtype, **model_options(config)),
-                                            config.temperature, config.vocab_chunk)
+            ref_model = Qwen3_5MoeForCausalLM(model_config, dtype=self.dtype, **model_options(config, train=False))
+            self.ref_fn = make_ref_logprobs(ref_model, config.temperature, config.vocab_chunk)
         self.last_step = 0
 
     def rollout(self, params, step: int):

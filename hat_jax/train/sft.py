@@ -81,6 +81,9 @@ class SFTConfig:
         Adam moment's dtype (None: param_dtype). remat_policy: how each decoder layer is
         rematerialised in the backward pass (`hat_jax.model.transformer.REMAT_POLICIES`; "none", "full", ...).
         scan_layers: scan over the repeating layer block (compile time flat in depth; same results).
+        attention_impl: `hat_jax.model.attention.ATTENTION_IMPLS` ("auto": splash on TPU, cuDNN on GPU, XLA on
+        CPU); moe_impl: the expert matmuls (`hat_jax.model.moe.EXPERT_IMPLS`; "ragged_dot" on TPU/GPU). Both
+        compute the same math: like the mesh, they are not part of the config hash.
         vocab_chunk: None = full [B, T, V] logits; else the cross-entropy over vocabulary chunks of this size.
       log_every, ckpt_every, max_to_keep: metrics/checkpoint intervals and checkpoints kept.
       seed: init and step RNG. init: checkpoint to start from (None = fresh init).
@@ -102,6 +105,8 @@ class SFTConfig:
     mu_dtype: str | None = None
     remat_policy: str = "none"
     scan_layers: bool = False
+    attention_impl: str = "auto"
+    moe_impl: str = "blocked"
     vocab_chunk: int | None = None
     log_every: int = 10
     ckpt_every: int = 50
