@@ -13,6 +13,8 @@ Dispatch is dropless and its compute is proportional to the *active* experts:
   E*(bk-1) rows and decoding (few tokens) gathers only the experts it uses.
 - `ragged_dot`: the same sorted layout through `jax.lax.ragged_dot` (native grouped GEMM on TPU/GPU;
   on CPU it lowers to a loop over all experts and is slow, see experiments/benchmarks/model_bench.py).
+- `megablox`: the same layout through jax's Pallas TPU grouped matmul (`megablox.gmm`/`tgmm`), the TPU
+  choice: its backward stays proportional to the active experts.
 - `dense`: every expert on every token, then the chosen k gathered (compute not proportional to the
   active experts; a reference and an option for few experts and few tokens, not faster on CPU here).
 
@@ -32,7 +34,7 @@ import jax.numpy as jnp
 
 from hat_jax.model.config import Qwen3_5MoeTextConfig
 from hat_jax.model.linear import Linear
-from hat_jax.model.sharding import constrain, map_row_shards, param_with_axes
+from hat_jax.model.sharding import constrain, map_row_shards, param_with_axes, target_platform
 
 
 def route(logits: jax.Array, top_k: int, forced_expert_ids: jax.Array | None = None):
@@ -114,6 +116,34 @@ def ragged_expert_ffn(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, d
     return jnp.zeros_like(y).at[order].set(y).reshape(n, k, -1)
 
 
+MEGABLOX_TILING = (128, 128, 128)  # (rows, contraction, output) tile; megablox's default, untuned (no TPU here)
+
+
+def megablox_expert_ffn(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down: jax.Array) -> jax.Array:
+    """Same contract as `blocked_expert_ffn`, via the TPU grouped matmul of jax's Pallas megablox library
+    (`jax.experimental.pallas.ops.tpu.megablox.gmm`, whose backward is its transposed kernel `tgmm`). The
+    expert-sorted rows are padded to a multiple of the row tile (the padding rows join the last expert and
+    are dropped). On TPU, unlike `jax.lax.ragged_dot`, whose weight gradient libtpu 0.0.42 lowers to a dense
+    masked product over all E experts (E/k times the active FLOPs, measured by the AOT check). A Mosaic
+    kernel: under a mesh it must run inside `shard_map` (`token_local_experts` does). Off TPU the kernel runs
+    in Pallas interpret mode (tests only: slow)."""
+    from jax.experimental.pallas.ops.tpu.megablox import gmm
+
+    n, k = expert_ids.shape
+    e = gate_up.shape[0]
+    m = n * k
+    pad = -m % MEGABLOX_TILING[0]
+    flat = expert_ids.reshape(m)
+    order = jnp.argsort(flat, stable=True)
+    sizes = jnp.bincount(flat, length=e).astype(jnp.int32).at[e - 1].add(pad)
+    rows = jnp.pad(x[order // k], ((0, pad), (0, 0)))
+    kw = dict(preferred_element_type=x.dtype, tiling=MEGABLOX_TILING, interpret=target_platform() != "tpu")
+    h = gmm(rows, gate_up.astype(x.dtype), sizes, **kw)
+    g, u = jnp.split(h, 2, axis=-1)
+    y = gmm(jax.nn.silu(g) * u, down.astype(x.dtype), sizes, **kw)[:m]
+    return jnp.zeros_like(y).at[order].set(y).reshape(n, k, -1)
+
+
 def dense_expert_ffn(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down: jax.Array) -> jax.Array:
     """Same contract as `blocked_expert_ffn`: every expert on every token (E/k times the active compute),
     then the k chosen outputs per token are gathered; no sort, scatter or weight gather. Measured on a
@@ -127,7 +157,8 @@ def dense_expert_ffn(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, do
     return y[expert_ids, jnp.arange(n)[:, None]]                               # [N, k, H]
 
 
-EXPERT_IMPLS = {"blocked": blocked_expert_ffn, "ragged_dot": ragged_expert_ffn, "dense": dense_expert_ffn}
+EXPERT_IMPLS = {"blocked": blocked_expert_ffn, "ragged_dot": ragged_expert_ffn, "megablox": megablox_expert_ffn,
+                "dense": dense_expert_ffn}
 
 
 def token_local_experts(impl: str, x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down: jax.Array):

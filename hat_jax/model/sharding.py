@@ -150,6 +150,16 @@ def active_mesh_shape() -> dict[str, int]:
     return {} if mesh.empty else dict(mesh.shape)
 
 
+def target_platform() -> str:
+    """The platform being compiled for: that of the mesh in context (an AOT compile for TPU devices from a
+    CPU host sets one), else `jax.default_backend()`. Usable inside `jit`."""
+    mesh = jax.sharding.get_abstract_mesh()
+    device = None if mesh.empty else getattr(mesh, "abstract_device", None)
+    if device is not None and getattr(device, "platform", None):
+        return device.platform
+    return jax.default_backend()
+
+
 def constrain(x: jax.Array, logical: Sequence[str | None], rules=DEFAULT_RULES) -> jax.Array:
     """`jax.lax.with_sharding_constraint` of an activation by logical axis names (`fitted_spec`) against the
     mesh in context; `x` unchanged without a mesh or on one device.
