@@ -203,7 +203,7 @@ def item_harness(item: EvalItem, original: HarnessState) -> HarnessState:
         cfg = HSAConfig(allowed=("rename_tools", "restructure_schemas"), default_p=1.0)
         return compose(original, rng, cfg, "train")[0]
     if item.perturbation == "distractor_tools":
-        cfg = HSAConfig(allowed=("distractor_tools",), default_p=1.0, n_distractor_tools=(2, 4))
+        cfg = HSAConfig(allowed=("distractor_tools",), default_p=1.0, params={"distractor_tools": {"count": (2, 4)}})
         return compose(original, rng, cfg, "train")[0]
     if item.perturbation == "prompt_constraints":
         section = PromptSection(key="constraints", title=EXTRA_SECTION_TITLE, text="", constraints=item.constraints)
