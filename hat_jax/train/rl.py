@@ -116,7 +116,8 @@ class RLConfig:
       max_turns: model turns per episode. seq_len: cap on an episode's tokens.
       rollout_bucket: prompt/sequence padding bucket of the rollouts; train_bucket: the update's T is rounded up
         to a multiple of it (capped at seq_len), fewer shapes = fewer compilations.
-      estimator: "grpo" | "gdpo" | "dr_grpo". reward: weights and the CoT penalty shape.
+      estimator: a name of `ADVANTAGE_ESTIMATORS` ("grpo", "gdpo", "dr_grpo", ...). reward: weights and the CoT
+        penalty shape.
       eps_low, eps_high: clip range. beta: k3 KL coefficient. aggregation: loss aggregation mode.
       routing_replay: force sampling-time expert ids in the update. optim: AdamW + schedule.
       lb_coef: MoE load-balancing coefficient. ppo_epochs, ppo_minibatches: updates per rollout batch.
