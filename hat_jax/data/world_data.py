@@ -273,7 +273,7 @@ def oracle_records(config: WorldDataConfig, tasks: Sequence[Task], prefix: str =
     world, harness = world_for(config.world_seed, config.n_products), production_harness()
     oracle = OracleTeacher(world, config.oracle)
     env = LiveStreamEnv(world, EnvConfig(fault_rates=dict(config.sft_fault_rates)))
-    judge = functools.partial(judge_episode, harness=harness, world=world)
+    judge = functools.partial(judge_episode, harness=harness)
     kept, stats = rejection_sample(env, oracle, tasks, harness, judge, attempts=config.sft_attempts)
     records = []
     for i, episode in enumerate(kept):

@@ -92,7 +92,7 @@ def test_ideal_oracle_scores_full_marks_on_every_suite(world, items):
         for item in its:
             h = suites.item_harness(item, original)
             episode = rollout(LiveStreamEnv(world, suites.item_env_config(item)), oracle, item.task, h)
-            scores = judge_episode(episode, h, world).scores()
+            scores = judge_episode(episode, h).scores()
             if item.perturbation == "tool_failure":
                 assert scores["adr"] == 1, (item.item_id, scores)
                 continue

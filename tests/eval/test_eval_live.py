@@ -114,7 +114,7 @@ def test_suite_items_run_under_their_harness_and_faults(tokenizer, recorded_envs
     harnesses = [item_harness(it, original) for it in items]
     assert [r["episode"]["harness_version"] for r in res.records] == [h.version for h in harnesses]
     assert len({h.version for h in harnesses}) == 3
-    judgements = [judge_episode(rollout_module_episode(r), h, world) for r, h in zip(res.records, harnesses)]
+    judgements = [judge_episode(rollout_module_episode(r), h) for r, h in zip(res.records, harnesses)]
     assert res.scores == pytest.approx(suite_scores("tool_robustness", judgements))
     assert set(res.scores) == {"adr", "rc", "tc", "avg"} and all(0 <= v <= 100 for v in res.scores.values())
     assert [r["item"]["item_id"] for r in res.records] == [it.item_id for it in items]

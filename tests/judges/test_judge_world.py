@@ -16,5 +16,5 @@ def test_ideal_oracle_gets_every_metric_on_every_intent():
     assert {t.intent for t in tasks} == set(INTENTS)
     env, oracle = LiveStreamEnv(world, EnvConfig()), OracleTeacher(world)
     for t in tasks:
-        j = judge_episode(rollout(env, oracle, t, harness), harness, world)
+        j = judge_episode(rollout(env, oracle, t, harness), harness)
         assert all(getattr(j, m) == 1 for m in METRICS) and j.severity == (), (t.intent, t.message, j.reasons)
