@@ -73,7 +73,8 @@ from hat_jax.harness.state import DISTRACTOR_PREFIX, SKILL_TOOL_IMPL, HarnessSta
 from hat_jax.judges import facts, phrases
 from hat_jax.judges.gold import (BAD_STATUSES, FAILED_STATUSES, failed_gold_calls, gold_ok, gold_plan, gold_products,
                                   match_gold_calls, matches_gold)
-from hat_jax.sim.types import TOOL_IMPLS, Episode
+from hat_jax.sim.tools import TOOL_IMPLS
+from hat_jax.sim.types import Episode
 
 SEVERITY_TAGS: tuple[str, ...] = ("ungrounded_product_claim", "claims_human", "repeated_tool_failure", "missing_arguments")
 _CUT = ("malformed", "round_limit", "truncated")

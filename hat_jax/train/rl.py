@@ -272,7 +272,7 @@ class RLBatches:
     """
 
     def __init__(self, config: RLConfig, model_config, tokenizer, ref_params=None, dtype=None):
-        from hat_jax.harness.loader import production_harness
+        from hat_jax.sim.world_harness import production_harness
 
         self.config, self.model_config, self.tokenizer = config, model_config, tokenizer
         self.tasks = rl_tasks(config.world)

@@ -8,8 +8,8 @@ import pytest
 from hat_jax.data import pipeline as P
 from hat_jax.data.packing import DataStateFormatError
 from hat_jax.harness import hsa
-from hat_jax.harness.loader import production_harness
 from hat_jax.harness.render import render_system_prompt, render_tokens
+from hat_jax.sim.world_harness import production_harness
 from hat_jax.tokenizer import train_bpe_tokenizer
 
 H = production_harness()

@@ -11,11 +11,11 @@ import hat_jax.train.rollout as rollout_module
 from hat_jax.data.suites import item_env_config, item_harness
 from hat_jax.data.world_data import WorldDataConfig, eval_items, world_for
 from hat_jax.eval.live import run_live_suite, sample_scores, suite_keys, suite_scores
-from hat_jax.harness.loader import production_harness
 from hat_jax.judges.rules import Judgement, judge_episode
 from hat_jax.model import get_config
 from hat_jax.model.sampler import SamplingConfig
 from hat_jax.sim.env import EnvConfig, LiveStreamEnv
+from hat_jax.sim.world_harness import production_harness
 
 REPLY = "ok\n</think>\n\n您好，这款商品我帮您确认一下。"
 

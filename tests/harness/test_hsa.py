@@ -12,9 +12,10 @@ from hat_jax.harness import hsa
 from hat_jax.harness import hsa_transforms as T
 from hat_jax.harness import hsa_vocab as V
 from hat_jax.harness.hsa_rewrite import leaf_paths, resolve_path, substitute_names
-from hat_jax.harness.loader import dump_harness, load_harness, production_harness
 from hat_jax.harness.render import render_system_prompt
 from hat_jax.harness.state import DISTRACTOR_PREFIX, SKILL_TOOL_IMPL, Constraint, HookSpec
+from hat_jax.harness.writer import dump_harness
+from hat_jax.sim.world_harness import load_world_harness, production_harness
 
 H = production_harness()
 ORIGINAL_NAMES = {t.name for t in H.tools} | {s.name for s in H.skills}
@@ -278,7 +279,7 @@ def test_compose_rewrite_keeps_the_task():
 def test_transformed_harnesses_pass_the_loader(tmp_path):
     for seed in range(12):
         new, _, _ = hsa.compose(H, random.Random(seed), split=("train", "heldout")[seed % 2])
-        assert load_harness(dump_harness(new, tmp_path / str(seed))) == new
+        assert load_world_harness(dump_harness(new, tmp_path / str(seed))) == new
 
 
 def test_heldout_families_never_in_train_always_in_heldout():
