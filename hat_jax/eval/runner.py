@@ -45,9 +45,9 @@ from hat_jax.eval.generation import chat_completions
 from hat_jax.eval.if_checker import response_text, score_responses
 from hat_jax.eval.ifeval import IFEVAL_LINES, load_ifeval, skip_reason
 from hat_jax.eval.live import run_live_suite
-from hat_jax.harness.loader import production_harness
 from hat_jax.model.config import Qwen3_5MoeTextConfig
 from hat_jax.model.sampler import SamplingConfig, generate
+from hat_jax.sim.world_harness import production_harness
 from hat_jax.train.stage import COMPUTE_DTYPES
 
 log = logging.getLogger(__name__)

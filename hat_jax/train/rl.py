@@ -116,7 +116,8 @@ class RLConfig:
       max_turns: model turns per episode. seq_len: cap on an episode's tokens.
       rollout_bucket: prompt/sequence padding bucket of the rollouts; train_bucket: the update's T is rounded up
         to a multiple of it (capped at seq_len), fewer shapes = fewer compilations.
-      estimator: "grpo" | "gdpo" | "dr_grpo". reward: weights and the CoT penalty shape.
+      estimator: a name of `ADVANTAGE_ESTIMATORS` ("grpo", "gdpo", "dr_grpo", ...). reward: weights and the CoT
+        penalty shape.
       eps_low, eps_high: clip range. beta: k3 KL coefficient. aggregation: loss aggregation mode.
       routing_replay: force sampling-time expert ids in the update. optim: AdamW + schedule.
       lb_coef: MoE load-balancing coefficient. ppo_epochs, ppo_minibatches: updates per rollout batch.
@@ -273,7 +274,7 @@ class RLBatches:
     """
 
     def __init__(self, config: RLConfig, model_config, tokenizer, ref_params=None, dtype=None):
-        from hat_jax.harness.loader import production_harness
+        from hat_jax.sim.world_harness import production_harness
 
         self.config, self.model_config, self.tokenizer = config, model_config, tokenizer
         self.tasks = rl_tasks(config.world)

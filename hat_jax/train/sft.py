@@ -191,8 +191,8 @@ def with_hsa(config: SFTConfig, on: bool) -> SFTConfig:
 
 def _render_record(record: dict) -> str:
     from hat_jax.data.corpus import render_chat
-    from hat_jax.harness.loader import production_harness
     from hat_jax.harness.render import render_messages
+    from hat_jax.sim.world_harness import production_harness
 
     h = production_harness()
     return render_chat(render_messages(h, record["messages"]), h.openai_tools())
@@ -352,7 +352,7 @@ def run_sft(config: SFTConfig, out_dir: str | Path, *, resume: bool = False, for
     params = _initial_params(config, model_config, mesh) if run.existing is None else None  # fail fast on a bad --init
     records, _ = sft_records(config.world)
     tokenizer = sft_tokenizer(config, records, out)
-    from hat_jax.harness.loader import production_harness
+    from hat_jax.sim.world_harness import production_harness
 
     dataset = sft_dataset(records, {PRODUCTION: production_harness()}, tokenizer, config.data)
     batches = sft_batches(dataset, config.data)

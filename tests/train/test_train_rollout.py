@@ -19,7 +19,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hat_jax.harness.loader import production_harness
 from hat_jax.harness.render import render_system_prompt, render_text
 from hat_jax.harness.state import HookSpec
 from hat_jax.model import Qwen3_5MoeForCausalLM, get_config, init_params
@@ -29,6 +28,7 @@ from hat_jax.sim.env import EnvConfig, LiveStreamEnv
 from hat_jax.sim.oracle import OracleTeacher
 from hat_jax.sim.rollout import rollout
 from hat_jax.sim.viewers import sample_tasks
+from hat_jax.sim.world_harness import production_harness
 from hat_jax.tokenizer import split_reasoning, train_bpe_tokenizer
 from hat_jax.train.rollout import RolloutBatch, env_turn_text, forced_expert_ids, rollout_batch, sample_completions
 from hat_jax.train.rollout_tokens import batch_bucket, round_up
