@@ -114,3 +114,15 @@ def test_topology_names_and_meshes():
         check_mesh((1, 8, 8, 1), 32)
     assert fully_sharded_shape(32, 256) == (1, 8, 4, 1) and fully_sharded_shape(64, 256) == (1, 8, 8, 1)
     assert fully_sharded_shape(8, 8) == (1, 4, 2, 1) and fully_sharded_shape(1, 8) == (1, 1, 1, 1)
+
+
+def test_flops_check_assignments_remove_what_the_cost_model_cannot_count():
+    from hat_jax.aot.programs import flops_check_assignments
+    from hat_jax.experiments.scales import apply_scale_overrides, get_scale
+
+    sft = apply_scale_overrides(get_scale("qwen3_6_35b_a3b"), flops_check_assignments("sft", 32)).sft
+    assert (sft.data.batch_size, sft.data.seq_len, sft.accum_steps) == (32, 4096, 1)
+    assert (sft.remat_policy, sft.vocab_chunk, sft.attention_impl) == ("none", None, "xla")
+    assert sft.moe_impl == "megablox" and sft.scan_layers  # the real step's dispatch and layer scan
+    with pytest.raises(ValueError, match="--flops-check: the sft stage only"):
+        flops_check_assignments("rl", 32)

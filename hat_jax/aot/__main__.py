@@ -2,11 +2,13 @@
 
     python -m hat_jax.aot --preset qwen3_6_35b_a3b --topology v5p-64 --stage sft|opd|rl|generate
         [--mesh data,fsdp,expert,tensor] [--set sft.data.seq_len=4096 --set model.num_hidden_layers=4 ...]
-        [--json FILE]
+        [--json FILE] [--flops-check]
 
 Needs libtpu (`pip install -e ".[tpu-aot]"`); run with JAX_PLATFORMS=cpu (nothing runs on a TPU). `--set`
 takes the experiment presets' `section.field=value` (`hat_jax.experiments.scales`) and `model.<field>=value`
 for the model of every stage. The default mesh is `hat_jax.model.sharding.fully_sharded_shape` for the slice.
+`--flops-check` compiles the SFT step at a shape whose compiled FLOPs are comparable with the analytic count
+(`hat_jax.aot.programs.flops_check_assignments`), after the `--set` assignments.
 Prints the figures (`hat_jax.aot.report.format_report`); exit 2 with `error: ...` on bad input.
 """
 
@@ -22,7 +24,7 @@ from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before jax is imported: compile for TPU, run nothing on one
 
-from hat_jax.aot.programs import STAGES, stage_model_config, stage_programs
+from hat_jax.aot.programs import STAGES, flops_check_assignments, stage_model_config, stage_programs
 from hat_jax.aot.report import format_report, stage_report
 from hat_jax.aot.topology import check_mesh, parse_mesh, resolve_topology, topology_devices, valid_names
 
@@ -40,6 +42,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="section.field=value of the preset (sft.data.seq_len=4096, rl.accum_steps=8) or "
                              "model.<field>=value (model.num_hidden_layers=4)")
     parser.add_argument("--json", help="also write the report as JSON to FILE")
+    parser.add_argument("--flops-check", action="store_true",
+                        help="sft only: one row of 4,096 tokens per batch device, no remat, full logits, XLA "
+                             "attention (compiled FLOPs comparable with the analytic count)")
     return parser.parse_args(argv)
 
 
@@ -77,12 +82,16 @@ def run(args: argparse.Namespace) -> dict:
     model_config = stage_model_config(args.stage, scale, model_overrides)
     shape = parse_mesh(args.mesh) if args.mesh else fully_sharded_shape(topology.chips, model_config.num_experts)
     check_mesh(shape, topology.chips)
+    if args.flops_check:
+        scale = apply_scale_overrides(scale, flops_check_assignments(args.stage, shape[0] * shape[1] * shape[2]))
     devices = topology_devices(topology)
     mesh = make_mesh(*shape, devices=devices)
     programs = stage_programs(args.stage, scale, model_config, mesh)
     model = {"layers": model_config.num_hidden_layers, "hidden_size": model_config.hidden_size,
              "num_experts": model_config.num_experts, "vocab_size": model_config.vocab_size}
-    return stage_report(args.stage, topology, mesh, programs, preset=args.preset, model=model)
+    report = stage_report(args.stage, topology, mesh, programs, preset=args.preset, model=model)
+    report["flops_check"] = bool(args.flops_check)
+    return report
 
 
 def main(argv: Sequence[str] | None = None) -> int:

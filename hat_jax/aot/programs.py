@@ -251,6 +251,22 @@ def stage_programs(stage: str, scale, model_config, mesh: Mesh) -> list[Program]
     return BUILDERS[stage](scale, model_config, mesh)
 
 
+def flops_check_assignments(stage: str, batch_devices: int, seq_len: int = 4096) -> list[str]:
+    """`--set` assignments that turn the SFT step into its FLOPs check: one row per batch device of `seq_len`
+    tokens, no accumulation, no remat, full logits and the 'xla' attention. The XLA cost model counts a loop
+    body once (the vocabulary-chunk scan, the accumulation scan) and Pallas kernels only by their own estimate
+    (splash gives none); this program has neither, so its compiled FLOPs are comparable with the analytic
+    count (6 x active matmul params x tokens + attention), on the same mesh and partitioning as the real step.
+
+    Raises:
+        ValueError: a stage other than sft.
+    """
+    if stage != "sft":
+        raise ValueError(f"--flops-check: the sft stage only (the other stages run the same model), got {stage!r}")
+    return [f"sft.data.batch_size={batch_devices}", f"sft.data.seq_len={seq_len}", "sft.accum_steps=1",
+            "sft.remat_policy=none", "sft.vocab_chunk=null", "sft.attention_impl=xla"]
+
+
 def stage_model_config(stage: str, scale, model_overrides: Sequence[tuple[str, Any]] = ()):
     """The model a stage trains: the SFT config's (preset + its model_overrides) for sft; the preset's own for
     the others (their model is the init checkpoint's); `model_overrides` on top."""
