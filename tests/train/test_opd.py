@@ -40,7 +40,7 @@ from hat_jax.train.opd_batches import OPDBatches, prompt_pool
 from hat_jax.train.losses import token_entropy_chunked
 from hat_jax.train.opd_loss import _entropy, opd_loss_fn
 from hat_jax.train.optim import make_optimizer
-from hat_jax.train.stage import stage_section
+from hat_jax.train.stage import resolved_optim, stage_section
 from hat_jax.train.trainer import accumulate_gradients, init_train_state, split_micro_batches
 
 SETS = ["--set", "ckpt_every=2", "--set", "log_every=1"]
@@ -134,7 +134,7 @@ def batch(ckpts):
     model_config, params = load_model_checkpoint(ckpts / "student")
     tokenizer = load_tokenizer(ckpts / "student" / "tokenizer")
     model = Qwen3_5MoeForCausalLM(model_config)
-    state = init_train_state(params, make_optimizer(config.optim), jax.random.key(0))
+    state = init_train_state(params, make_optimizer(resolved_optim(config)), jax.random.key(0))
     host = OPDBatches(config, model_config, tokenizer, prompt_pool(config, tokenizer), params, model)(state)
     return config, model, params, host
 
