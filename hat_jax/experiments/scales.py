@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from hat_jax.experiments.stage_kinds import CHAIN_FIELDS, STAGE_KINDS, load_attr
 from hat_jax.train.stage import apply_overrides, config_json, config_names, did_you_mean, load_config
 
 if TYPE_CHECKING:
@@ -25,17 +26,13 @@ if TYPE_CHECKING:
     from hat_jax.train.sft import SFTConfig
 
 SCALES: tuple[str, ...] = config_names()
-SECTIONS: tuple[str, ...] = ("base", "sft", "opd", "rl", "opd_live", "teacher", "eval")
-STAGE_SECTIONS: tuple[str, ...] = ("sft", "opd", "rl", "opd_live")
+SECTIONS: tuple[str, ...] = ("base", *STAGE_KINDS, "teacher", "eval")
 
 
 def _section_types() -> dict[str, type]:
     from hat_jax.eval import EvalConfig
-    from hat_jax.train.opd import OPDConfig
-    from hat_jax.train.rl import RLConfig
-    from hat_jax.train.sft import SFTConfig
 
-    return {"sft": SFTConfig, "opd": OPDConfig, "rl": RLConfig, "opd_live": OPDConfig, "eval": EvalConfig}
+    return {**{name: load_attr(kind.config) for name, kind in STAGE_KINDS.items()}, "eval": EvalConfig}
 
 
 def _check_type(owner: str, name: str, value: Any, kind: type, optional: bool = False) -> None:
@@ -132,8 +129,8 @@ def apply_scale_overrides(scale: Scale, assignments: Sequence[str]) -> Scale:
 
     Raises:
       ValueError: a malformed assignment, an unknown section (lists `SECTIONS`) or field (lists the valid ones),
-        a section without a field, a field the chain sets (`hat_jax.experiments.chain.CHAIN_FIELDS`), a value of
-        the wrong type or out of its range (a stage's steps below 1).
+        a section without a field, a field the chain sets (`StageKind.chain_fields`, with who sets it), a value
+        of the wrong type or out of its range (a stage's steps below 1).
     """
     for item in assignments:
         if "=" not in item:
@@ -143,12 +140,8 @@ def apply_scale_overrides(scale: Scale, assignments: Sequence[str]) -> Scale:
         if section in SECTIONS and not rest:
             raise ValueError(f"--set {item!r}: {section!r} is a section; name a field of it, as "
                              f"{section}.field=value (e.g. {section}.steps=6)")
-        if section in STAGE_SECTIONS:
-            from hat_jax.experiments.chain import CHAIN_FIELDS
-
-            if rest in CHAIN_FIELDS:
-                raise ValueError(f"--set {item!r}: {section}.{rest} is set by the experiment chain: "
-                                 f"{CHAIN_FIELDS[rest]}")
+        if section in STAGE_KINDS and rest in STAGE_KINDS[section].chain_fields:
+            raise ValueError(f"--set {item!r}: {section}.{rest} is set by the experiment chain: {CHAIN_FIELDS[rest]}")
         if section not in SECTIONS:
             raise ValueError(f"--set {item!r}: unknown section {section!r}{did_you_mean(section, SECTIONS)}; "
                              f"valid sections: {', '.join(SECTIONS)}, as section.field=value")
@@ -177,10 +170,10 @@ def apply_scale_overrides(scale: Scale, assignments: Sequence[str]) -> Scale:
 
 def describe(scale: Scale, kinds: Sequence[str] | None = None) -> Mapping[str, Any]:
     """A short summary of the budget for logs and results.json: the base, the steps of each stage kind in
-    `kinds` (every kind when None: "sft", "opd", "rl", "opd_live") and the eval items per suite."""
+    `kinds` (every kind of `STAGE_KINDS` when None) and the eval items per suite."""
     base = scale.base.pretrain
     out: dict[str, Any] = {"base": ("hf:" + str(scale.base.hf_path)) if base is None else f"pretrain {base.steps} steps"}
-    for kind in STAGE_SECTIONS:
+    for kind in STAGE_KINDS:
         if kinds is None or kind in kinds:
             out[f"{kind}_steps"] = getattr(scale, kind).steps
     out["eval_items"] = scale.eval.world.eval_items
