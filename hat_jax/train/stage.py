@@ -334,8 +334,9 @@ def stage_parser(module: str, doc: str) -> argparse.ArgumentParser:
     """The parser of `python -m hat_jax.train.<module>` (description: the docstring's first paragraph) with --preset
     (the scale config whose section the stage runs; default micro)."""
     parser = argparse.ArgumentParser(prog=f"python -m hat_jax.train.{module}", description=doc.split("\n\n")[0])
+    names = ", ".join(config_names())
     parser.add_argument("--preset", default="micro",
-                        help=f"scale config: {', '.join(config_names())} (configs/NAME.py) or a FILE.py (default micro)")
+                        help=f"scale config: {names} (configs/NAME.py) or a FILE.py (default micro)")
     return parser
 
 
