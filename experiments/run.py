@@ -6,7 +6,8 @@
     python experiments/run.py --exp table3_hat --preset qwen3_6_35b_a3b --set base.hf_path=/ckpt/Qwen3.6-35B-A3B
     python experiments/run.py --list
 
-Options: --preset micro|tiny|qwen3_6_35b_a3b (default tiny), --seeds (default 0), --out (default runs/),
+Options: --preset micro|tiny|qwen3_6_35b_a3b (default tiny; the scale config configs/NAME.py, or a FILE.py),
+--seeds (default 0), --out (default runs/),
 --resume (reprint a finished run, continue an interrupted one; a group runs its unfinished rows only),
 --set section.field=value
 (sections: base, sft, opd, rl, opd_live, teacher, eval; e.g. --set sft.steps=50 --set eval.world.eval_items=100),
@@ -51,7 +52,8 @@ def parse_seeds(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python experiments/run.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--exp", help="experiment (a table row) or group (table3, table4, table5, table6)")
-    parser.add_argument("--preset", default="tiny", help=f"scale: {', '.join(SCALES)} (default tiny)")
+    parser.add_argument("--preset", default="tiny",
+                        help=f"scale config: {', '.join(SCALES)} (configs/NAME.py) or a FILE.py (default tiny)")
     parser.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
     parser.add_argument("--out", default="runs", help="output root (default runs/)")
     parser.add_argument("--resume", action="store_true",

@@ -109,7 +109,7 @@ def bench_train(config, params, args) -> None:
     batch = {k: jnp.asarray(v[None]) for k, v in
              (("input_ids", ids), ("attention_mask", att), ("loss_mask", loss_mask))}
     model = Qwen3_5MoeForCausalLM(config, moe_impl=args.moe_impl, remat_policy="full" if args.remat else "none")
-    opt = make_optimizer(OptimConfig(lr=1e-3, weight_decay=0.01))
+    opt = make_optimizer(OptimConfig(lr=1e-3, total_steps=1000, weight_decay=0.01))
     step = make_train_step(sft_loss_fn(model), opt, lb_coef=0.001)
     holder = {"s": place_state(init_train_state(params, opt, jax.random.key(0)))}
 

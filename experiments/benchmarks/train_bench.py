@@ -12,9 +12,9 @@ What is measured, and how
 The stages' own code, nothing re-implemented: each stage runs in its own child process (this file with
 `--worker sft|opd|rl`, one after the other, so no jit cache or thread pool carries over and each stage's
 first step includes its own compilation) which calls the stage's CLI entry point `hat_jax.train.<stage>.main`
-with the argv printed in the report (the same as `python -m hat_jax.train.<stage> ...`; `main` builds the
-stage's preset, applies `--steps` and the `--set` overrides the stage's config dataclass defines, and calls
-`run_sft` / `run_opd` / `run_rl`). The chain: SFT from a fresh `--preset` init (its own BPE tokenizer,
+with the argv printed in the report (the same as `python -m hat_jax.train.<stage> ...`; `main` reads the
+stage's section of the `--preset` scale config, applies `--steps` and the `--set` overrides the stage's config
+dataclass defines, and calls `run_sft` / `run_opd` / `run_rl`). The chain: SFT from a fresh `--preset` init (its own BPE tokenizer,
 cached under the `hat_jax.data.world_data` cache root) -> its run dir is the `--init` (and tokenizer, and
 for OPD also the teacher) of OPD and RL. All run dirs are under a temp dir (`--workdir`), removed at the end
 unless `--keep`.
@@ -268,7 +268,7 @@ def _cmd_text(stage: str, argv: list[str]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default="tiny", help="stage presets (sft/opd/rl) and model preset")
+    ap.add_argument("--preset", default="tiny", help="scale config (configs/NAME.py) whose sft/opd/rl sections the stages run")
     ap.add_argument("--steps", type=int, default=4, help="steps per stage (step 1 = compilation, reported apart)")
     ap.add_argument("--stages", default="sft,opd,rl", help="comma list of sft,opd,rl (opd/rl need sft)")
     ap.add_argument("--sft-seq-len", type=int, help="SFT data.seq_len (default: the preset's)")
@@ -303,9 +303,7 @@ def main(argv=None) -> int:
         ap.error("--steps must be >= 2 (step 1 includes compilation and is reported apart)")
 
     sys.path.insert(0, REPO)
-    from hat_jax.train.opd import opd_preset
-    from hat_jax.train.rl import rl_preset
-    from hat_jax.train.sft import sft_preset
+    from hat_jax.train.stage import stage_section
 
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     workdir = args.workdir or tempfile.mkdtemp(prefix="train_bench.")
@@ -320,7 +318,7 @@ def main(argv=None) -> int:
     sft_dir = os.path.join(workdir, "sft")
     runs: list[tuple[str, str, list[str], dict]] = []
     # ---- SFT
-    sc = sft_preset(args.preset)
+    sc = stage_section(args.preset, "sft")
     seq_len = args.sft_seq_len or sc.data.seq_len
     batch = args.sft_batch or sc.data.batch_size
     sets = ["log_every=1", f"ckpt_every={never}", f"data.seq_len={seq_len}", f"data.batch_size={batch}",
@@ -334,7 +332,7 @@ def main(argv=None) -> int:
     runs.append(("sft", "sft", sft_argv, {"batch_size": batch, "seq_len": seq_len, "p_hsa": p_hsa,
                                           "accum_steps": sc.accum_steps}))
     # ---- OPD
-    oc = opd_preset(args.preset)
+    oc = stage_section(args.preset, "opd")
     prompts = args.opd_prompts or oc.prompts_per_step
     samples = args.opd_samples or oc.samples_per_prompt
     mnt = args.opd_max_new_tokens or oc.max_new_tokens
@@ -349,7 +347,7 @@ def main(argv=None) -> int:
                                                     "rows": prompts * samples, "max_new_tokens": mnt,
                                                     "seq_len": oc.seq_len, "loss": loss}))
     # ---- RL
-    rc_ = rl_preset(args.preset)
+    rc_ = stage_section(args.preset, "rl")
     g = args.rl_group_size or rc_.group_size
     tasks = args.rl_tasks or rc_.tasks_per_step
     rmnt = args.rl_max_new_tokens or rc_.max_new_tokens

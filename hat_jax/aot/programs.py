@@ -34,7 +34,7 @@ from hat_jax.model.params import param_counts, params_logical_axes, params_shape
 from hat_jax.model.sharding import batch_sharding, logical_to_mesh
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.train.optim import lr_schedule, make_optimizer
-from hat_jax.train.stage import COMPUTE_DTYPES, model_options
+from hat_jax.train.stage import COMPUTE_DTYPES, model_options, resolved_optim
 from hat_jax.train.trainer import init_train_state, micro_batch_sharding, state_shardings
 
 STAGES = ("sft", "opd", "rl", "generate")
@@ -90,7 +90,7 @@ def analytic_flops(model_config, rows: int, seq_len: int, train: bool) -> float:
 
 def _state(config, model_config, mesh: Mesh):
     """(optimizer, abstract TrainState with shardings, shardings) of a stage config."""
-    optimizer = make_optimizer(config.optim)
+    optimizer = make_optimizer(resolved_optim(config))
     param_dtype = COMPUTE_DTYPES[getattr(config, "param_dtype", "float32")]
     state = jax.eval_shape(lambda: init_train_state(params_shapes(model_config, param_dtype), optimizer,
                                                     jax.random.key(0)))
@@ -131,7 +131,7 @@ def sft_programs(scale, model_config, mesh: Mesh) -> list[Program]:
     rows, t = c.data.batch_size, c.data.seq_len
     batch = _micro_batch(mesh, c.accum_steps, rows, {k: ((t,), jnp.int32) for k in DEVICE_KEYS})
     step = make_train_step(sft_loss_fn(_model(c, model_config), **_sft_loss_options(c)), optimizer,
-                           lb_coef=c.lb_coef, schedule=lr_schedule(c.optim), shardings=shardings)
+                           lb_coef=c.lb_coef, schedule=lr_schedule(resolved_optim(c)), shardings=shardings)
     return [Program("train_step", step, (state, batch), analytic_flops(model_config, rows, t, True), rows * t)]
 
 
@@ -163,7 +163,7 @@ def opd_programs(scale, model_config, mesh: Mesh) -> list[Program]:
         batch["teacher_kernel"] = jax.ShapeDtypeStruct((split, *kernel.shape), kernel.dtype, sharding=NamedSharding(
             mesh, PartitionSpec(None, *kernel.sharding.spec)))
     step = make_train_step(opd_loss_fn(_model(c, model_config), c), optimizer, lb_coef=c.lb_coef,
-                           schedule=lr_schedule(c.optim), shardings=shardings)
+                           schedule=lr_schedule(resolved_optim(c)), shardings=shardings)
     return [
         Program("teacher_forward", teacher_fn, (teacher, _rows_batch(mesh, micro, t), _rows_batch(mesh, micro, t)),
                 analytic_flops(model_config, micro, t, False), micro * t, resident=per_chip_bytes(state)),
@@ -196,7 +196,7 @@ def rl_programs(scale, model_config, mesh: Mesh) -> list[Program]:
                          aggregation=c.aggregation, max_len=c.max_len, routing_replay=c.routing_replay,
                          vocab_chunk=c.vocab_chunk)
     step = make_rl_train_step(loss_fn, optimizer, accum_steps=c.accum_steps, epochs=c.ppo_epochs,
-                              minibatches=c.ppo_minibatches, lb_coef=c.lb_coef, schedule=lr_schedule(c.optim),
+                              minibatches=c.ppo_minibatches, lb_coef=c.lb_coef, schedule=lr_schedule(resolved_optim(c)),
                               shardings=shardings)
     updates = c.ppo_epochs
     programs = []

@@ -8,10 +8,12 @@ Layout under the output root `DIR` (`experiments/run.py --out`, default `runs/`)
 
 `<label>` is the chain up to the stage ("sft-hsa.rl-hsa"), `<key>` the first 10 hex digits of the SHA-256 of
 everything that determines the stage's checkpoint: the base (its pretraining config, or the imported folder),
-and for every stage of the prefix its kind, variant and config (init/teacher/seed excluded: they follow from
-the prefix and the seed directory), plus the teacher's key for `opd_live`. Two experiments whose chains
+and for every stage of the prefix its kind, variant and resolved config (the scale's section with the stage's
+overrides and its variant; init/teacher/seed excluded: they follow from the prefix and the seed directory),
+plus the strong teacher's key for a stage that distils from it (`opd_live`). Two experiments whose chains
 share a prefix therefore share its run dirs (Table 4's rows reuse each other's stages; `table3_hat` is
-`table4_hsa_rl_hsa`), and a changed `--set` gives new keys, never a silently reused checkpoint.
+`table4_hsa_rl_hsa`; a stage override that leaves the config as it is changes nothing), and a changed `--set`
+or override gives new keys from its stage on, never a silently reused checkpoint.
 
 A stage is complete when its `stage_done.json` exists (written atomically once the stage's final checkpoint is
 complete on disk, `finished_step`; a done stage whose checkpoint has since been damaged is refused with the
@@ -34,28 +36,14 @@ from pathlib import Path
 from typing import Any
 
 from hat_jax.experiments.declarations import StageSpec
-from hat_jax.model import checkpoint_steps
 from hat_jax.experiments.scales import Scale
+from hat_jax.experiments.stage_kinds import STAGE_KINDS, assignments, load_attr
+from hat_jax.model import checkpoint_steps
 
 log = logging.getLogger(__name__)
 DONE_FILE = checkpoint_steps.DONE_FILE
 # mesh, attention_impl, moe_impl: where and with which kernels a stage runs, not what it computes
 _NOT_HASHED = ("init", "teacher", "ref", "seed", "mesh", "attention_impl", "moe_impl")
-
-# Stage fields that `stage_config` (and `stage_template`: harness_mode) set, so a --set of them would be
-# overwritten (refused by `hat_jax.experiments.scales.apply_scale_overrides`), and how to choose them instead.
-CHAIN_FIELDS: dict[str, str] = {
-    "init": "each stage starts from the previous stage's checkpoint, the first from the base; choose the chain "
-            "with --exp and the base with --set base.*",
-    "seed": "every stage's seed is the experiment's seed; choose it with --seeds",
-    "data.seed": "SFT's data seed is the experiment's seed; choose it with --seeds",
-    "ref": "the KL reference is the stage's starting checkpoint; choose the chain with --exp",
-    "teacher": "general OPD distils from the base, live OPD from Table 5's strong teacher; give that one with "
-               "--set teacher.path=DIR",
-    "harness_mode": "the harness (original or hsa) is the stage's variant in the row's declaration; choose the "
-                    "row with --exp",
-}
-
 
 def digest(data: Any, n: int = 10) -> str:
     """First `n` hex digits of the SHA-256 of `data` as canonical JSON."""
@@ -101,8 +89,8 @@ def chain_keys(scale: Scale, chain: Sequence[StageSpec]) -> list[str]:
     keys, previous = [], base_key(scale)
     for spec in chain:
         config = stage_template(scale, spec)
-        item = {"previous": previous, "stage": str(spec), "config": _config_identity(config)}
-        if spec.kind == "opd_live":
+        item = {"previous": previous, "stage": spec.name, "config": _config_identity(config)}
+        if STAGE_KINDS[spec.kind].teacher == "strong":
             item["teacher"] = teacher_key(scale)
         previous = digest(item)
         keys.append(previous)
@@ -110,43 +98,49 @@ def chain_keys(scale: Scale, chain: Sequence[StageSpec]) -> list[str]:
 
 
 def stage_template(scale: Scale, spec: StageSpec):
-    """The stage config of `spec` at this scale, before init/teacher/seed are filled in."""
-    if spec.kind == "sft":
-        from hat_jax.train.sft import with_hsa
+    """The stage config of `spec` at this scale, before init/teacher/seed are filled in: the scale's section of
+    the kind, with the stage's overrides, then its variant (`hat_jax.experiments.stage_kinds`).
 
-        return with_hsa(scale.sft, spec.variant == "hsa")
-    if spec.kind == "rl":
-        return dataclasses.replace(scale.rl, harness_mode=spec.variant)
-    if spec.kind == "opd":
-        return scale.opd
-    return dataclasses.replace(scale.opd_live, harness_mode=spec.variant)
+    Raises:
+      ValueError: an override this scale's section refuses (a value out of range together with its fields).
+    """
+    kind = STAGE_KINDS[spec.kind]
+    config = getattr(scale, kind.name)
+    if spec.overrides:
+        from hat_jax.train.stage import apply_overrides
+
+        try:
+            config = apply_overrides(config, assignments(spec.overrides))
+        except ValueError as err:
+            raise ValueError(f"stage {spec}: {err}") from None
+    return kind.with_variant(config, spec.variant)
+
+
+def _replace_path(config, path: str, value):
+    head, _, rest = path.partition(".")
+    inner = _replace_path(getattr(config, head), rest, value) if rest else value
+    return dataclasses.replace(config, **{head: inner})
 
 
 def stage_config(scale: Scale, spec: StageSpec, *, init: Path, seed: int, base: Path, teacher: Path | None):
     """The runnable config: the template with init (previous checkpoint or base), seed and teacher set.
 
     The experiment's seed is every stage's `seed` and also SFT's data seed (record order and HSA draws,
-    `SFTDataConfig.seed`): SFT from a pretrained base has no other randomness, so without it every seed would
-    train the same SFT stage. RL and OPD draw tasks, harnesses and samples from their `seed`.
+    `SFTDataConfig.seed`; the kind's `seed_fields`): SFT from a pretrained base has no other randomness, so
+    without it every seed would train the same SFT stage. RL and OPD draw tasks, harnesses and samples from
+    their `seed`. The teacher is the base (general OPD) or Table 5's strong teacher (live OPD).
     """
-    config = dataclasses.replace(stage_template(scale, spec), init=str(init), seed=int(seed))
-    if spec.kind == "sft":
-        config = dataclasses.replace(config, data=dataclasses.replace(config.data, seed=int(seed)))
-    elif spec.kind == "opd":
-        config = dataclasses.replace(config, teacher=str(base))
-    elif spec.kind == "opd_live":
-        config = dataclasses.replace(config, teacher=str(teacher))
+    kind = STAGE_KINDS[spec.kind]
+    config = dataclasses.replace(stage_template(scale, spec), init=str(init))
+    for field in kind.seed_fields:
+        config = _replace_path(config, field, int(seed))
+    if kind.teacher is not None:
+        config = dataclasses.replace(config, teacher=str(base if kind.teacher == "base" else teacher))
     return config
 
 
 def _run_stage(kind: str, config, out: Path, progress: bool):
-    if kind == "sft":
-        from hat_jax.train.sft import run_sft as run
-    elif kind == "rl":
-        from hat_jax.train.rl import run_rl as run
-    else:
-        from hat_jax.train.opd import run_opd as run
-    return run(config, out, resume=True, progress=progress)
+    return load_attr(STAGE_KINDS[kind].run)(config, out, resume=True, progress=progress)
 
 
 def finished_step(out: Path, context: str) -> int:
@@ -253,7 +247,8 @@ def run_chain(chain: Sequence[StageSpec], scale: Scale, seed: int, out_root: Pat
        "resumed_from", "trained_by"}, the base record).
     """
     base, base_record = ensure_base(scale, out_root, progress)
-    teacher = ensure_teacher(scale, base, out_root, progress) if any(s.kind == "opd_live" for s in chain) else None
+    strong = any(STAGE_KINDS[s.kind].teacher == "strong" for s in chain)
+    teacher = ensure_teacher(scale, base, out_root, progress) if strong else None
     previous, key, records = base, base_key(scale), []
     keys = chain_keys(scale, chain)
     for i, (spec, key) in enumerate(zip(chain, keys)):

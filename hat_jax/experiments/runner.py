@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hat_jax.experiments.chain import evaluate_cached, run_chain, write_json_atomic
+from hat_jax.experiments.chain import evaluate_cached, run_chain, stage_template, write_json_atomic
 from hat_jax.experiments.declarations import SUITE_KEYS, Experiment
 from hat_jax.experiments.results import aggregate, check_results, experiment_markdown
 from hat_jax.experiments.scales import Scale, describe
@@ -87,9 +87,18 @@ def run_config_for(experiment: Experiment, scale: Scale, seeds: Sequence[int]) -
 
 def check_run_dirs(experiments: Sequence[Experiment], scale: Scale, seeds: Sequence[int], out_root: str | Path,
                    resume: bool) -> None:
-    """`check_run_dir` for every experiment of a group before any of them trains (a refused last row must not
-    surface after the others' hours of training). Raises as `check_run_dir`."""
+    """`check_run_dir` for every experiment of a group, and every stage config of their chains resolved, before
+    any of them trains (a refused last row must not surface after the others' hours of training).
+
+    Raises:
+      as `check_run_dir`; ValueError: a stage override this scale refuses (names the experiment and the stage).
+    """
     for experiment in experiments:
+        for spec in experiment.chain:
+            try:
+                stage_template(scale, spec)
+            except ValueError as err:
+                raise ValueError(f"{experiment.name}: {err}") from None
         check_run_dir(Path(out_root).resolve() / experiment.name, run_config_for(experiment, scale, seeds), resume)
 
 

@@ -7,8 +7,8 @@ passes the HSA-SFT(+OPD) run as --init and a stronger model with the same tokeni
 
     python -m hat_jax.train.opd --preset micro|tiny --init CKPT [--teacher CKPT] --out DIR [--steps N]
         [--loss sampled|exact] [--resume [--force]] [--set prompts_per_step=8 --set optim.lr=1e-4 ...]
-    python -m hat_jax.train.opd --preset micro_live|tiny_live --init CKPT --teacher CKPT --out DIR
-        [--set harness_mode=hsa ...]        (or any preset with --set prompts=live --set seq_len=2048 ...)
+    python -m hat_jax.train.opd --preset micro|tiny --live --init CKPT --teacher CKPT --out DIR
+        [--set harness_mode=hsa ...]        (the scale's opd_live section: live-stream episodes)
 
 Objective (issue 4 point 3; the HAT report, arXiv 2608.15763 (TaoLive, 2026), "Training, three stages",
 stage 2): GKD with lambda = 1 and the reverse-KL end (Agarwal et al. 2024, arXiv 2306.13649),
@@ -16,7 +16,7 @@ KL_t = KL(pi_s(.|c_t) || pi_T(.|c_t)) on the student's sampled completions, by t
 Machines' OPD, K. Lu 2025) or the "exact" (NeMo-RL's "full") estimator of `hat_jax.train.kl`.
 
 The stage is three modules:
-- this one: `OPDConfig`, the presets and the stage (`run_opd`, the CLI): checkpoints, tokenizer, the update
+- this one: `OPDConfig` and the stage (`run_opd`, the CLI): checkpoints, tokenizer, the update
   (`make_train_step` over the loss, micro-batched by accum_steps; for "exact" the teacher's lm_head kernel
   goes with every micro-batch).
 - `hat_jax.train.opd_batches`: one step's batch (`OPDBatches`): prompts or, for "live", the RL stage's
@@ -73,10 +73,11 @@ from hat_jax.train.opd_batches import EXACT_KEYS, SAMPLED_KEYS, OPDBatches, live
 from hat_jax.train.opd_loss import opd_loss_fn
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
 from hat_jax.train.rl import HARNESS_MODES, rl_fault_rates
-from hat_jax.train.sft import tokenizer_from_checkpoint, with_steps
+from hat_jax.train.sft import tokenizer_from_checkpoint
 from hat_jax.train.stage import (COMPUTE_DTYPES, StageRun, add_out_steps, add_resume_force, add_set_progress,
                                  apply_overrides, check_dtypes, check_model_options, check_run_fields, cli, config_json,
-                                 finish_main, model_options, parse_stage_args, run_options, stage_parser)
+                                 finish_main, model_options, parse_stage_args, resolved_optim, run_options,
+                                 stage_parser, stage_section)
 from hat_jax.train.trainer import (LoopConfig, TrainState, default_mesh, make_train_step, place_batch,
                                    split_micro_batches)
 
@@ -89,7 +90,7 @@ class OPDConfig:
     """One OPD stage (the config is the experiment; its hash is checked on resume).
 
     Attributes:
-      preset: name of the preset the stage came from (the model is the init checkpoint's).
+      preset: a label of the scale section the stage came from (the model is the init checkpoint's).
       init: student checkpoint (a model checkpoint or a stage's run dir); required.
       teacher: frozen teacher checkpoint; None = the student's init. In the HAT chain the teacher is the
         pre-SFT base, passed explicitly (--teacher), while --init is the SFT run.
@@ -203,43 +204,13 @@ class OPDConfig:
             return min(self.max_turns * self.max_new_tokens, self.seq_len)
         return self.max_new_tokens
 
+    @property
+    def updates(self) -> int:
+        """Optimizer updates of the run: `steps` (the schedule's end when optim.total_steps is None)."""
+        return self.steps
+
     def to_json(self) -> dict:
         return config_json(self)
-
-
-# The live-stream fields (world, max_turns, train_bucket) of "micro"/"tiny" are RL's presets' (same tasks), inert
-# for general prompts; "*_live" add the sequence lengths the harness's prompts need.
-_MICRO = OPDConfig(preset="micro", prompt_pool=64, prompts_per_step=2, samples_per_prompt=2, max_new_tokens=16,
-                   seq_len=192, bucket=192, world=WorldDataConfig(sft_tasks=0, rl_tasks=16, eval_items=0), max_turns=2,
-                   optim=OptimConfig(lr=1e-3, warmup_steps=0, total_steps=4, weight_decay=0.0),
-                   steps=4, log_every=1, ckpt_every=2)
-_TINY = OPDConfig(preset="tiny", prompt_pool=1000, prompts_per_step=8, samples_per_prompt=4, max_new_tokens=128,
-                  seq_len=256, bucket=128, train_bucket=512, max_turns=6,
-                  world=WorldDataConfig(sft_tasks=0, rl_tasks=400, eval_items=0),
-                  optim=OptimConfig(lr=2e-4, warmup_steps=5, total_steps=50, weight_decay=0.0),
-                  steps=50, log_every=5, ckpt_every=25)
-OPD_PRESETS: dict[str, OPDConfig] = {
-    # Tests: general prompts are <= 161 tokens with a 512-token BPE; bucket = seq_len: one sampler compilation.
-    "micro": _MICRO,
-    # CPU experiments (the speed figure in the issue's closing note is for this preset). Prompts must fit in
-    # seq_len - max_new_tokens = 128 tokens, so bucket 128 gives one sampler compilation.
-    "tiny": _TINY,
-    # Live-stream OPD (Table 5) with a 4,096-token vocabulary: production prompts ~900-1,400 tokens, HSA ones up
-    # to ~2,000 (as RL's micro); prompts and rows padded to seq_len (one sampler and one training shape: the
-    # HSA prompts' lengths vary, and a compilation per 256-token bucket cost more than the padding).
-    "micro_live": dataclasses.replace(_MICRO, preset="micro_live", prompts="live", seq_len=2048, bucket=2048),
-    # As RL's tiny (tasks x episodes 4 x 4, 6 turns of 128 tokens, rows in 512-token buckets, 4 micro-batches) but
-    # 512-token prompt buckets (RL's 128 compiled the sampler for ~4x more shapes: 27 s vs 10 s of generation at
-    # step 3 on 2 CPU cores, random weights).
-    "tiny_live": dataclasses.replace(_TINY, preset="tiny_live", prompts="live", prompts_per_step=4, seq_len=3072,
-                                     bucket=512, accum_steps=4),
-}
-
-
-def opd_preset(name: str) -> OPDConfig:
-    if name not in OPD_PRESETS:
-        raise ValueError(f"unknown OPD preset {name!r}; valid: {', '.join(OPD_PRESETS)}")
-    return OPD_PRESETS[name]
 
 
 def apply_opd_overrides(config: OPDConfig, assignments: Sequence[str]) -> OPDConfig:
@@ -345,14 +316,15 @@ def run_opd(config: OPDConfig, out_dir: str | Path, *, resume: bool = False, for
     tokenizer = opd_tokenizer(config, model_config.vocab_size, out)
     pool = live_pool(config, tokenizer) if config.prompts == "live" else prompt_pool(config, tokenizer)
 
-    optimizer = make_optimizer(config.optim, mu_dtype=COMPUTE_DTYPES[config.mu_dtype] if config.mu_dtype else None)
+    optim = resolved_optim(config)
+    optimizer = make_optimizer(optim, mu_dtype=COMPUTE_DTYPES[config.mu_dtype] if config.mu_dtype else None)
     mesh = default_mesh(config.mesh, model_config.num_experts)
     state, _ = run.start(model_config, optimizer, mesh, params, config.seed, config.param_dtype)
     dtype = COMPUTE_DTYPES[config.compute_dtype]
     model = Qwen3_5MoeForCausalLM(model_config, dtype=dtype, **model_options(config))
     teacher_model = Qwen3_5MoeForCausalLM(teacher_config, dtype=dtype, **model_options(config, train=False))
     train_step = make_train_step(opd_loss_fn(model, config), optimizer, lb_coef=config.lb_coef,
-                                 schedule=lr_schedule(config.optim), shardings=run.shardings)
+                                 schedule=lr_schedule(optim), shardings=run.shardings)
     batches = OPDBatches(config, model_config, tokenizer, pool, teacher_params, teacher_model, generate_fn)
     teacher_kernel = teacher_params["lm_head"]["kernel"]
     keys = EXACT_KEYS if config.loss == "exact" else SAMPLED_KEYS
@@ -377,7 +349,9 @@ def run_opd(config: OPDConfig, out_dir: str | Path, *, resume: bool = False, for
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = stage_parser("opd", __doc__, f"OPD preset: {', '.join(OPD_PRESETS)}")
+    parser = stage_parser("opd", __doc__)
+    parser.add_argument("--live", action="store_true",
+                        help="the scale's live-stream section (opd_live: Table 5's distillation arm) instead of opd")
     parser.add_argument("--init", required=True, help="student checkpoint (model checkpoint or a stage's run dir)")
     parser.add_argument("--teacher", help="frozen teacher checkpoint (default: --init; in HAT: the pre-SFT base)")
     add_out_steps(parser)
@@ -385,9 +359,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_resume_force(parser)
     add_set_progress(parser, "prompts_per_step=8, optim.lr=1e-4, clip_eps=0.2, prompts=live, harness_mode=hsa")
     args = parse_stage_args(parser, argv)
-    config = opd_preset(args.preset)
+    config = stage_section(args.preset, "opd_live" if args.live else "opd")
     if args.steps is not None:
-        config = with_steps(config, args.steps)
+        config = dataclasses.replace(config, steps=args.steps)
     changes = {"init": str(Path(args.init).resolve())}
     if args.teacher is not None:
         changes["teacher"] = str(Path(args.teacher).resolve())

@@ -107,7 +107,7 @@ def live_pool(config: OPDConfig, tokenizer) -> LiveTasks:
 
     Raises:
       ValueError: fewer tasks than prompts_per_step, or the first task's production-harness prompt leaves less
-        than max_new_tokens below seq_len (names both and the live presets; HSA prompts are longer still).
+        than max_new_tokens below seq_len (names both and the scales' live sections; HSA prompts are longer still).
     """
     from hat_jax.data.world_data import rl_tasks, world_for
     from hat_jax.harness.render import render_ids
@@ -122,12 +122,9 @@ def live_pool(config: OPDConfig, tokenizer) -> LiveTasks:
     messages = LiveStreamEnv(world, config.env).reset(tasks[0], production)
     n = len(render_ids(tokenizer, production, messages, add_generation_prompt=True))
     if n + config.max_new_tokens > config.seq_len:
-        from hat_jax.train.opd import OPD_PRESETS  # imported here: opd imports this module
-
-        live = ", ".join(name for name, c in OPD_PRESETS.items() if c.prompts == "live")
         raise ValueError(f"OPDConfig.seq_len = {config.seq_len}: a live-stream prompt has {n} tokens under the "
                          f"production harness (more under HSA), no room for max_new_tokens = {config.max_new_tokens}; "
-                         f"raise seq_len (--set seq_len=...) or use a live preset ({live})")
+                         f"raise seq_len (--set seq_len=...) or use a scale's live section (opd_live: --live)")
     return LiveTasks(tuple(tasks), world, production)
 
 

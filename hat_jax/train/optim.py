@@ -30,7 +30,8 @@ class OptimConfig:
 
     Attributes:
       lr: peak learning rate. warmup_steps: linear warmup length (0 = start at the peak).
-      total_steps: end of the cosine decay (usually the stage's steps).
+      total_steps: end of the cosine decay; None = the stage's optimizer updates (`resolve`), the warmup then
+        capped at them.
       min_lr_ratio: final lr as a fraction of `lr`.
       weight_decay: decoupled decay coefficient (applied to ndim >= 2 parameters only).
       b1, b2, eps: Adam moments' decay rates and epsilon.
@@ -38,12 +39,12 @@ class OptimConfig:
     Raises:
       ValueError (at construction, so a bad --set is refused before anything runs): a field outside its range,
         naming it: lr in [0, MAX_LR], weight_decay, min_lr_ratio, b1, b2, eps in [0, 1], clip_norm >= 0, all
-        finite; 0 <= warmup_steps <= total_steps, total_steps >= 1.
+        finite; warmup_steps >= 0; total_steps None or >= max(1, warmup_steps).
     """
 
     lr: float = 3e-4
     warmup_steps: int = 0
-    total_steps: int = 1000
+    total_steps: int | None = None
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.0
     b1: float = 0.9
@@ -61,14 +62,33 @@ class OptimConfig:
         clip = self.clip_norm
         if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or not 0 <= clip <= 1e30):
             raise ValueError(f"OptimConfig.clip_norm = {self.clip_norm!r}: expected null or a finite number >= 0")
-        if self.total_steps < 1 or not 0 <= self.warmup_steps <= self.total_steps:
+        if self.warmup_steps < 0 or (self.total_steps is not None and
+                                     (self.total_steps < 1 or self.warmup_steps > self.total_steps)):
             raise ValueError(f"OptimConfig: need 0 <= warmup_steps ({self.warmup_steps}) <= total_steps "
-                             f"({self.total_steps}) and total_steps >= 1")
+                             f"({self.total_steps}) and total_steps >= 1 (or null: the stage's updates)")
+
+    def resolve(self, updates: int) -> "OptimConfig":
+        """This config with its schedule's end set: total_steps, or `updates` (the stage's optimizer updates) when
+        it is None, with warmup_steps capped at it. Raises ValueError when `updates` < 1."""
+        if updates < 1:
+            raise ValueError(f"OptimConfig.resolve: {updates} updates, expected >= 1")
+        if self.total_steps is not None:
+            return self
+        return dataclasses.replace(self, total_steps=updates, warmup_steps=min(self.warmup_steps, updates))
+
+
+def _resolved(config: OptimConfig) -> OptimConfig:
+    if config.total_steps is None:
+        raise ValueError("OptimConfig.total_steps is None (the stage's updates): resolve it first, "
+                         "config.optim.resolve(config.updates)")
+    return config
 
 
 def lr_schedule(config: OptimConfig) -> optax.Schedule:
     """step -> learning rate (see the module docstring). When the warmup spans the whole run
-    (warmup_steps == total_steps, e.g. a short run of a preset), there is no cosine part: a linear warmup."""
+    (warmup_steps == total_steps, e.g. a short run of a preset), there is no cosine part: a linear warmup.
+    Raises ValueError when total_steps is None (not resolved)."""
+    config = _resolved(config)
     if config.warmup_steps == config.total_steps:
         return optax.linear_schedule(0.0, config.lr, config.warmup_steps)
     return optax.warmup_cosine_decay_schedule(
@@ -85,7 +105,8 @@ def make_optimizer(config: OptimConfig, mu_dtype=None) -> optax.GradientTransfor
     """clip_by_global_norm (when clip_norm) -> adamw(schedule, weight decay masked by `decay_mask`).
 
     mu_dtype: dtype of Adam's first moment (None: the params' dtype); the second moment is kept in the params'
-    dtype (optax's `scale_by_adam`)."""
+    dtype (optax's `scale_by_adam`). Raises ValueError when total_steps is None (not resolved)."""
+    config = _resolved(config)
     adamw = optax.adamw(lr_schedule(config), b1=config.b1, b2=config.b2, eps=config.eps,
                         weight_decay=config.weight_decay, mask=decay_mask, mu_dtype=mu_dtype)
     if config.clip_norm:

@@ -88,9 +88,9 @@ from hat_jax.train.checkpoints import config_hash
 from hat_jax.train.losses import token_logprobs
 from hat_jax.train.metrics import MetricsWriter, read_metrics
 from hat_jax.train.optim import OptimConfig
-from hat_jax.train.sft import SFT_PRESETS, bpe_tokenizer_dir, run_masked_ce, with_steps
+from hat_jax.train.sft import bpe_tokenizer_dir, run_masked_ce
 from hat_jax.train.stage import (COMPUTE_DTYPES, StageRun, add_set_progress, apply_overrides, cli, config_json,
-                                 parse_stage_args, stage_parser)
+                                 parse_stage_args, stage_parser, stage_section)
 
 log = logging.getLogger(__name__)
 REPORT = "base_report.json"
@@ -107,7 +107,7 @@ class PretrainConfig:
         later stages' model, since they load the base as --init.
       world, tokenizer_texts: the tokenizer's key (`hat_jax.train.sft.bpe_tokenizer_dir`): the world whose
         live-stream SFT records the BPE covers, and the number of pretraining chats in its texts. Equal to
-        the SFT preset's, so both share one tokenizer.
+        the SFT config's of the same scale (`configs/`), so both share one tokenizer.
       n_chats: pretraining chats (`pretraining_chats(n_chats, seed)`); the stream repeats them in a new
         order each epoch. seq_len: tokens per row. batch_size: rows per optimizer step (accum_steps
         micro-batches of batch_size / accum_steps rows).
@@ -130,7 +130,7 @@ class PretrainConfig:
     batch_size: int = 8
     accum_steps: int = 1
     steps: int = 100
-    optim: OptimConfig = OptimConfig(lr=3e-3, warmup_steps=10, total_steps=100)
+    optim: OptimConfig = OptimConfig(lr=3e-3, warmup_steps=10)
     lb_coef: float = 0.001
     compute_dtype: str = "float32"
     pack: bool = True
@@ -166,6 +166,11 @@ class PretrainConfig:
     def model_config(self):
         return get_config(self.preset, **dict(self.model_overrides))
 
+    @property
+    def updates(self) -> int:
+        """Optimizer updates of the run: `steps` (the schedule's end when optim.total_steps is None)."""
+        return self.steps
+
     def to_json(self) -> dict:
         return config_json(self)
 
@@ -173,47 +178,6 @@ class PretrainConfig:
         """12 hex digits of the hash of the config's canonical JSON and the parameter-init scheme
         (`hat_jax.model.params.INIT_SCHEME`): names the cached base."""
         return config_hash({**self.to_json(), "init_scheme": INIT_SCHEME})[:12]
-
-
-def _from_sft(name: str, **fields) -> PretrainConfig:
-    """A preset whose model and tokenizer key are the SFT preset's of the same name (one tokenizer, loadable init)."""
-    sft = SFT_PRESETS[name]
-    return PretrainConfig(preset=sft.preset, model_overrides=sft.model_overrides, world=sft.world,
-                          tokenizer_texts=sft.tokenizer_texts, **fields)
-
-
-PRETRAIN_PRESETS: dict[str, PretrainConfig] = {
-    # Tests: seconds. Short rows (most tool chats are truncated before the call): a plumbing check only.
-    "micro": _from_sft("micro", n_chats=32, seq_len=256, batch_size=2, steps=4,
-                       optim=OptimConfig(lr=3e-3, warmup_steps=1, total_steps=4), probe_items=4,
-                       log_every=1, ckpt_every=2),
-    # CPU experiments: about 4 minutes on 2 idle cores, cold tokenizer included (~1.1 s per step of 4 x 1024
-    # row slots). seq_len 1024 holds 99.9% of the chats whole (tool chats ~770 tokens, general ~160). At a
-    # fixed token budget 4 rows x 2 steps beat 8 rows x 1 step slightly (GPU runs: loss 1.35 vs 1.49 after
-    # 270k tokens; lr 1e-2 no better than 3e-3). Longer pretraining is what the tiny chain is most short of
-    # (CPU, from-scratch dt_bias init, the same 100 HSA-SFT steps after it: base 64 steps, loss 1.88 -> SFT
-    # loss 1.52; base 256 steps, loss 0.66 -> SFT loss 1.28, and the first reasoning token starts to depend on
-    # the viewer's question); 192 steps is what the main job's 20-minute budget leaves room for. With the
-    # zero-initialised DeltaNet out_proj (`hat_jax.model.params.INIT_SCHEME`) 192 steps reach loss 0.83 (0.96
-    # before). The recall probe stays near 0 at this budget (also after 1,200 steps of 8 rows on a GPU under the
-    # earlier init, loss 0.34: exact 0/64). Those figures are of unpacked rows (one chat each, 52-54% of the
-    # slots real). Packed (first fit over 16 open rows): 82-85% of the slots are real, ~6 chats per step instead
-    # of 4, and the slot rate is unchanged, so real tokens/s is ~1.5x: measured over 32 steps, before and after
-    # run side by side on the same 2 heavily shared cores, 127.7 -> 194.8 tok/s (1.53x; per log window
-    # 1.36-1.72x), loss at step 32 2.58 -> 2.33. The 192 steps now cover ~1,150 chats and ~640k real tokens
-    # (unpacked: 768 chats, ~420k). Rows of 1024 cap the fill near 85% (two tool chats never share a row);
-    # rows of 2048 would pack to ~92% (first fit, 32-64 open rows) at a higher attention cost per token.
-    "tiny": _from_sft("tiny", n_chats=1024, seq_len=1024, batch_size=4, steps=192,
-                      optim=OptimConfig(lr=3e-3, warmup_steps=6, total_steps=192, weight_decay=0.01),
-                      probe_items=32, log_every=8, ckpt_every=48),
-}
-
-
-def pretrain_preset(name: str) -> PretrainConfig:
-    """Raises ValueError naming the valid presets."""
-    if name not in PRETRAIN_PRESETS:
-        raise ValueError(f"unknown pretrain preset {name!r}; valid: {', '.join(PRETRAIN_PRESETS)}")
-    return PRETRAIN_PRESETS[name]
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -616,14 +580,14 @@ def import_hf_base(hf_path: str | Path, out_dir: str | Path) -> Path:
 # ---------------------------------------------------------------------------------------------- CLI
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = stage_parser("pretrain", __doc__, f"pretrain preset: {', '.join(PRETRAIN_PRESETS)}")
+    parser = stage_parser("pretrain", __doc__)
     parser.add_argument("--steps", type=int, help="optimizer steps (also the cosine schedule's end)")
     parser.add_argument("--cache-dir", help="folder of the cached bases (default <cache root>/bases)")
     add_set_progress(parser, "seq_len=512, optim.lr=3e-3, n_chats=2048")
     args = parse_stage_args(parser, argv)
-    config = pretrain_preset(args.preset)
+    config = stage_section(args.preset, "base.pretrain")
     if args.steps is not None:
-        config = with_steps(config, args.steps)
+        config = dataclasses.replace(config, steps=args.steps)
     config = apply_overrides(config, args.set)
     path = base_checkpoint(config, cache_dir=args.cache_dir, progress=not args.no_progress)
     report = json.loads((path / REPORT).read_text())

@@ -42,7 +42,8 @@ One RL step (a batch function for `hat_jax.train.trainer.run_stage`, called with
    `routing_replay` (R3, arXiv 2510.11370) records the sampling-time top-k expert ids and forces them in
    the training forward; gate weights come from the live router logits. `ppo_epochs` x `ppo_minibatches`
    optimizer updates per rollout batch (default 1 x 1: one on-policy update, ratio = 1 up to numerics);
-   the learning-rate schedule counts updates, so `with_steps` sets total_steps = steps x epochs x minibatches.
+   the learning-rate schedule counts updates: it ends at steps x epochs x minibatches (`RLConfig.updates`)
+   unless optim.total_steps is set.
 
 Logged every step (tags fixed across runs, `hat_jax.train.metrics`): reward/<component> (raw mean over
 valid samples) and reward/<component>_norm (std over valid samples of the component after per-group
@@ -90,7 +91,8 @@ from hat_jax.train.rl_rewards import host_batch, judge_rewards
 from hat_jax.train.sft import load_init_params, tokenizer_from_checkpoint
 from hat_jax.train.stage import (COMPUTE_DTYPES, StageRun, add_out_steps, add_resume_force, add_set_progress,
                                  apply_overrides, check_dtypes, check_model_options, check_run_fields, cli, config_json,
-                                 finish_main, model_options, parse_stage_args, run_options, stage_parser)
+                                 finish_main, model_options, parse_stage_args, resolved_optim, run_options,
+                                 stage_parser, stage_section)
 from hat_jax.train.trainer import LoopConfig, TrainState, default_mesh, place_batch, split_micro_batches
 
 log = logging.getLogger(__name__)
@@ -150,7 +152,7 @@ class RLConfig:
     beta: float = 0.0
     aggregation: str = "token-mean"
     routing_replay: bool = False
-    optim: OptimConfig = OptimConfig(lr=1e-5, warmup_steps=0, total_steps=100, min_lr_ratio=1.0)
+    optim: OptimConfig = OptimConfig(lr=1e-5, warmup_steps=0, min_lr_ratio=1.0)
     lb_coef: float = 0.001
     ppo_epochs: int = 1
     ppo_minibatches: int = 1
@@ -199,35 +201,14 @@ class RLConfig:
         """L_max of the Dr.GRPO aggregation: the generation budget of an episode."""
         return min(self.max_turns * self.max_new_tokens, self.seq_len)
 
+    @property
+    def updates(self) -> int:
+        """Optimizer updates of the run: steps x ppo_epochs x ppo_minibatches (the schedule's end when
+        optim.total_steps is None)."""
+        return self.steps * self.ppo_epochs * self.ppo_minibatches
+
     def to_json(self) -> dict:
         return config_json(self)
-
-
-RL_PRESETS: dict[str, RLConfig] = {
-    # Tests: a 4,096-token vocabulary keeps the production prompt near 1,000-1,400 tokens (1,850 under HSA).
-    "micro": RLConfig(world=WorldDataConfig(sft_tasks=0, rl_tasks=16, eval_items=0), tasks_per_step=2,
-                      group_size=2, steps=3, max_new_tokens=16, max_turns=2, seq_len=2048, rollout_bucket=256,
-                      train_bucket=2048, optim=OptimConfig(lr=1e-3, total_steps=3, min_lr_ratio=1.0),
-                      log_every=1, ckpt_every=1),
-    # CPU experiments.
-    "tiny": RLConfig(world=WorldDataConfig(sft_tasks=0, rl_tasks=400, eval_items=0), tasks_per_step=4,
-                     group_size=4, steps=30, max_new_tokens=128, max_turns=6, seq_len=3072, rollout_bucket=128,
-                     train_bucket=512, optim=OptimConfig(lr=2e-5, total_steps=30, min_lr_ratio=1.0),
-                     accum_steps=4, log_every=1, ckpt_every=10),
-}
-
-
-def rl_preset(name: str) -> RLConfig:
-    if name not in RL_PRESETS:
-        raise ValueError(f"unknown RL preset {name!r}; valid: {', '.join(RL_PRESETS)}")
-    return RL_PRESETS[name]
-
-
-def with_steps(config: RLConfig, steps: int) -> RLConfig:
-    """`steps`, and the schedule's end at steps x ppo_epochs x ppo_minibatches updates (warmup capped)."""
-    updates = steps * config.ppo_epochs * config.ppo_minibatches
-    optim = dataclasses.replace(config.optim, total_steps=updates, warmup_steps=min(config.optim.warmup_steps, updates))
-    return dataclasses.replace(config, steps=steps, optim=optim)
 
 
 def apply_rl_overrides(config: RLConfig, assignments: Sequence[str]) -> RLConfig:
@@ -397,7 +378,8 @@ def run_rl(config: RLConfig, out_dir: str | Path, *, resume: bool = False, force
     tokenizer = stage_tokenizer(config.init, out, model_config.vocab_size)
     batches = RLBatches(config, model_config, tokenizer, ref_params)
 
-    optimizer = make_optimizer(config.optim, mu_dtype=COMPUTE_DTYPES[config.mu_dtype] if config.mu_dtype else None)
+    optim = resolved_optim(config)
+    optimizer = make_optimizer(optim, mu_dtype=COMPUTE_DTYPES[config.mu_dtype] if config.mu_dtype else None)
     state, _ = run.start(model_config, optimizer, mesh, params, config.seed, config.param_dtype)
     model = Qwen3_5MoeForCausalLM(model_config, dtype=COMPUTE_DTYPES[config.compute_dtype],
                                   **model_options(config))
@@ -406,7 +388,7 @@ def run_rl(config: RLConfig, out_dir: str | Path, *, resume: bool = False, force
                          routing_replay=config.routing_replay, vocab_chunk=config.vocab_chunk)
     train_step = make_rl_train_step(loss_fn, optimizer, accum_steps=config.accum_steps, epochs=config.ppo_epochs,
                                     minibatches=config.ppo_minibatches, lb_coef=config.lb_coef,
-                                    schedule=lr_schedule(config.optim), shardings=run.shardings)
+                                    schedule=lr_schedule(optim), shardings=run.shardings)
 
     def step_fn(state, batch):
         t0 = time.perf_counter()
@@ -428,7 +410,7 @@ def run_rl(config: RLConfig, out_dir: str | Path, *, resume: bool = False, force
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = stage_parser("rl", __doc__, f"RL preset: {', '.join(RL_PRESETS)}")
+    parser = stage_parser("rl", __doc__)
     parser.add_argument("--init", required=True, help="checkpoint to start from (a stage run dir or model checkpoint "
                                                       "with a tokenizer/ folder)")
     add_out_steps(parser, steps_help="RL steps (also the schedule's end)")
@@ -436,13 +418,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_resume_force(parser)
     add_set_progress(parser, "estimator=gdpo, group_size=8, reward.cot_free=50")
     args = parse_stage_args(parser, argv)
-    config = rl_preset(args.preset)
+    config = stage_section(args.preset, "rl")
     if args.harness is not None:
         config = dataclasses.replace(config, harness_mode=args.harness)
     config = dataclasses.replace(config, init=str(Path(args.init).resolve()))
     config = apply_rl_overrides(config, args.set)
-    if args.steps is not None:  # after --set: the schedule counts steps x ppo_epochs x ppo_minibatches updates
-        config = with_steps(config, args.steps)
+    if args.steps is not None:
+        config = dataclasses.replace(config, steps=args.steps)
     return finish_main(args, run_rl(config, args.out, **run_options(args)))
 
 

@@ -18,7 +18,7 @@ and packed several per row (`data.pack`, on by default; `hat_jax.data.packing`),
 segment ids so no attention, Gated DeltaNet state or conv crosses documents, and no target crosses them
 (`sft_loss_fn`); `data.pack=false` gives one trajectory per row, right-padded. The stage
 switch of issue point 5 is `data.p_hsa`: "original" harness = 0 (`--hsa off`), "hsa" = p > 0 (`--hsa on`
-sets the preset's mixing probability; the paper mixes original and augmented harnesses).
+sets the config's mixing probability; the paper mixes original and augmented harnesses).
 
 Tokenizer: the --init checkpoint's `tokenizer/` folder when it has one; otherwise a byte-level BPE of the
 model's vocab_size trained on `tokenizer_training_texts` + the rendered SFT records, cached under
@@ -26,7 +26,7 @@ model's vocab_size trained on `tokenizer_training_texts` + the rendered SFT reco
 with the base pretraining of `hat_jax.train.pretrain`). It is copied to
 `<out>/tokenizer`, which a resumed run reuses. Note: the production harness's system prompt is ~2,350
 tokens with the micro preset's 512-token vocabulary (~930 with tiny's 4,096), so seq_len must exceed it or
-rows carry no loss tokens; the presets are sized for that.
+rows carry no loss tokens; the scale configs (`configs/`) are sized for that.
 
 The run directory `--out` is the `StageCheckpointer` root (checkpoints, model_config.json, tokenizer/) and
 the TensorBoard run directory (`hat_jax.train.metrics`); `load_model_checkpoint(out)` reads its latest params.
@@ -56,7 +56,8 @@ from hat_jax.train.losses import masked_token_ce_sum, masked_token_ce_sum_chunke
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
 from hat_jax.train.stage import (COMPUTE_DTYPES, StageRun, add_out_steps, add_resume_force, add_set_progress,
                                  apply_overrides, check_dtypes, check_model_options, check_run_fields, cli, config_json,
-                                 finish_main, model_options, parse_stage_args, run_options, stage_parser)
+                                 finish_main, model_options, parse_stage_args, resolved_optim, run_options,
+                                 stage_parser, stage_section)
 from hat_jax.train.trainer import (LoopConfig, TrainState, default_mesh, make_train_step, moe_aux, place_batch,
                                    split_micro_batches)
 
@@ -137,52 +138,17 @@ class SFTConfig:
     def model_config(self):
         return get_config(self.preset, **dict(self.model_overrides))
 
+    @property
+    def updates(self) -> int:
+        """Optimizer updates of the run: `steps` (the schedule's end when optim.total_steps is None)."""
+        return self.steps
+
     def to_json(self) -> dict:
         return config_json(self)
 
 
-def _world(n_tasks: int) -> WorldDataConfig:
-    return WorldDataConfig(sft_tasks=n_tasks, rl_tasks=0, eval_items=0)
-
-
-SFT_PRESETS: dict[str, SFTConfig] = {
-    # Tests and smoke runs: seconds per step. The micro architecture with tiny's 4,096-token vocabulary:
-    # at micro's own 512 the production prompt is ~2,250 tokens (too long for the RL micro preset's
-    # seq_len 2048, so SFT micro -> RL micro would not chain); at 4,096 it is ~930, and seq_len 1280 gives
-    # ~95% of the rows loss tokens at p_hsa 0.5 (distractor tools lengthen the prompt).
-    "micro": SFTConfig(preset="micro", world=_world(48), model_overrides=(("vocab_size", 4096),),
-                       data=SFTDataConfig(seq_len=1280, batch_size=2, p_hsa=0.5, num_epochs=None, prefetch=2),
-                       optim=OptimConfig(lr=3e-3, warmup_steps=2, total_steps=20, weight_decay=0.0),
-                       steps=20, log_every=2, ckpt_every=10, tokenizer_texts=200),
-    # CPU experiments. 8 rows x 2048 tokens in one forward peaked above 10 GiB and was OOM-killed on a
-    # shared 24 GiB machine; two micro-batches of 4 (6.0 GiB peak) keep the batch and the token-mean.
-    # Packed rows of 2048 (first fit, 16 open rows): 78% of the slots real vs 72% unpacked, ~4.3 trajectories
-    # per 4 rows instead of 4 (trajectories: median ~1,460 tokens, 90th percentile ~1,930, so two rarely
-    # share a row); ~11% of them are still cut at 2048. Measured as the main job's SFT (4 rows, 12 steps),
-    # before and after side by side on 2 heavily shared cores: 273 -> 287 real tok/s (1.05x; per log window
-    # 0.96-1.11x). Rows of 4096 (2 per step, same slots) fill 89% and cut none, but the attention costs
-    # ~1.3x per slot there: 1.0x (156 -> 157, 166 -> 170 tok/s), so the rows stay at 2048.
-    "tiny": SFTConfig(preset="tiny", world=WorldDataConfig(),
-                      data=SFTDataConfig(seq_len=2048, batch_size=8, p_hsa=0.5, num_epochs=None, prefetch=4),
-                      optim=OptimConfig(lr=1e-3, warmup_steps=20, total_steps=300, weight_decay=0.01),
-                      steps=300, accum_steps=2, log_every=10, ckpt_every=100, tokenizer_texts=2000),
-}
-
-
-def sft_preset(name: str) -> SFTConfig:
-    if name not in SFT_PRESETS:
-        raise ValueError(f"unknown SFT preset {name!r}; valid: {', '.join(SFT_PRESETS)}")
-    return SFT_PRESETS[name]
-
-
-def with_steps(config: SFTConfig, steps: int) -> SFTConfig:
-    """`steps` and the cosine schedule's end both set to `steps` (warmup capped at it)."""
-    optim = dataclasses.replace(config.optim, total_steps=steps, warmup_steps=min(config.optim.warmup_steps, steps))
-    return dataclasses.replace(config, steps=steps, optim=optim)
-
-
 def with_hsa(config: SFTConfig, on: bool) -> SFTConfig:
-    """The stage switch: 'off' -> p_hsa 0 (original harness); 'on' -> the preset's p_hsa (0.5 if it had 0)."""
+    """The stage switch: 'off' -> p_hsa 0 (original harness); 'on' -> the config's p_hsa (0.5 if it had 0)."""
     p = (config.data.p_hsa or 0.5) if on else 0.0
     return dataclasses.replace(config, data=dataclasses.replace(config.data, p_hsa=p))
 
@@ -388,7 +354,8 @@ def run_masked_ce(run: StageRun, config, model_config, params, batches, *, desc:
     Raises:
       DataStateFormatError: the checkpoint's data state was written by the other layout (packed / unpacked).
     """
-    optimizer = make_optimizer(config.optim, mu_dtype=COMPUTE_DTYPES[mu_dtype] if mu_dtype else None)
+    optim = resolved_optim(config)
+    optimizer = make_optimizer(optim, mu_dtype=COMPUTE_DTYPES[mu_dtype] if mu_dtype else None)
     mesh = default_mesh(mesh_shape, model_config.num_experts)
     state, data_state = run.start(model_config, optimizer, mesh, params, config.seed, param_dtype)
     if data_state is not None:
@@ -398,7 +365,7 @@ def run_masked_ce(run: StageRun, config, model_config, params, batches, *, desc:
     model = Qwen3_5MoeForCausalLM(model_config, dtype=COMPUTE_DTYPES[config.compute_dtype],
                                   **model_options(config))
     step_fn = make_train_step(sft_loss_fn(model, vocab_chunk), optimizer, lb_coef=config.lb_coef,
-                              schedule=lr_schedule(config.optim), shardings=run.shardings)
+                              schedule=lr_schedule(optim), shardings=run.shardings)
 
     def prepare(host):
         keys = PACKED_DEVICE_KEYS if "segment_ids" in host else DEVICE_KEYS
@@ -410,16 +377,16 @@ def run_masked_ce(run: StageRun, config, model_config, params, batches, *, desc:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = stage_parser("sft", __doc__, f"SFT preset: {', '.join(SFT_PRESETS)}")
+    parser = stage_parser("sft", __doc__)
     add_out_steps(parser)
     add_resume_force(parser)
     parser.add_argument("--init", help="checkpoint to start from (model checkpoint or a stage's run dir)")
     parser.add_argument("--hsa", choices=("on", "off"), help="harness perturbation: on (HSA) or off (original)")
     add_set_progress(parser, "data.seq_len=3072, optim.lr=1e-3, model.vocab_size=1024")
     args = parse_stage_args(parser, argv)
-    config = sft_preset(args.preset)
+    config = stage_section(args.preset, "sft")
     if args.steps is not None:
-        config = with_steps(config, args.steps)
+        config = dataclasses.replace(config, steps=args.steps)
     if args.hsa is not None:
         config = with_hsa(config, args.hsa == "on")
     if args.init is not None:

@@ -17,8 +17,10 @@ is that directory's life cycle, in the order every stage uses it:
    `MetricsWriter` (a fresh run logs its config as the text `config/<name>`), both closed on any exit.
 
 The CLI part: the arguments every stage takes (`--preset`, `--out`, `--steps`, `--resume`, `--force`,
-`--set`, `--no-progress`), `--set key.path=value` overrides (`apply_overrides`), the JSON line a finished
-run prints and the `__main__` error handler (exit 2 with `error: <type>: <message>` on stderr).
+`--set`, `--no-progress`), the scale config a stage reads its section from (`--preset NAME` is
+`configs/NAME.py`, whose `get_config()` returns the whole scale, as `experiments/run.py --preset NAME` uses it),
+`--set key.path=value` overrides (`apply_overrides`), the JSON line a finished run prints and the `__main__`
+error handler (exit 2 with `error: <type>: <message>` on stderr).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import importlib.util
 import json
 import logging
 import math
@@ -41,6 +44,7 @@ from hat_jax.model.params import params_shapes
 from hat_jax.model.sharding import mesh_context
 from hat_jax.train import checkpoints as ckpt
 from hat_jax.train.metrics import MetricsWriter
+from hat_jax.train.optim import OptimConfig
 from hat_jax.train.trainer import (LoopConfig, NonFiniteLossError, TrainState, init_train_state, place_state,
                                    run_stage, state_shardings)
 
@@ -82,9 +86,18 @@ def model_options(config, *, train: bool = True) -> dict:
     return out
 
 
+def resolved_optim(config) -> OptimConfig:
+    """A stage config's `optim` with its schedule's end resolved to the stage's `updates` (`OptimConfig.resolve`)."""
+    return config.optim.resolve(config.updates)
+
+
 def config_json(config) -> dict:
-    """A stage config (a frozen dataclass) as plain JSON data (what is hashed and written)."""
-    return json.loads(json.dumps(dataclasses.asdict(config), default=str))
+    """A config (a frozen dataclass) as plain JSON data (what is hashed and written); a stage config's `optim` is
+    written resolved (`resolved_optim`), so total_steps null and the number it stands for hash alike."""
+    data = json.loads(json.dumps(dataclasses.asdict(config), default=str))
+    if isinstance(getattr(config, "optim", None), OptimConfig):
+        data["optim"] = json.loads(json.dumps(dataclasses.asdict(resolved_optim(config))))
+    return data
 
 
 # ---------------------------------------------------------------------------------------------- the run
@@ -279,12 +292,68 @@ def _replace_path(obj: Any, parts: list[str], text: str, key: str) -> Any:
     return dataclasses.replace(obj, **{parts[0]: value})
 
 
+# ---------------------------------------------------------------------------------------------- scale configs
+
+CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
+
+
+def config_names() -> tuple[str, ...]:
+    """The scales of the repository's `configs/` folder, one file each (micro, qwen3_6_35b_a3b, tiny)."""
+    return tuple(sorted(p.stem for p in CONFIGS_DIR.glob("*.py") if not p.name.startswith("_")))
+
+
+def load_config(preset: str):
+    """What `get_config()` of a scale config returns (a `hat_jax.experiments.scales.Scale`).
+
+    Args:
+      preset: a name in `configs/` (`config_names()`) or the path of a config file ending in .py.
+    Raises:
+      ValueError: an unknown name (lists the valid ones, with a close match), a file without `get_config()`.
+      FileNotFoundError: a .py path that does not exist.
+    """
+    if not preset.endswith(".py"):
+        names = config_names()
+        if preset not in names:
+            raise ValueError(f"unknown preset {preset!r}{did_you_mean(preset, names)}; valid presets: "
+                             f"{', '.join(names)} (or the path of a config file, FILE.py)")
+        path = CONFIGS_DIR / f"{preset}.py"
+    else:
+        path = Path(preset)
+        if not path.is_file():
+            raise FileNotFoundError(f"scale config {preset!r} does not exist")
+    spec = importlib.util.spec_from_file_location(f"hat_jax_scale_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not callable(getattr(module, "get_config", None)):
+        raise ValueError(f"scale config {str(path)!r} has no get_config() (it returns the scale's Scale)")
+    return module.get_config()
+
+
+def stage_section(preset: str, section: str):
+    """One section of the scale config `preset` (`load_config`): "sft", "rl", "opd", "opd_live", "base.pretrain".
+
+    Raises:
+      ValueError: as `load_config`; the scale has no such section, or it is None there (e.g. an imported base).
+    """
+    value = load_config(preset)
+    for part in section.split("."):
+        if not hasattr(value, part):
+            raise ValueError(f"preset {preset!r}: its config has no section {section!r}")
+        value = getattr(value, part)
+    if value is None:
+        raise ValueError(f"preset {preset!r} has no {section} config to run (its {section} is null there)")
+    return value
+
+
 # ---------------------------------------------------------------------------------------------- the CLI
 
-def stage_parser(module: str, doc: str, preset_help: str) -> argparse.ArgumentParser:
-    """The parser of `python -m hat_jax.train.<module>` (description: the docstring's first paragraph) with --preset."""
+def stage_parser(module: str, doc: str) -> argparse.ArgumentParser:
+    """The parser of `python -m hat_jax.train.<module>` (description: the docstring's first paragraph) with --preset
+    (the scale config whose section the stage runs; default micro)."""
     parser = argparse.ArgumentParser(prog=f"python -m hat_jax.train.{module}", description=doc.split("\n\n")[0])
-    parser.add_argument("--preset", default="micro", help=preset_help)
+    names = ", ".join(config_names())
+    parser.add_argument("--preset", default="micro",
+                        help=f"scale config: {names} (configs/NAME.py) or a FILE.py (default micro)")
     return parser
 
 

@@ -58,7 +58,7 @@ def test_stage_configs_follow_the_chain(tmp_path):
 def test_scale_overrides():
     scale = get_scale("micro")
     out = apply_scale_overrides(scale, ["sft.steps=7", "eval.world.eval_items=5", "rl.estimator=gdpo"])
-    assert out.sft.steps == 7 and out.sft.optim.total_steps == 7                     # the schedule moves too
+    assert out.sft.steps == 7 and out.sft.to_json()["optim"]["total_steps"] == 7     # the schedule moves too
     assert out.eval.world.eval_items == 5 and out.rl.estimator == "gdpo"
     assert apply_scale_overrides(scale, ["base.hf_path=/x"]).base.pretrain is None
     with pytest.raises(ValueError, match="unknown section 'sftt'.*did you mean 'sft'"):
@@ -69,8 +69,11 @@ def test_scale_overrides():
         apply_scale_overrides(scale, ["rl.group_size=big"])
     with pytest.raises(ValueError, match=r"'rl' is a section; name a field of it, as rl.field=value"):
         apply_scale_overrides(scale, ["rl=3"])
-    for bad in ("abc", "1.5", "0", "-1"):
-        with pytest.raises(ValueError, match=r"--set 'rl.steps=.*': rl.steps: expected an integer >= 1, got"):
+    for bad, message in (("abc", "rl.steps: expected a value of type int, got 'abc'"),
+                         ("1.5", "rl.steps: expected a value of type int, got '1.5'"),
+                         ("0", "RLConfig.steps = 0: expected an integer >= 1"),
+                         ("-1", "RLConfig.steps = -1: expected an integer >= 1")):
+        with pytest.raises(ValueError, match=rf"--set 'rl.steps={bad}': {message}"):
             apply_scale_overrides(scale, [f"rl.steps={bad}"])
     # Fields the chain sets would be silently overwritten: refused, naming who sets them
     for item, how in [("rl.seed=5", "--seeds"), ("sft.data.seed=7", "--seeds"), ("rl.init=/x", "--set base"),

@@ -35,12 +35,12 @@ from hat_jax.model.checkpoint_io import load_model_checkpoint, save_model_checkp
 from hat_jax.tokenizer import load_tokenizer, train_bpe_tokenizer
 from hat_jax.train.checkpoints import IncompatibleCheckpointError, latest_step
 from hat_jax.train.metrics import read_metrics
-from hat_jax.train.opd import apply_opd_overrides, main, opd_preset, run_opd
+from hat_jax.train.opd import apply_opd_overrides, main, run_opd
 from hat_jax.train.opd_batches import OPDBatches, prompt_pool
 from hat_jax.train.losses import token_entropy_chunked
 from hat_jax.train.opd_loss import _entropy, opd_loss_fn
 from hat_jax.train.optim import make_optimizer
-from hat_jax.train.sft import with_steps
+from hat_jax.train.stage import resolved_optim, stage_section
 from hat_jax.train.trainer import accumulate_gradients, init_train_state, split_micro_batches
 
 SETS = ["--set", "ckpt_every=2", "--set", "log_every=1"]
@@ -61,7 +61,7 @@ def ckpts(tmp_path_factory):
 
 
 def config_for(ckpts, *sets, teacher="teacher", steps=3):
-    config = with_steps(opd_preset("micro"), steps)
+    config = dataclasses.replace(stage_section("micro", "opd"), steps=steps)
     config = dataclasses.replace(config, init=str(ckpts / "student"),
                                  teacher=None if teacher is None else str(ckpts / teacher))
     return apply_opd_overrides(config, [s for s in sets if s != "--set"])
@@ -134,7 +134,7 @@ def batch(ckpts):
     model_config, params = load_model_checkpoint(ckpts / "student")
     tokenizer = load_tokenizer(ckpts / "student" / "tokenizer")
     model = Qwen3_5MoeForCausalLM(model_config)
-    state = init_train_state(params, make_optimizer(config.optim), jax.random.key(0))
+    state = init_train_state(params, make_optimizer(resolved_optim(config)), jax.random.key(0))
     host = OPDBatches(config, model_config, tokenizer, prompt_pool(config, tokenizer), params, model)(state)
     return config, model, params, host
 

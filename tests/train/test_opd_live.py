@@ -38,11 +38,12 @@ from hat_jax.model import Qwen3_5MoeForCausalLM, get_config, init_params
 from hat_jax.model.checkpoint_io import load_model_checkpoint, save_model_checkpoint
 from hat_jax.train.checkpoints import latest_step
 from hat_jax.train.metrics import check_tag, read_metrics
-from hat_jax.train.opd import apply_opd_overrides, main, opd_preset, run_opd
+from hat_jax.train.opd import apply_opd_overrides, main, run_opd
 from hat_jax.train.opd_batches import EXACT_KEYS, LiveTasks, OPDBatches, live_pool
 from hat_jax.train.opd_loss import opd_loss_fn
 from hat_jax.train.rl import RLConfig, step_harnesses, step_task_indices
 from hat_jax.train.rollout_tokens import decode
+from hat_jax.train.stage import stage_section
 
 VOCAB = 4096
 SETS = ["seq_len=1024", "bucket=1024", "log_every=1", "ckpt_every=1"]
@@ -64,7 +65,7 @@ def oracle(world, harness):
     from hat_jax.sim.rollout import rollout
     from hat_jax.sim.viewers import sample_tasks
 
-    env = opd_preset("micro_live").env  # the stage's faults: the scripted episodes face the same ones
+    env = stage_section("micro", "opd_live").env  # the stage's faults: the scripted episodes face the same ones
     return [rollout(LiveStreamEnv(world, env), OracleTeacher(world), t, harness) for t in sample_tasks(world, 12, 1)]
 
 
@@ -106,9 +107,9 @@ def loaded(made):
 
 
 def live(ckpts, *sets, steps=2):
-    config = apply_opd_overrides(opd_preset("micro_live"), [f"init={ckpts / 'student'}",
-                                                            f"teacher={ckpts / 'teacher'}", *SETS, *sets])
-    return dataclasses.replace(config, steps=steps, optim=dataclasses.replace(config.optim, total_steps=steps))
+    config = apply_opd_overrides(stage_section("micro", "opd_live"), [f"init={ckpts / 'student'}",
+                                                                       f"teacher={ckpts / 'teacher'}", *SETS, *sets])
+    return dataclasses.replace(config, steps=steps)
 
 
 def batch_source(loaded, config, pool=None, generate_fn=None):
@@ -224,15 +225,15 @@ def test_a_step_is_a_function_of_seed_and_step(ckpts, loaded, harness):
 
 
 def test_bad_live_settings_are_named(ckpts, loaded):
-    short = apply_opd_overrides(opd_preset("micro"), ["prompts=live"])  # the general preset's seq_len = 192
-    with pytest.raises(ValueError, match=r"seq_len = 192: a live-stream prompt has \d+ tokens.*micro_live, tiny_live"):
+    short = apply_opd_overrides(stage_section("micro", "opd"), ["prompts=live"])  # the general section's seq_len 192
+    with pytest.raises(ValueError, match=r"seq_len = 192: a live-stream prompt has \d+ tokens.*opd_live: --live"):
         live_pool(short, loaded[4])
     with pytest.raises(ValueError, match="enable_thinking = False is not supported with prompts = 'live'"):
-        apply_opd_overrides(opd_preset("micro_live"), ["enable_thinking=false"])
+        apply_opd_overrides(stage_section("micro", "opd_live"), ["enable_thinking=false"])
     with pytest.raises(ValueError, match="harness_mode = 'both'; valid: original, hsa"):
-        apply_opd_overrides(opd_preset("micro_live"), ["harness_mode=both"])
+        apply_opd_overrides(stage_section("micro", "opd_live"), ["harness_mode=both"])
     with pytest.raises(ValueError, match="prompts = 'web'; valid: general, tulu, live"):
-        apply_opd_overrides(opd_preset("micro"), ["prompts=web"])
+        apply_opd_overrides(stage_section("micro", "opd"), ["prompts=web"])
 
 
 # ---------------------------------------------------------------------------------------------- end to end
@@ -248,8 +249,8 @@ DOCUMENTED = ("train/loss", "train/grad_norm", "train/lr", "kl/reverse_k1", "kl/
 
 def test_cli_run_with_a_larger_teacher_resumes_with_the_same_metrics(ckpts, tmp_path):
     killed, reference = tmp_path / "killed", tmp_path / "reference"
-    args = ["--preset", "micro_live", "--init", str(ckpts / "student"), "--teacher", str(ckpts / "teacher"), "--out",
-            str(killed), "--steps", "2", "--no-progress", *(a for s in SETS for a in ("--set", s))]
+    args = ["--preset", "micro", "--live", "--init", str(ckpts / "student"), "--teacher", str(ckpts / "teacher"),
+            "--out", str(killed), "--steps", "2", "--no-progress", *(a for s in SETS for a in ("--set", s))]
     proc = subprocess.Popen([sys.executable, "-m", "hat_jax.train.opd", *args], env=dict(os.environ),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -39,7 +39,7 @@ def test_clipping_happens_before_the_adam_moments():
     assert isinstance(adam, optax.ScaleByAdamState)
     np.testing.assert_allclose(adam.mu["w"], 0.1 * np.asarray([0.6, 0.8, 0, 0]), rtol=1e-6)
     # Same state structure with and without clipping (checkpoints stay compatible).
-    unclipped = make_optimizer(OptimConfig(clip_norm=None)).init(params)
+    unclipped = make_optimizer(OptimConfig(total_steps=10, clip_norm=None)).init(params)
     assert type(unclipped[0]) is type(state[0])
 
 
@@ -48,6 +48,20 @@ def test_bad_config_is_named():
         OptimConfig(warmup_steps=20, total_steps=10)
     with pytest.raises(ValueError, match="min_lr_ratio"):
         OptimConfig(min_lr_ratio=2.0)
+
+
+def test_total_steps_null_is_the_stage_updates():
+    """total_steps None ends the schedule at the stage's updates (warmup capped there); unresolved it is refused."""
+    optim = OptimConfig(lr=1.0, warmup_steps=6)
+    assert optim.resolve(10) == OptimConfig(lr=1.0, warmup_steps=6, total_steps=10)
+    assert optim.resolve(4) == OptimConfig(lr=1.0, warmup_steps=4, total_steps=4)      # a run shorter than the warmup
+    explicit = OptimConfig(warmup_steps=2, total_steps=8)
+    assert explicit.resolve(3) is explicit                                               # a set end stays
+    for build in (lr_schedule, make_optimizer):
+        with pytest.raises(ValueError, match=r"total_steps is None \(the stage's updates\): resolve it first"):
+            build(optim)
+    with pytest.raises(ValueError, match="0 updates, expected >= 1"):
+        optim.resolve(0)
 
 
 def test_warmup_over_the_whole_run_is_a_linear_warmup():

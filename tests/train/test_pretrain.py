@@ -31,9 +31,14 @@ from hat_jax.model.checkpoint_io import load_model_checkpoint
 from hat_jax.train import pretrain
 from hat_jax.train.losses import masked_token_ce_sum
 from hat_jax.data.packing import DataStateFormatError, PackedBatches
-from hat_jax.train.pretrain import (PRETRAIN_PRESETS, PretrainBatches, PretrainConfig, base_checkpoint, chat_order,
-                                    import_hf_base, pretrain_preset, pretraining_batches, pretraining_rows)
-from hat_jax.train.stage import apply_overrides
+from hat_jax.train.pretrain import (PretrainBatches, PretrainConfig, base_checkpoint, chat_order, import_hf_base,
+                                    pretraining_batches, pretraining_rows)
+from hat_jax.train.stage import apply_overrides, stage_section
+
+
+def micro_base() -> PretrainConfig:
+    """The micro scale's base (configs/micro.py)."""
+    return stage_section("micro", "base.pretrain")
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +53,7 @@ def cache(tmp_path_factory):
 @pytest.fixture(scope="module")
 def base(cache, tmp_path_factory) -> Path:
     """The uninterrupted micro base (in its own bases folder)."""
-    return base_checkpoint(pretrain_preset("micro"), cache_dir=tmp_path_factory.mktemp("bases"), progress=False)
+    return base_checkpoint(micro_base(), cache_dir=tmp_path_factory.mktemp("bases"), progress=False)
 
 
 def _leaves(path):
@@ -137,16 +142,20 @@ def test_packed_batches_hold_the_stream_in_order_and_resume_exactly():
 
 
 def test_config_hash_and_bad_fields(monkeypatch):
-    micro = pretrain_preset("micro")
-    assert micro.digest() == pretrain_preset("micro").digest()
+    micro = micro_base()
+    assert micro.digest() == micro_base().digest()
     from hat_jax.train import pretrain
 
     before = micro.digest()
     monkeypatch.setattr(pretrain, "INIT_SCHEME", "another-init")  # a base cached under another init is not reused
     assert micro.digest() != before
     monkeypatch.undo()
+    tiny = stage_section("tiny", "base.pretrain")
     assert len({micro.digest(), apply_overrides(micro, ["seq_len=512"]).digest(),
-                apply_overrides(micro, ["optim.lr=0.001"]).digest(), PRETRAIN_PRESETS["tiny"].digest()}) == 4
+                apply_overrides(micro, ["optim.lr=0.001"]).digest(), tiny.digest()}) == 4
+    # total_steps null hashes as the steps it stands for; other steps move the schedule and the digest
+    assert apply_overrides(micro, [f"optim.total_steps={micro.steps}"]).digest() == micro.digest()
+    assert apply_overrides(micro, ["steps=3"]).digest() != micro.digest()
     for field, value, message in (("seq_len", 0, "PretrainConfig.seq_len = 0: expected an int >= 2"),
                                   ("batch_size", 3, r"batch_size \(3\) must be a multiple of accum_steps \(2\)"),
                                   ("compute_dtype", "fp8", "compute_dtype = 'fp8'; valid"),
@@ -155,14 +164,10 @@ def test_config_hash_and_bad_fields(monkeypatch):
         extra = {"accum_steps": 2} if field == "batch_size" else {}
         with pytest.raises(ValueError, match=message):
             PretrainConfig(**{field: value, **extra})
-    from hat_jax.train.sft import SFT_PRESETS
-
-    for name, config in PRETRAIN_PRESETS.items():  # SFT from the base: same model, same cached tokenizer
-        sft = SFT_PRESETS[name]
-        assert config.model_config() == sft.model_config(), name
-        assert (config.world, config.tokenizer_texts) == (sft.world, sft.tokenizer_texts), name
-    with pytest.raises(ValueError, match="unknown pretrain preset 'small'; valid: micro, tiny"):
-        pretrain_preset("small")
+    with pytest.raises(ValueError, match=r"unknown preset 'small'; valid presets: micro, qwen3_6_35b_a3b, tiny"):
+        stage_section("small", "base.pretrain")
+    with pytest.raises(ValueError, match=r"preset 'qwen3_6_35b_a3b' has no base.pretrain config to run"):
+        stage_section("qwen3_6_35b_a3b", "base.pretrain")
     with pytest.raises(ValueError,
                        match=r"unknown field 'seqlen' of PretrainConfig \(did you mean 'seq_len'\?\); valid: .*seq_len"):
         apply_overrides(micro, ["seqlen=3"])
@@ -171,7 +176,7 @@ def test_config_hash_and_bad_fields(monkeypatch):
 # ---------------------------------------------------------------------------------------------- end to end
 
 def test_base_layout_report_and_cache(base, monkeypatch):
-    assert base.name == f"base-{pretrain_preset('micro').digest()}"
+    assert base.name == f"base-{micro_base().digest()}"
     names = {p.name for p in base.iterdir()}
     assert {"model_config.json", "tokenizer", "stage_config.json", "metrics.jsonl", "base_report.json", "4"} <= names
     assert not base.with_name(base.name + ".partial").exists()
@@ -198,13 +203,13 @@ def test_base_layout_report_and_cache(base, monkeypatch):
         raise AssertionError("a cached base was retrained")
 
     monkeypatch.setattr(pretrain, "train_base", no_training)
-    assert base_checkpoint(pretrain_preset("micro"), cache_dir=base.parent) == base
+    assert base_checkpoint(micro_base(), cache_dir=base.parent) == base
 
 
 def test_sft_from_the_base_uses_its_tokenizer(base, tmp_path):
-    from hat_jax.train.sft import SFTConfig, run_sft, sft_preset, with_steps
+    from hat_jax.train.sft import SFTConfig, run_sft
 
-    config: SFTConfig = apply_overrides(with_steps(sft_preset("micro"), 1), [f"init={base}", "log_every=1"])
+    config: SFTConfig = apply_overrides(stage_section("micro", "sft"), ["steps=1", f"init={base}", "log_every=1"])
     state = run_sft(config, tmp_path / "sft", progress=False)
     assert int(state.step) == 1
     assert (tmp_path / "sft" / "tokenizer" / "tokenizer.json").read_bytes() == \
@@ -223,11 +228,11 @@ def test_killed_run_resumes_from_its_partial_folder(base, tmp_path, monkeypatch)
 
     monkeypatch.setattr(PackedBatches, "__next__", dying_next)
     with pytest.raises(KeyboardInterrupt):
-        base_checkpoint(pretrain_preset("micro"), cache_dir=tmp_path, progress=False)
+        base_checkpoint(micro_base(), cache_dir=tmp_path, progress=False)
     partial = tmp_path / (base.name + ".partial")
     assert not (tmp_path / base.name).exists() and (partial / "2").is_dir() and not (partial / "4").exists()
     monkeypatch.setattr(PackedBatches, "__next__", real_next)
-    resumed = base_checkpoint(pretrain_preset("micro"), cache_dir=tmp_path, progress=False)
+    resumed = base_checkpoint(micro_base(), cache_dir=tmp_path, progress=False)
     assert resumed == tmp_path / base.name and not partial.exists()
     assert json.loads((resumed / "base_report.json").read_text())["resumed_from"] == 2
     for (path, want), (_, got) in zip(_leaves(base), _leaves(resumed), strict=True):
@@ -240,7 +245,7 @@ def test_concurrent_caller_waits_for_the_lock_then_finds_the_base(base, tmp_path
     result = {}
     with pretrain._exclusive_lock(tmp_path / (base.name + ".lock")):  # another process building the base
         thread = threading.Thread(target=lambda: result.setdefault(
-            "path", base_checkpoint(pretrain_preset("micro"), cache_dir=tmp_path, progress=False)))
+            "path", base_checkpoint(micro_base(), cache_dir=tmp_path, progress=False)))
         thread.start()
         time.sleep(1.0)
         assert thread.is_alive()  # blocked on the lock

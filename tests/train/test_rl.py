@@ -40,10 +40,11 @@ from hat_jax.model import Qwen3_5MoeForCausalLM, get_config, init_params
 from hat_jax.model.checkpoint_io import load_model_checkpoint, save_model_checkpoint
 from hat_jax.train.checkpoints import IncompatibleCheckpointError, latest_step
 from hat_jax.train.metrics import check_tag, read_metrics
-from hat_jax.train.rl import RLBatches, RLConfig, apply_rl_overrides, rl_preset, run_rl, step_harnesses, with_steps
+from hat_jax.train.rl import RLBatches, RLConfig, apply_rl_overrides, run_rl, step_harnesses
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
 from hat_jax.train.rl_loss import batch_aggregate, make_rl_train_step, policy_forward, rl_loss_fn
 from hat_jax.train.rl_rewards import OUTCOMES, host_batch, judge_rewards
+from hat_jax.train.stage import stage_section
 from hat_jax.train.trainer import accumulate_gradients, init_train_state, split_micro_batches
 
 VOCAB = 4096
@@ -89,8 +90,8 @@ def init_dir(tmp_path_factory, cache, world, harness):
 
 
 def micro(init_dir, *sets: str, steps: int = 1) -> RLConfig:
-    config = apply_rl_overrides(rl_preset("micro"), [f"init={init_dir}", *SETS, *sets])
-    return with_steps(config, steps)
+    config = apply_rl_overrides(stage_section("micro", "rl"), [f"init={init_dir}", *SETS, *sets])
+    return dataclasses.replace(config, steps=steps)
 
 
 DOCUMENTED = (
@@ -303,11 +304,11 @@ def test_bad_names_and_checkpoints(init_dir, tmp_path):
     with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'; valid: grpo, gdpo, dr_grpo"):
         RLConfig(estimator="ppo")
     with pytest.raises(ValueError, match="unknown loss aggregation 'mean'; valid: token-mean, seq-mean-token-mean"):
-        apply_rl_overrides(rl_preset("micro"), ["aggregation=mean"])
+        apply_rl_overrides(stage_section("micro", "rl"), ["aggregation=mean"])
     with pytest.raises(ValueError, match="harness_mode = 'both'; valid: original, hsa"):
         RLConfig(harness_mode="both")
     with pytest.raises(ValueError, match="no model.* overrides"):
-        apply_rl_overrides(rl_preset("micro"), ["model.vocab_size=4"])
+        apply_rl_overrides(stage_section("micro", "rl"), ["model.vocab_size=4"])
     with pytest.raises(FileNotFoundError, match="RL init checkpoint .*missing.* does not exist"):
         run_rl(micro(tmp_path / "missing"), tmp_path / "a", progress=False)
     other = get_config("micro", vocab_size=VOCAB, hidden_size=32)

@@ -26,7 +26,8 @@ from hat_jax.model import init_params
 from hat_jax.model.checkpoint_io import load_model_checkpoint, save_model_checkpoint
 from hat_jax.train.checkpoints import ConfigMismatchError, IncompatibleCheckpointError, latest_step
 from hat_jax.train.metrics import TAGS, read_event_scalars, read_metrics
-from hat_jax.train.sft import _initial_params, apply_overrides, run_sft, sft_preset, with_hsa, with_steps
+from hat_jax.train.sft import _initial_params, apply_overrides, run_sft, with_hsa
+from hat_jax.train.stage import stage_section
 
 # The micro architecture with a 4,096-token vocabulary (tiny's): the production prompt is then ~930 tokens
 # instead of ~2,250 with micro's 512, so rows of 1,280 tokens carry loss tokens (see hat_jax.train.sft).
@@ -140,9 +141,9 @@ def test_unpacked_checkpoint_resumes_only_with_a_clear_message(tmp_path, env, mo
 
 def test_bad_init_checkpoint_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv("HAT_JAX_CACHE", str(tmp_path / "cache"))
-    other = sft_preset("micro").model_config().replace(hidden_size=32)
+    other = stage_section("micro", "sft").model_config().replace(hidden_size=32)
     save_model_checkpoint(tmp_path / "base", init_params(other, jax.random.key(0)), other)
-    config = apply_overrides(with_steps(sft_preset("micro"), 2), [f"init={tmp_path / 'base'}"])
+    config = apply_overrides(stage_section("micro", "sft"), ["steps=2", f"init={tmp_path / 'base'}"])
     with pytest.raises(IncompatibleCheckpointError, match=r"base.*lm_head/kernel has shape \(32, 4096\), "
                                                           r"the stage expects \(64, 4096\)"):
         run_sft(config, tmp_path / "out", progress=False)
@@ -150,7 +151,7 @@ def test_bad_init_checkpoint_is_named(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="missing"):
         run_sft(config, tmp_path / "out2", progress=False)
     # Same shapes, another architecture setting: named too. A matching checkpoint loads as it is.
-    micro = sft_preset("micro").model_config()
+    micro = stage_section("micro", "sft").model_config()
     params = init_params(micro, jax.random.key(3))
     save_model_checkpoint(tmp_path / "eps", params, micro.replace(rms_norm_eps=1e-5))
     config = apply_overrides(config, [f"init={tmp_path / 'eps'}"])
@@ -162,13 +163,16 @@ def test_bad_init_checkpoint_is_named(tmp_path, monkeypatch):
 
 
 def test_overrides_and_switches():
-    config = apply_overrides(sft_preset("micro"), ["data.seq_len=512", "optim.lr=1", "model.vocab_size=1024",
-                                                   "data.hsa.default_p=0.25", "init=/some/dir"])
+    config = apply_overrides(stage_section("micro", "sft"), ["data.seq_len=512", "optim.lr=1", "model.vocab_size=1024",
+                                                             "data.hsa.default_p=0.25", "init=/some/dir"])
     assert config.data.seq_len == 512 and config.optim.lr == 1.0 and isinstance(config.optim.lr, float)
     assert config.model_config().vocab_size == 1024 and config.data.hsa.default_p == 0.25
     assert config.init == "/some/dir"
     assert with_hsa(config, False).harness_mode == "original" and with_hsa(config, True).harness_mode == "hsa"
-    assert with_steps(config, 7).optim.total_steps == 7
+    assert config.optim.total_steps is None and config.to_json()["optim"]["total_steps"] == config.steps
+    longer = apply_overrides(config, ["steps=7"])  # the schedule ends at the stage's steps
+    assert longer.to_json()["optim"]["total_steps"] == 7 and longer.to_json()["optim"]["warmup_steps"] == 2
+    assert apply_overrides(config, ["steps=1"]).to_json()["optim"]["warmup_steps"] == 1  # capped at the end
     with pytest.raises(ValueError,
                        match=r"unknown field 'seqlen' of SFTDataConfig \(did you mean 'seq_len'\?\); valid: seq_len"):
         apply_overrides(config, ["data.seqlen=3"])

@@ -80,8 +80,8 @@ def worker(out_path: str) -> None:
     from hat_jax.train import checkpoints as ckpt
     from hat_jax.train.opd import load_checkpoint
     from hat_jax.train.optim import OptimConfig, make_optimizer
-    from hat_jax.train.sft import load_init_params, sft_preset
-    from hat_jax.train.stage import StageRun
+    from hat_jax.train.sft import load_init_params
+    from hat_jax.train.stage import StageRun, stage_section
     from hat_jax.train.trainer import default_mesh
 
     assert jax.device_count() == NUM_DEVICES
@@ -101,7 +101,7 @@ def worker(out_path: str) -> None:
     recording(ocp.CheckpointManager)
 
     root = os.path.dirname(out_path)
-    model_config = sft_preset("micro").model_config()
+    model_config = stage_section("micro", "sft").model_config()
     save_model_checkpoint(os.path.join(root, "init"), init_params(model_config, jax.random.key(0)), model_config)
     targets.clear()
     report: dict = {}
@@ -110,7 +110,7 @@ def worker(out_path: str) -> None:
     report["mesh"] = dict(mesh.shape)
     params = load_init_params(os.path.join(root, "init"), model_config, "SFT init", mesh)
     report["init_params"] = _describe(params, mesh)
-    optimizer = make_optimizer(OptimConfig())
+    optimizer = make_optimizer(OptimConfig(total_steps=10))
     cfg = {"name": "test", "mesh": list(mesh.devices.shape)}
     run = StageRun("sft", os.path.join(root, "run"), cfg)
     run.out.mkdir(parents=True)

@@ -3,11 +3,10 @@
 import pytest
 
 from hat_jax.train import stage
-from hat_jax.train.sft import sft_preset
 
 
 def test_set_values_must_match_the_field_type():
-    config = sft_preset("micro")
+    config = stage.stage_section("micro", "sft")
     assert stage.apply_overrides(config, ["optim.lr=1"]).optim.lr == 1.0  # an int for a float field
     assert stage.apply_overrides(config, ["data.p_hsa=0"]).data.p_hsa == 0.0
     with pytest.raises(ValueError, match=r"--set optim.lr: expected a value of type float, got 'abc'"):
