@@ -34,8 +34,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from hat_jax.train.losses import (_chunk_plan, _shift_pad, aggregate, check_aggregation, clipped_policy_loss,
-                                  masked_mean, running_logsumexp, vocab_chunk_logits)
+from hat_jax.rollout.logprobs import chunk_plan, running_logsumexp, shift_pad, vocab_chunk_logits
+from hat_jax.train.losses import aggregate, check_aggregation, clipped_policy_loss, masked_mean
 
 OPD_LOSSES = ("sampled", "exact")
 
@@ -94,7 +94,7 @@ def reverse_kl_per_token(student_logits: jax.Array, teacher_logits: jax.Array,
         raise ValueError(f"student logits {student_logits.shape} and teacher logits {teacher_logits.shape} differ")
     ls = jax.nn.log_softmax(student_logits[:, :-1].astype(jnp.float32) / temperature, axis=-1)
     lt = jax.nn.log_softmax(jax.lax.stop_gradient(teacher_logits[:, :-1]).astype(jnp.float32) / temperature, axis=-1)
-    return _shift_pad(jnp.sum(jnp.exp(ls) * (ls - lt), axis=-1))
+    return shift_pad(jnp.sum(jnp.exp(ls) * (ls - lt), axis=-1))
 
 
 def reverse_kl_per_token_chunked(student_hidden: jax.Array, student_kernel: jax.Array, teacher_hidden: jax.Array,
@@ -117,7 +117,7 @@ def reverse_kl_per_token_chunked(student_hidden: jax.Array, student_kernel: jax.
     if teacher_hidden.shape[:2] != (b, t) or student_kernel.shape[1] != teacher_kernel.shape[1]:
         raise ValueError(f"student hidden {student_hidden.shape} / kernel {student_kernel.shape} and teacher hidden "
                          f"{teacher_hidden.shape} / kernel {teacher_kernel.shape}: need the same [B, T] and V")
-    size, n_chunks = _chunk_plan(student_kernel.shape[1], chunk)
+    size, n_chunks = chunk_plan(student_kernel.shape[1], chunk)
     xs = student_hidden[:, :-1].reshape(-1, hs)
     xt = jax.lax.stop_gradient(teacher_hidden[:, :-1].reshape(-1, teacher_hidden.shape[-1]))
     kt = jax.lax.stop_gradient(teacher_kernel)
@@ -136,7 +136,7 @@ def reverse_kl_per_token_chunked(student_hidden: jax.Array, student_kernel: jax.
     (ms, ss, mt, st, w), _ = jax.lax.scan(jax.checkpoint(body, prevent_cse=False), (neg, zero, neg, zero, zero),
                                           jnp.arange(n_chunks))
     kl = w / ss - (ms + jnp.log(ss)) + (mt + jnp.log(st))
-    return _shift_pad(kl.reshape(b, t - 1))
+    return shift_pad(kl.reshape(b, t - 1))
 
 
 def exact_reverse_kl(student, teacher, action_mask: jax.Array, *, chunk: int | None = None,

@@ -82,7 +82,7 @@ def worker(out_path: str) -> None:
     from hat_jax.train.optim import OptimConfig, make_optimizer
     from hat_jax.train.sft import load_init_params, sft_preset
     from hat_jax.train.stage import StageRun
-    from hat_jax.train.trainer import default_mesh
+    from hat_jax.model.sharding import default_mesh
 
     assert jax.device_count() == NUM_DEVICES
     targets: list = []  # every leaf target handed to an Orbax restore
