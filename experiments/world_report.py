@@ -32,11 +32,11 @@ import time
 from hat_jax.cli_types import positive_int
 from hat_jax.data import suites, world_data
 from hat_jax.data.pipeline import SFTDataConfig, transform_shares
-from hat_jax.harness.loader import PRODUCTION_DIR, production_harness
 from hat_jax.judges.agreement import judge_agreement
 from hat_jax.sim.mcp_client import SyncToolClient, measure_roundtrip, server_command
 from hat_jax.sim.types import INTENTS
 from hat_jax.sim.viewers import TEMPLATES
+from hat_jax.sim.world_harness import PRODUCTION_DIR, production_harness
 
 
 def _free_port() -> int:

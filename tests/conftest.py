@@ -29,6 +29,6 @@ def world():
 @pytest.fixture(scope="session")
 def harness():
     """The shipped production harness (`production_harness()`, cached and shared: read-only)."""
-    from hat_jax.harness.loader import production_harness
+    from hat_jax.sim.world_harness import production_harness
 
     return production_harness()

@@ -34,8 +34,8 @@ def bench_tokenizer(world, out_dir: Path):
     from hat_jax.data.corpus import tokenizer_training_texts
     from hat_jax.data.suites import SUITES, item_harness
     from hat_jax.data.world_data import eval_items
-    from hat_jax.harness.loader import production_harness
     from hat_jax.harness.render import render_text
+    from hat_jax.sim.world_harness import production_harness
     from hat_jax.tokenizer import train_bpe_tokenizer
 
     original = production_harness()

@@ -116,8 +116,9 @@ def _rows_batch(mesh: Mesh, rows: int, seq_len: int, dtype=jnp.int32):
     return jax.ShapeDtypeStruct((rows, seq_len), dtype, sharding=batch_sharding(mesh, 2))
 
 
-def _model(config, model_config) -> Qwen3_5MoeForCausalLM:
-    return Qwen3_5MoeForCausalLM(model_config, dtype=COMPUTE_DTYPES[config.compute_dtype], **model_options(config))
+def _model(config, model_config, train: bool = True) -> Qwen3_5MoeForCausalLM:
+    return Qwen3_5MoeForCausalLM(model_config, dtype=COMPUTE_DTYPES[config.compute_dtype],
+                                 **model_options(config, train=train))
 
 
 def sft_programs(scale, model_config, mesh: Mesh) -> list[Program]:
@@ -151,7 +152,7 @@ def opd_programs(scale, model_config, mesh: Mesh) -> list[Program]:
     teacher = _frozen_params(model_config, mesh, dtype)
     rows, t, split = c.rows, c.seq_len, c.accum_steps
     micro = rows // split
-    teacher_fn = make_teacher_fn(Qwen3_5MoeForCausalLM(model_config, dtype=dtype, scan_layers=c.scan_layers), c)
+    teacher_fn = make_teacher_fn(_model(c, model_config, train=False), c)
     columns = {k: ((t,), jnp.int32) for k in ("input_ids", "attention_mask", "action_mask")}
     columns.update({k: ((t,), jnp.float32) for k in ("old_logprobs", "teacher_logprobs")})
     if c.loss == "exact":
@@ -202,7 +203,7 @@ def rl_programs(scale, model_config, mesh: Mesh) -> list[Program]:
     reference = None
     if c.beta > 0:
         reference = _frozen_params(model_config, mesh, dtype)
-        ref_fn = make_ref_logprobs(Qwen3_5MoeForCausalLM(model_config, dtype=dtype, **model_options(c)), c.temperature,
+        ref_fn = make_ref_logprobs(_model(c, model_config, train=False), c.temperature,
                                    c.vocab_chunk)
         programs.append(Program("reference_forward", ref_fn,
                                 (reference, _rows_batch(mesh, micro, t), _rows_batch(mesh, micro, t)),

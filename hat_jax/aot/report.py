@@ -11,7 +11,6 @@ The stage's peak is its program with the largest total.
 
 from __future__ import annotations
 
-import math
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -22,6 +21,7 @@ import numpy as np
 
 from hat_jax.aot.programs import Program
 from hat_jax.aot.topology import GiB, Topology
+from hat_jax.model.sharding import indivisible_dim, mesh_context
 
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute", "ragged-all-to-all")
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
@@ -35,16 +35,12 @@ def check_divisible(program: Program, mesh) -> None:
     does not divide by its mesh axes (e.g. a batch of 2 rows on 4 batch devices)."""
     for path, leaf in jax.tree_util.tree_leaves_with_path(program.args):
         spec = getattr(getattr(leaf, "sharding", None), "spec", None)
-        if spec is None:
-            continue
-        for dim, axes in zip(leaf.shape, spec):
-            if axes is None:
-                continue
-            size = math.prod(mesh.shape[a] for a in (axes if isinstance(axes, tuple) else (axes,)))
-            if dim % size:
-                raise ValueError(f"{program.name}: argument {jax.tree_util.keystr(path)} of shape {tuple(leaf.shape)}"
-                                 f" has dimension {dim}, not divisible by mesh axes {axes} (size {size}) of mesh "
-                                 f"{dict(mesh.shape)}")
+        bad = None if spec is None else indivisible_dim(leaf.shape, spec, mesh.shape)
+        if bad is not None:
+            dim, axes, size = bad
+            raise ValueError(f"{program.name}: argument {jax.tree_util.keystr(path)} of shape {tuple(leaf.shape)}"
+                             f" has dimension {dim}, not divisible by mesh axes {axes} (size {size}) of mesh "
+                             f"{dict(mesh.shape)}")
 
 
 def hlo_collectives(hlo: str) -> dict[str, dict[str, Any]]:
@@ -89,7 +85,8 @@ def compile_program(program: Program, topology: Topology, mesh) -> dict[str, Any
     """
     check_divisible(program, mesh)
     t0 = time.perf_counter()
-    lowered = program.fn.lower(*program.args)
+    with mesh_context(mesh):  # the activation constraints and the MoE dispatch read it while tracing
+        lowered = program.fn.lower(*program.args)
     try:
         compiled = lowered.compile()
     except Exception as err:  # JaxRuntimeError RESOURCE_EXHAUSTED: the compiler refuses a program above HBM

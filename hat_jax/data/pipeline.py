@@ -29,7 +29,7 @@ Variant implemented and why (HSA-SFT, stage 1 of the HAT report, arXiv 2608.1576
   is a small JSON-serialisable dict (checkpoints store it) and `set_state` resumes at exactly the
   next batch. A packed iterator is a `packing.PackedBatches`, whose state carries the packed format
   tag and the running counts (documents, tokens, truncated documents).
-Each element records which transforms were applied (`hsa_applied`, int8 over `hsa.TRANSFORMS`), so
+Each element records which transforms were applied (`hsa_applied`, int8 over `hsa.transform_names()`), so
 `transform_shares` reports the share of each transform in a sampled epoch.
 """
 
@@ -131,14 +131,14 @@ class HSAStep(grain.transforms.RandomMap):
                     )
             if name_map is not None and applied:
                 messages = hsa.rewrite_messages(messages, old, new, name_map)
-        flags = np.asarray([t in applied for t in hsa.TRANSFORMS], dtype=np.int8)
+        flags = np.asarray([t in applied for t in hsa.transform_names()], dtype=np.int8)
         return {**element, "messages": messages, "harness": new, "hsa_applied": flags}
 
 
 class TokenizeDocument(grain.transforms.Map):
     """Grain map: HSA'd record -> one document {"input_ids", "loss_mask": int32 [min(n, seq_len)],
     "num_tokens": int32 (n, before truncation), "truncated": int32 (1 when n > seq_len), "hsa_applied":
-    int8 [len(TRANSFORMS)]}.
+    int8 [len(hsa.transform_names())]}.
 
     Logs one warning the first time a document is truncated and one the first time a document is left
     with no loss token (see the module docstring); `counts` holds the running totals ("rows",
@@ -202,7 +202,7 @@ class TokenizeDocument(grain.transforms.Map):
 class TokenizeAndPad(TokenizeDocument):
     """Grain map: HSA'd record -> one right-padded row {"input_ids", "loss_mask", "attention_mask": int32
     [seq_len], "num_tokens": int32 (before truncation), "truncated": int8 (1 when num_tokens > seq_len),
-    "hsa_applied": int8 [len(TRANSFORMS)]} (the unpacked layout; logging and errors as `TokenizeDocument`).
+    "hsa_applied": int8 [len(hsa.transform_names())]} (the unpacked layout; logging and errors as `TokenizeDocument`).
     """
 
     def map(self, element: Mapping[str, Any]) -> dict:
@@ -298,11 +298,11 @@ def sft_dataset(
     Returns:
       a `grain.IterDataset` of batches. Packed (config.pack): {"input_ids", "loss_mask", "segment_ids",
       "positions": int32 [B, seq_len], "documents": int32 [B] (trajectories per row), "truncated": int32 [B]
-      (truncated trajectories per row), "hsa_applied": int32 [B, len(hsa.TRANSFORMS)] (trajectories of the row
+      (truncated trajectories per row), "hsa_applied": int32 [B, len(hsa.transform_names())] (trajectories of the row
       each transform was applied to), "hsa_any": int32 [B] (trajectories with any transform)}; wrap its
       iterator in `packing.PackedBatches` (`sft_batches`). Unpacked: {"input_ids", "loss_mask",
       "attention_mask": int32 [B, seq_len], "num_tokens": int32 [B] (lengths before truncation),
-      "truncated": int8 [B] (1 for a row cut to seq_len), "hsa_applied": int8 [B, len(hsa.TRANSFORMS)]}.
+      "truncated": int8 [B] (1 for a row cut to seq_len), "hsa_applied": int8 [B, len(hsa.transform_names())]}.
       `iter(ds)` gives an iterator with `get_state()` (JSON-serialisable) / `set_state(state)`. Truncation is
       logged (module docstring).
     Raises:
@@ -349,7 +349,7 @@ def transform_shares(
         are then counts of the row's trajectories).
       harnesses, config: needed when `data` are records.
     Returns:
-      {transform: share of records in [0, 1] for each of `hsa.TRANSFORMS`, "original": share of
+      {transform: share of records in [0, 1] for each of `hsa.transform_names()`, "original": share of
       records with no transform}; shares of transforms can sum to more than 1 (they compose).
     Raises:
       ValueError: records without `harnesses`, or no element at all.
@@ -359,7 +359,7 @@ def transform_shares(
             raise ValueError("transform_shares: records need `harnesses`")
         config = dataclasses.replace(config or SFTDataConfig(), num_epochs=1)
         data = hsa_dataset(data, harnesses, config)
-    k = len(hsa.TRANSFORMS)
+    k = len(hsa.transform_names())
     applied, docs, original = np.zeros(k), 0, 0
     for e in data:
         if "documents" in e:  # a packed row or batch: counts of its trajectories
@@ -374,6 +374,6 @@ def transform_shares(
         docs += n
     if not docs:
         raise ValueError("transform_shares: no elements")
-    shares = {t: float(applied[i] / docs) for i, t in enumerate(hsa.TRANSFORMS)}
+    shares = {t: float(applied[i] / docs) for i, t in enumerate(hsa.transform_names())}
     shares["original"] = float(original / docs)
     return shares

@@ -31,18 +31,17 @@ from typing import Any
 
 from hat_jax.harness.hsa import HSAConfig, compose
 from hat_jax.harness.state import Constraint, HarnessState, PromptSection
+from hat_jax.judges.rules import SUITE_METRICS
 from hat_jax.sim.catalog import World
 from hat_jax.sim.env import EnvConfig
 from hat_jax.sim.types import INTENTS, Task, task_from_dict, task_to_dict
 from hat_jax.sim.viewers import sample_task
 
 SUITES: tuple[str, ...] = ("live_qa", "variant_qa", "tool_robustness", "prompt_robustness")
-SUITE_METRICS: dict[str, tuple[str, ...]] = {
-    "live_qa": ("accuracy", "effectiveness"),
-    "variant_qa": ("accuracy", "effectiveness"),
-    "tool_robustness": ("adr", "rc", "tc"),
-    "prompt_robustness": ("adr", "llm", "tco"),
-}
+# Each suite's judge metrics and result keys come from the judges' metric table (`JudgeMetric.suites`).
+if tuple(SUITE_METRICS) != SUITES:
+    raise ValueError(f"judge metric table: `JudgeMetric.suites` name the suites {tuple(SUITE_METRICS)}; "
+                     f"expected each of {SUITES}, in this order")
 PAPER_SIZES: dict[str, int] = {"live_qa": 978, "variant_qa": 978, "tool_robustness": 1012, "prompt_robustness": 1011}
 SUITE_SEEDS: dict[str, int] = {"live_qa": 9001, "variant_qa": 9002, "tool_robustness": 9003, "prompt_robustness": 9004}
 TOOL_INTENTS: tuple[str, ...] = tuple(
@@ -203,7 +202,7 @@ def item_harness(item: EvalItem, original: HarnessState) -> HarnessState:
         cfg = HSAConfig(allowed=("rename_tools", "restructure_schemas"), default_p=1.0)
         return compose(original, rng, cfg, "train")[0]
     if item.perturbation == "distractor_tools":
-        cfg = HSAConfig(allowed=("distractor_tools",), default_p=1.0, n_distractor_tools=(2, 4))
+        cfg = HSAConfig(allowed=("distractor_tools",), default_p=1.0, params={"distractor_tools": {"count": (2, 4)}})
         return compose(original, rng, cfg, "train")[0]
     if item.perturbation == "prompt_constraints":
         section = PromptSection(key="constraints", title=EXTRA_SECTION_TITLE, text="", constraints=item.constraints)

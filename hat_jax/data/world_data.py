@@ -41,7 +41,6 @@ from typing import Any
 
 from hat_jax.data.pipeline import RECORD_KEYS
 from hat_jax.data.suites import SUITES, EvalItem, build_suite, item_from_dict, item_to_dict, training_messages
-from hat_jax.harness.loader import production_harness
 from hat_jax.judges.rules import judge_episode
 from hat_jax.sim.catalog import MAX_PRODUCTS, MIN_PRODUCTS, World
 from hat_jax.sim.env import EnvConfig, LiveStreamEnv
@@ -50,6 +49,7 @@ from hat_jax.sim.oracle import DEFAULT_NOISE, OracleConfig, OracleTeacher
 from hat_jax.sim.rollout import rejection_sample
 from hat_jax.sim.types import Task, task_from_dict, task_to_dict
 from hat_jax.sim.viewers import sample_tasks
+from hat_jax.sim.world_harness import production_harness
 
 log = logging.getLogger(__name__)
 
@@ -273,7 +273,7 @@ def oracle_records(config: WorldDataConfig, tasks: Sequence[Task], prefix: str =
     world, harness = world_for(config.world_seed, config.n_products), production_harness()
     oracle = OracleTeacher(world, config.oracle)
     env = LiveStreamEnv(world, EnvConfig(fault_rates=dict(config.sft_fault_rates)))
-    judge = functools.partial(judge_episode, harness=harness, world=world)
+    judge = functools.partial(judge_episode, harness=harness)
     kept, stats = rejection_sample(env, oracle, tasks, harness, judge, attempts=config.sft_attempts)
     records = []
     for i, episode in enumerate(kept):

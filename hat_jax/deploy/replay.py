@@ -44,11 +44,11 @@ from tqdm import tqdm
 
 from hat_jax.cli_types import float_in, positive_int
 from hat_jax.data.world_data import WorldDataConfig, eval_items, world_for
-from hat_jax.harness.loader import PRODUCTION_DIR, load_harness
 from hat_jax.harness.state import HarnessState
 from hat_jax.sim.catalog import World
 from hat_jax.sim.mcp_client import SyncToolClient, server_command
 from hat_jax.sim.types import Task
+from hat_jax.sim.world_harness import PRODUCTION_DIR, load_world_harness
 
 from hat_jax.deploy.agent import AgentConfig, AgentResult, ToolCaller, run_agent
 from hat_jax.deploy.chat_stream import ChatStreamClient, EndpointError, ServerUnreachable
@@ -179,7 +179,7 @@ def run_replay(cfg: ReplayConfig, *, tools: ToolCaller | None = None, progress: 
       ConnectionError: the tool server cannot be started or reached.
     """
     harness_path = str(cfg.harness or PRODUCTION_DIR)
-    harness = load_harness(harness_path)
+    harness = load_world_harness(harness_path)
     versions = {"policy": policy_version(cfg.model, cfg.hf_dir), "harness": harness_version(harness)}
     llm = ChatStreamClient(cfg.base_url, cfg.model, api_key=cfg.api_key, temperature=cfg.temperature, top_p=cfg.top_p,
                            max_tokens=cfg.max_tokens, extra_body=cfg.extra_body,

@@ -16,8 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hat_jax.harness.loader import harness_manifest, skill_markdown
 from hat_jax.harness.state import HarnessState
+from hat_jax.harness.writer import harness_manifest, skill_markdown
 
 EXPORT_INFO = "hat_export.json"
 

@@ -2,7 +2,7 @@
 
 The HAT report, arXiv 2608.15763 (TaoLive, 2026), "Evaluation sets and metrics": Live-Stream QA and
 Harness-Variant QA report Accuracy, Effectiveness and AVG; Tool robustness ADR, RC, TC and AVG; Prompt
-robustness ADR, LLM, TCO and AVG (`hat_jax.data.suites.SUITE_METRICS`).
+robustness ADR, LLM, TCO and AVG (`hat_jax.judges.rules.SUITE_METRICS`, from the metric table).
 
 Variant implemented and why:
 - Items: `hat_jax.data.world_data.eval_items` (held-out seeds). Each item runs under its own harness
@@ -11,8 +11,8 @@ Variant implemented and why:
   the key fold_in(key(seed), chunk index), in chunks of `batch_size` items (one `rollout_episodes` call per
   chunk, its turns batched). An episode cut by the token or turn limits is judged as a cut episode (outcome
   "truncated": Accuracy 0, no reply).
-- Judging: `hat_jax.judges.rules.judge_episode(episode, item harness)`. Short keys: accuracy -> acc,
-  effectiveness -> eff; adr, rc, tc, llm, tco keep their names.
+- Judging: `hat_jax.judges.rules.judge_episode(episode, item harness)`. Short keys: `JudgeMetric.short`
+  (accuracy -> acc, effectiveness -> eff; adr, rc, tc, llm, tco keep their names).
 - Scores on 0-100: a metric is its mean over the suite's samples x 100. AVG: per sample, the mean of the
   suite's parts (e.g. (Accuracy + Effectiveness) / 2, with Effectiveness in {0, 0.5, 1}), then the mean
   over samples x 100. No part is ever "not applicable": the rule judges define every metric on every
@@ -33,15 +33,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from hat_jax.data.suites import SUITE_METRICS, EvalItem, item_env_config, item_harness, item_to_dict
+from hat_jax.data.suites import EvalItem, item_env_config, item_harness, item_to_dict
 from hat_jax.harness.state import HarnessState
-from hat_jax.judges.rules import Judgement, judge_episode
+from hat_jax.judges.rules import SHORT_KEYS, SUITE_KEYS, SUITE_METRICS, Judgement, judge_episode
 from hat_jax.rollout import RolloutConfig, Sampler, reasoning_tokens, rollout_episodes
 from hat_jax.sim.catalog import World
 from hat_jax.sim.types import episode_to_dict
 
-SHORT_KEYS: dict[str, str] = {"accuracy": "acc", "effectiveness": "eff", "adr": "adr", "rc": "rc", "tc": "tc",
-                              "llm": "llm", "tco": "tco"}
 
 
 def suite_keys(suite: str) -> tuple[str, ...]:
@@ -50,9 +48,9 @@ def suite_keys(suite: str) -> tuple[str, ...]:
     Raises:
       ValueError: an unknown suite (names the valid ones).
     """
-    if suite not in SUITE_METRICS:
-        raise ValueError(f"suite: unknown {suite!r}; expected one of {tuple(SUITE_METRICS)}")
-    return (*(SHORT_KEYS[m] for m in SUITE_METRICS[suite]), "avg")
+    if suite not in SUITE_KEYS:
+        raise ValueError(f"suite: unknown {suite!r}; expected one of {tuple(SUITE_KEYS)}")
+    return SUITE_KEYS[suite]
 
 
 def sample_scores(suite: str, judgement: Judgement) -> dict[str, float]:
@@ -128,7 +126,7 @@ def run_live_suite(sampler: Sampler, suite: str, items: Sequence[EvalItem], conf
         gen_s += batch.stats["generation_s"]
         for it, harness, episode, texts, cut in zip(chunk, harnesses, batch.episodes, batch.turn_texts,
                                                     batch.truncated):
-            judgement = judge_episode(episode, harness, world)
+            judgement = judge_episode(episode, harness)
             judgements.append(judgement)
             turns.append(len(texts))
             reasoning += [reasoning_tokens(sampler.tokenizer, t) for t in texts]

@@ -39,7 +39,8 @@ from hat_jax.experiments.scales import Scale
 
 log = logging.getLogger(__name__)
 DONE_FILE = checkpoint_steps.DONE_FILE
-_NOT_HASHED = ("init", "teacher", "ref", "seed", "mesh")  # mesh: where a stage runs, not what it computes
+# mesh, attention_impl, moe_impl: where and with which kernels a stage runs, not what it computes
+_NOT_HASHED = ("init", "teacher", "ref", "seed", "mesh", "attention_impl", "moe_impl")
 
 # Stage fields that `stage_config` (and `stage_template`: harness_mode) set, so a --set of them would be
 # overwritten (refused by `hat_jax.experiments.scales.apply_scale_overrides`), and how to choose them instead.

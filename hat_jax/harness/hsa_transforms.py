@@ -1,10 +1,25 @@
 """The HSA transforms: pure functions `(harness, rng, ...) -> (harness', NameMap)`.
 
 Variant implemented and why: see `hat_jax.harness.hsa` (composition, config, held-out families).
+- `rename_skills`: new skill ids (lowercase-hyphen), the skill tool's enum and every mention follow;
+- `rewrite_skills`: skill bodies reordered (blocks, unordered bullets), re-bulleted, paraphrased;
+- `rename_tools`: new tool and argument names in one naming style; arg_paths, allowed_tools, hook
+  matchers, the skill tool and every mention in descriptions, bodies and prompt text follow;
+- `restructure_schemas`: property order, canonical args nested under an object property (arg_paths
+  follow), reworded descriptions, optional distractor arguments, tool registry order;
+- `distractor_tools`, `distractor_skills`: tools no task needs (impl `DISTRACTOR_PREFIX + name`),
+  skills with key "";
+- `restyle_prompt`: heading style, section order (persona first), titles, paraphrased text;
+- `hook_params`: retry max_attempts and reply max_chars (a tighter limit tightens the prompt's
+  "max_chars" constraint too); this one changes behaviour (`behaviour_changed`), so the pipeline
+  re-rolls such trajectories with the oracle.
 Each transform keeps the world bindings (`Tool.impl`, what each `Tool.arg_paths` entry means,
 `Skill.key`) and changes only what the model reads; every name it changes is substituted wherever the
 harness mentions it (descriptions, skill bodies, prompt sections, hook matchers, the skill tool's
 enum), so the result stays self-consistent. Names come from `hsa_vocab`'s word pieces and styles.
+
+Each is registered with `@hsa_transform(heldout=...)` (`hat_jax.harness.hsa_registry`); `compose`
+applies them in the order they are defined here. To add one, define it here with the decorator.
 """
 
 from __future__ import annotations
@@ -16,6 +31,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hat_jax.harness import hsa_vocab as V
+from hat_jax.harness.hsa_registry import check_count, check_probability, hsa_transform
 from hat_jax.harness.hsa_rewrite import NameMap, leaf_paths, substitute_names
 from hat_jax.harness.state import DISTRACTOR_PREFIX, SKILL_TOOL_IMPL, HarnessState, PromptSection, Skill, Tool
 
@@ -80,6 +96,7 @@ def _insert_randomly(items: tuple, new: list, rng: random.Random) -> tuple:
 # ---------------------------------------------------------------- the transforms
 
 
+@hsa_transform(heldout="forced")
 def rename_skills(h: HarnessState, rng: random.Random, *, heldout: bool = False) -> tuple[HarnessState, NameMap]:
     """New skill ids (lowercase-hyphen, word pieces per skill key), mentions and the skill tool's enum follow."""
     taken = {s.name for s in h.skills}
@@ -130,6 +147,7 @@ def _rewrite_body(body: str, rng: random.Random) -> str:
     return V.paraphrase(text, rng) + ("\n" if body.endswith("\n") else "")
 
 
+@hsa_transform(heldout="none")
 def rewrite_skills(h: HarnessState, rng: random.Random) -> tuple[HarnessState, NameMap]:
     """Skill bodies reordered/re-bulleted/paraphrased and descriptions paraphrased; names untouched."""
     skills = tuple(
@@ -165,6 +183,7 @@ def _tool_impl_key(t: Tool) -> str:
     return t.impl
 
 
+@hsa_transform(heldout="forced")
 def rename_tools(h: HarnessState, rng: random.Random, *, heldout: bool = False) -> tuple[HarnessState, NameMap]:
     """New tool names (one naming style) and argument names (one style, one name per old key)."""
     style = rng.choice(V.HELDOUT_TOOL_STYLES if heldout else V.TRAIN_TOOL_STYLES)
@@ -267,6 +286,7 @@ def _restructure_tool(t: Tool, rng: random.Random, style: str, p_nest: float, p_
     return dataclasses.replace(t, input_schema=schema, arg_paths=arg_paths, description=description), paths
 
 
+@hsa_transform(heldout="none", check=check_probability("p_nest", "p_distractor_args"))
 def restructure_schemas(
     h: HarnessState, rng: random.Random, *, p_nest: float = 0.5, p_distractor_args: float = 0.5
 ) -> tuple[HarnessState, NameMap]:
@@ -282,6 +302,7 @@ def restructure_schemas(
     return h.replace(tools=tuple(tools)), NameMap(args=args)
 
 
+@hsa_transform(heldout="family", check=check_count("count"))
 def distractor_tools(
     h: HarnessState, rng: random.Random, *, heldout: bool = False, count: tuple[int, int] = (1, 3)
 ) -> tuple[HarnessState, NameMap]:
@@ -303,6 +324,7 @@ def distractor_tools(
     return h.replace(tools=_insert_randomly(h.tools, new, rng)), NameMap()
 
 
+@hsa_transform(heldout="family", check=check_count("count"))
 def distractor_skills(
     h: HarnessState, rng: random.Random, *, heldout: bool = False, count: tuple[int, int] = (1, 2)
 ) -> tuple[HarnessState, NameMap]:
@@ -328,6 +350,7 @@ def distractor_skills(
     return _update_skill_tool(h, {}, tuple(s.name for s in new)), NameMap()
 
 
+@hsa_transform(heldout="forced")
 def restyle_prompt(h: HarnessState, rng: random.Random, *, heldout: bool = False) -> tuple[HarnessState, NameMap]:
     """Heading style, section order, titles and paraphrased text (constraints untouched).
 
@@ -356,6 +379,7 @@ def restyle_prompt(h: HarnessState, rng: random.Random, *, heldout: bool = False
     return h.replace(sections=tuple(restyle(s) for s in sections), heading_style=style), NameMap()
 
 
+@hsa_transform(heldout="none")
 def hook_params(h: HarnessState, rng: random.Random) -> tuple[HarnessState, NameMap]:
     """New retry max_attempts (1..4) and reply max_chars; a tighter limit tightens "max_chars" constraints."""
     hooks = []

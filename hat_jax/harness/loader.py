@@ -1,4 +1,4 @@
-"""Reads, validates and writes harness folders (`harness.yaml` + `skills/<name>/SKILL.md`).
+"""Reads and validates harness folders (`harness.yaml` + `skills/<name>/SKILL.md`); `writer` writes them.
 
 Variant implemented and why: the on-disk layout follows the agent ecosystem's conventions (open Agent
 Skills `SKILL.md` folders, MCP tool definitions, lifecycle-event hooks), so that a harness written
@@ -19,23 +19,23 @@ nothing in a data file is executed: hooks name handlers from `HOOK_REGISTRY`, co
 Schemas. Every problem raises `HarnessError` naming the file, the field path (e.g.
 `tools[3].inputSchema.properties.sku_id.type`) and what was expected.
 
-Tool schemas are checked beyond `check_schema`, so that no call can fail on the schema itself: every
-`$ref` must be a local reference ("#...") that resolves inside the same inputSchema (an MCP tool
-definition is self-contained), and every name in a `required` list must be declared in the
-`properties` of the same subschema or of one enclosing it (so `anyOf: [{required: [a]}, ...]` beside
-`properties: {a: ...}` is fine). Skills: at most one skill per world skill (`metadata.hat-skill-key`);
-a world skill of `hat_jax.sim.types.SKILL_KEYS` that no skill binds is logged as a warning, not an
-error (a partial harness is legal; the tasks of that skill then have no skill to load).
+Tool schemas are checked beyond `check_schema` (`hat_jax.harness.schema_checks`). The world a harness
+binds to is given, never imported: `WorldBindings` lists the world functions with their canonical
+arguments and the world skills (the simulator's are `hat_jax.sim.world_harness.WORLD_BINDINGS`), and each
+tool's `x-hat` binding is checked against it (a known impl or "distractor:NAME", no argument the impl does
+not take, every required one mapped). Skills: at most one skill per world skill
+(`metadata.hat-skill-key`); a world skill that no skill binds is logged as a warning, not an error (a
+partial harness is legal; the tasks of that skill then have no skill to load).
 
 Normal form: skill bodies are stripped of surrounding blank lines and hooks are ordered by
-`HOOK_EVENTS` (then file order), so `load_harness(dump_harness(h, d)) == h` for every `h` in normal
-form (every loaded harness is).
+`HOOK_EVENTS` (then file order), so `load_harness(dump_harness(h, d), bindings) == h` for every `h` in
+normal form (every loaded harness is).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
-import functools
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -43,13 +43,11 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import referencing
-import referencing.exceptions
-import referencing.jsonschema
 import yaml
 
 from hat_jax.harness.constraints import CONSTRAINT_REGISTRY
 from hat_jax.harness.hooks import HOOK_REGISTRY
+from hat_jax.harness.schema_checks import arg_path_problem, schema_problem
 from hat_jax.harness.state import (
     DISTRACTOR_PREFIX,
     HEADING_STYLES,
@@ -62,11 +60,9 @@ from hat_jax.harness.state import (
     Skill,
     Tool,
 )
-from hat_jax.sim.types import SKILL_KEYS, TOOL_IMPLS
 
 log = logging.getLogger(__name__)
 
-PRODUCTION_DIR = Path(__file__).resolve().parents[1] / "harnesses" / "production"
 MANIFEST = "harness.yaml"
 SKILL_FILE = "SKILL.md"
 SKILL_KEY_FIELD = "hat-skill-key"
@@ -74,36 +70,30 @@ BINDING_KEY = "x-hat"
 MAX_SKILL_BODY_CHARS = 16_000      # a SKILL.md body is sent whole as one tool result when the skill is loaded
 SKILL_TOOL_NAME = "skill_tool"     # the one prompt placeholder, {skill_tool} (`hat_jax.harness.render`)
 PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-# Canonical arguments of each world function: (required, optional). The executor maps surface
-# arguments onto these through `Tool.arg_paths`.
-IMPL_ARGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "search_products": (("query",), ("category", "max_results")),
-    "get_product_detail": (("product_id",), ()),
-    "get_price": (("product_id",), ()),
-    "get_stock": (("sku_id",), ()),
-    "get_promotions": (("product_id",), ()),
-    "estimate_shipping": (("product_id", "region"), ()),
-    "get_size_chart": (("product_id",), ("height_cm", "weight_kg")),
-    "get_after_sales_policy": (("product_id",), ()),
-    SKILL_TOOL_IMPL: (("skill",), ()),
-}
-assert set(IMPL_ARGS) == set(TOOL_IMPLS) | {SKILL_TOOL_IMPL}
+SKILL_TOOL_ARGS = (("skill",), ())  # the skill loader's canonical arguments (required, optional)
 JSON_SCHEMA_TYPES: tuple[str, ...] = ("array", "boolean", "integer", "null", "number", "object", "string")
 SKILL_NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 TOOL_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
-_MANIFEST_KEYS = (
-    "name",
-    "version",
-    "family",
-    "heading_style",
-    "skill_tool",
-    "skills",
-    "prompt",
-    "tools",
-    "hooks",
-    "description",
-)
+_MANIFEST_KEYS = ("name", "version", "family", "heading_style", "skill_tool", "skills", "prompt", "tools", "hooks",
+                  "description")
 _FRONT_MATTER_KEYS = ("name", "description", "allowed-tools", "metadata", "license", "compatibility")
+
+
+@dataclasses.dataclass(frozen=True)
+class WorldBindings:
+    """What a harness may bind to, as the world that runs it declares it (`hat_jax.sim.world_harness`).
+
+    Attributes:
+      tool_args: world function (a tool's `x-hat.impl`) -> (required, optional) canonical argument names.
+      skill_keys: the world skills a skill's `metadata.hat-skill-key` may name.
+    """
+
+    tool_args: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]]
+    skill_keys: tuple[str, ...]
+
+    def args_of(self, impl: str) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+        """(required, optional) arguments of `impl` (the skill loader's included); None for an unknown impl."""
+        return SKILL_TOOL_ARGS if impl == SKILL_TOOL_IMPL else self.tool_args.get(impl)
 
 
 class HarnessError(ValueError):
@@ -206,7 +196,7 @@ def _split_front_matter(text: str, file: Path) -> tuple[dict, str]:
     return meta, "".join(lines[end + 1 :]).strip("\n")
 
 
-def _load_skill(folder: Path, name: str, field: str) -> tuple[Skill, Path]:
+def _load_skill(folder: Path, name: str, field: str, skill_keys: Sequence[str]) -> tuple[Skill, Path]:
     file = folder / "skills" / name / SKILL_FILE
     if not file.is_file():
         raise HarnessError(folder / MANIFEST, field, f"skill folder {name!r} has no {file.relative_to(folder)}")
@@ -228,8 +218,8 @@ def _load_skill(folder: Path, name: str, field: str) -> tuple[Skill, Path]:
         allowed = tuple(c.text(tools_raw, "allowed-tools", allow_empty=True).split())
     metadata = c.mapping(meta.get("metadata", {}) or {}, "metadata")
     key = metadata.get(SKILL_KEY_FIELD, "")
-    if key not in (*SKILL_KEYS, ""):
-        c.fail(f"metadata.{SKILL_KEY_FIELD}", f"expected one of {', '.join(SKILL_KEYS)}, got {key!r}")
+    if key not in (*skill_keys, ""):
+        c.fail(f"metadata.{SKILL_KEY_FIELD}", f"expected one of {', '.join(skill_keys)}, got {key!r}")
     if not body.strip():
         c.fail("body", "expected a non-empty Markdown body after the front matter")
     if len(body) > MAX_SKILL_BODY_CHARS:
@@ -238,71 +228,7 @@ def _load_skill(folder: Path, name: str, field: str) -> tuple[Skill, Path]:
     return Skill(name=name, description=desc, body=body, allowed_tools=allowed, key=key), file
 
 
-def _check_path(schema: Mapping, path: Sequence[str]) -> str | None:
-    """None when `path` walks object properties of `schema` to a leaf, else the problem."""
-    node = schema
-    for depth, key in enumerate(path):
-        props = node.get("properties") if isinstance(node, dict) else None
-        if not isinstance(props, dict) or key not in props:
-            return f"{'.'.join(path[: depth + 1])!r} is not a property of the inputSchema"
-        node = props[key]
-    return None
-
-
-# Keywords whose value maps names (not keywords) to subschemas, and keywords whose value is data.
-_NAME_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
-_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "required", "dependentRequired"})
-_SCHEMA_URI = "urn:hat-jax:input-schema"
-
-
-def _subschemas(schema: Any, parts: tuple = (), declared: frozenset = frozenset()):
-    """Yields (path parts, subschema, names declared in `properties` of the subschema and of the
-    schemas enclosing it) for every schema object inside `schema` (itself included)."""
-    if isinstance(schema, dict):
-        props = schema.get("properties")
-        here = declared | frozenset(props if isinstance(props, dict) else ())
-        yield parts, schema, here
-        for key, value in schema.items():
-            if key in _DATA_KEYWORDS:
-                continue
-            if key in _NAME_MAPS and isinstance(value, dict):
-                for name, sub in value.items():  # a property's own schema starts a new object
-                    yield from _subschemas(sub, (*parts, key, name))
-            elif isinstance(value, dict):
-                yield from _subschemas(value, (*parts, key), here)
-            elif isinstance(value, list):
-                for i, sub in enumerate(value):
-                    yield from _subschemas(sub, (*parts, key, i), here)
-
-
-def _check_schema_semantics(schema: Mapping, field: str, c: _Checker) -> None:
-    """Local `$ref`s that resolve, and `required` names that are declared (see the module docstring)."""
-    resolver = None
-    for parts, sub, declared in _subschemas(schema):
-        ref = sub.get("$ref")
-        if ref is not None:
-            where = _path_str(field, [*parts, "$ref"])
-            if not isinstance(ref, str) or not ref.startswith("#"):
-                c.fail(where, f"expected a local reference ('#/$defs/NAME') inside the inputSchema, got {ref!r}")
-            if resolver is None:
-                resource = referencing.jsonschema.DRAFT202012.create_resource(dict(schema))
-                resolver = referencing.Registry().with_resource(_SCHEMA_URI, resource).resolver(base_uri=_SCHEMA_URI)
-            try:
-                resolver.lookup(ref)
-            except referencing.exceptions.Unresolvable:
-                c.fail(where, f"reference {ref!r} points nowhere in the inputSchema")
-        required = sub.get("required")
-        if isinstance(required, list):
-            for i, name in enumerate(required):
-                if name not in declared:
-                    listed = ", ".join(sorted(declared)) or "none"
-                    c.fail(
-                        _path_str(field, [*parts, "required", i]),
-                        f"names {name!r}, which is not in the schema's properties ({listed})",
-                    )
-
-
-def _load_tool(raw: Any, field: str, c: _Checker) -> Tool:
+def _load_tool(raw: Any, field: str, c: _Checker, bindings: WorldBindings) -> Tool:
     c.mapping(raw, field)
     c.keys(raw, ("name", "description", "inputSchema", BINDING_KEY), field)
     name = c.text(raw.get("name"), f"{field}.name")
@@ -323,39 +249,44 @@ def _load_tool(raw: Any, field: str, c: _Checker) -> Tool:
         c.fail(where, f"invalid JSON Schema: {err.message}")
     if schema.get("type") != "object":
         c.fail(f"{field}.inputSchema.type", f"expected 'object', got {schema.get('type')!r}")
-    _check_schema_semantics(schema, f"{field}.inputSchema", c)
-    bind = c.mapping(raw.get(BINDING_KEY), f"{field}.{BINDING_KEY}")
-    c.keys(bind, ("impl", "arg_paths"), f"{field}.{BINDING_KEY}")
-    impl = c.text(bind.get("impl"), f"{field}.{BINDING_KEY}.impl")
-    if impl not in IMPL_ARGS and not impl.startswith(DISTRACTOR_PREFIX):
-        c.fail(
-            f"{field}.{BINDING_KEY}.impl",
-            f"expected one of {', '.join(IMPL_ARGS)} or '{DISTRACTOR_PREFIX}NAME', got {impl!r}",
-        )
-    paths_raw = c.mapping(bind.get("arg_paths", {}) or {}, f"{field}.{BINDING_KEY}.arg_paths")
+    problem = schema_problem(schema)
+    if problem:
+        c.fail(_path_str(f"{field}.inputSchema", problem[0]), problem[1])
+    impl, arg_paths = _load_binding(raw.get(BINDING_KEY), f"{field}.{BINDING_KEY}", schema, c, bindings)
+    return Tool(name=name, description=desc, input_schema=schema, impl=impl, arg_paths=arg_paths)
+
+
+def _load_binding(bind: Any, field: str, schema: Mapping, c: _Checker,
+                  bindings: WorldBindings) -> tuple[str, dict[str, tuple[str, ...]]]:
+    """A tool's world binding `x-hat: {impl, arg_paths}`, checked against the schema and `bindings`."""
+    c.mapping(bind, field)
+    c.keys(bind, ("impl", "arg_paths"), field)
+    impl = c.text(bind.get("impl"), f"{field}.impl")
+    args = bindings.args_of(impl)
+    if args is None and not impl.startswith(DISTRACTOR_PREFIX):
+        known = (*bindings.tool_args, SKILL_TOOL_IMPL)
+        c.fail(f"{field}.impl", f"expected one of {', '.join(known)} or '{DISTRACTOR_PREFIX}NAME', got {impl!r}")
     arg_paths = {}
-    for arg, path in paths_raw.items():
-        where = f"{field}.{BINDING_KEY}.arg_paths.{arg}"
+    for arg, path in c.mapping(bind.get("arg_paths", {}) or {}, f"{field}.arg_paths").items():
+        where = f"{field}.arg_paths.{arg}"
         path = [path] if isinstance(path, str) else path
         c.seq(path, where)
         if not path or not all(isinstance(p, str) and p for p in path):
             c.fail(where, f"expected a non-empty list of property names, got {path!r}")
-        problem = _check_path(schema, path)
+        problem = arg_path_problem(schema, path)
         if problem:
             c.fail(where, problem)
         arg_paths[arg] = tuple(path)
-    if impl in IMPL_ARGS:
-        required, optional = IMPL_ARGS[impl]
+    if args is not None:
+        required, optional = args
         for arg in arg_paths:
             if arg not in required + optional:
-                c.fail(
-                    f"{field}.{BINDING_KEY}.arg_paths.{arg}",
-                    f"{impl} takes no argument {arg!r}; it takes {', '.join(required + optional)}",
-                )
+                c.fail(f"{field}.arg_paths.{arg}", f"{impl} takes no argument {arg!r}; it takes "
+                                                   f"{', '.join(required + optional)}")
         for arg in required:
             if arg not in arg_paths:
-                c.fail(f"{field}.{BINDING_KEY}.arg_paths", f"missing required argument {arg!r} of {impl}")
-    return Tool(name=name, description=desc, input_schema=schema, impl=impl, arg_paths=arg_paths)
+                c.fail(f"{field}.arg_paths", f"missing required argument {arg!r} of {impl}")
+    return impl, arg_paths
 
 
 def _load_sections(raw: Any, c: _Checker) -> list[PromptSection]:
@@ -439,44 +370,16 @@ def _load_hooks(raw: Any, tool_names: set[str], c: _Checker) -> list[HookSpec]:
     return hooks
 
 
-def load_harness(path: str | Path) -> HarnessState:
-    """Reads and validates a harness folder.
-
-    Args:
-      path: the harness folder, or its `harness.yaml`.
-    Returns:
-      the `HarnessState` (skills and tools in file order, hooks in `HOOK_EVENTS` order).
-    Raises:
-      HarnessError: any malformed or inconsistent field, naming file, field path and what was
-        expected (missing or non-UTF-8 file, invalid YAML, duplicate key/tool/skill/section, invalid
-        JSON Schema, a `$ref` that resolves nowhere, a `required` name that is not a property,
-        unknown impl/hook event/handler/constraint, bad hook or constraint parameters, arg_paths not
-        pointing into the schema, skill `allowed-tools` naming a missing tool, a SKILL.md whose name
-        differs from its folder, two skills bound to one world skill, a bad skill tool, ...).
-      A world skill no skill binds is only logged (warning).
-    """
-    path = Path(path)
-    folder = path.parent if path.name == MANIFEST or path.is_file() else path
-    file = path if path.is_file() else folder / MANIFEST
-    if not file.is_file():
-        raise HarnessError(file, "", "harness manifest not found")
-    raw = _read_yaml(_read_text(file), file)
-    c = _Checker(file)
-    c.mapping(raw, "(top level)")
-    c.keys(raw, _MANIFEST_KEYS, "")
-    tools = [_load_tool(t, f"tools[{i}]", c) for i, t in enumerate(c.seq(raw.get("tools"), "tools"))]
-    names = [t.name for t in tools]
-    for i, n in enumerate(names):
-        if n in names[:i]:
-            c.fail(f"tools[{i}].name", f"duplicate tool name {n!r} (also tools[{names.index(n)}])")
-    tool_names = set(names)
+def _load_skills(raw: Any, folder: Path, file: Path, tool_names: set[str], c: _Checker,
+                 bindings: WorldBindings) -> tuple[list[str], list[Skill]]:
+    """The manifest's `skills` list and each skill's SKILL.md (allowed tools defined, one skill per world skill)."""
     skill_names = [c.text(s, f"skills[{i}]") for i, s in enumerate(c.seq(raw.get("skills", []) or [], "skills"))]
     for i, n in enumerate(skill_names):
         if n in skill_names[:i]:
             c.fail(f"skills[{i}]", f"duplicate skill name {n!r}")
     skills = []
     for i, n in enumerate(skill_names):
-        skill, skill_file = _load_skill(folder, n, f"skills[{i}]")
+        skill, skill_file = _load_skill(folder, n, f"skills[{i}]", bindings.skill_keys)
         for tool in skill.allowed_tools:
             if tool not in tool_names:
                 raise HarnessError(
@@ -490,10 +393,14 @@ def load_harness(path: str | Path) -> HarnessState:
                 f"world skill {skill.key!r} is already bound by skill {bound.name!r}; expected at most one skill per key",
             )
         skills.append(skill)
-    unbound = [k for k in SKILL_KEYS if not any(s.key == k for s in skills)]
+    unbound = [k for k in bindings.skill_keys if not any(s.key == k for s in skills)]
     if unbound:
         log.warning("%s: no skill is bound to world skill(s) %s (metadata.%s)", file, ", ".join(unbound), SKILL_KEY_FIELD)
-    skill_tool = c.text(raw.get("skill_tool"), "skill_tool")
+    return skill_names, skills
+
+
+def _check_skill_tool(skill_tool: str, tools: list[Tool], skill_names: list[str], c: _Checker) -> None:
+    """The skill tool exists, is bound to the skill loader, and its enum (if any) lists exactly the skills."""
     loader_tool = next((t for t in tools if t.name == skill_tool), None)
     if loader_tool is None:
         c.fail("skill_tool", f"expected the name of a tool of this harness, got {skill_tool!r}")
@@ -502,7 +409,7 @@ def load_harness(path: str | Path) -> HarnessState:
             "skill_tool",
             f"tool {skill_tool!r} must have {BINDING_KEY}.impl {SKILL_TOOL_IMPL!r}, has {loader_tool.impl!r}",
         )
-    idx = names.index(skill_tool)
+    idx = [t.name for t in tools].index(skill_tool)
     arg_schema = loader_tool.input_schema
     for key in loader_tool.arg_paths["skill"]:
         arg_schema = arg_schema["properties"][key]
@@ -515,9 +422,10 @@ def load_harness(path: str | Path) -> HarnessState:
             ),
             f"expected exactly the skill names {skill_names}, got {enum}",
         )
-    sections = _load_sections(raw.get("prompt"), c)
-    if skills and not any(s.key == "skills" for s in sections):
-        c.fail("prompt", "expected a section with key 'skills' (where the skills are listed)")
+
+
+def _check_tool_order(sections: list[PromptSection], tools: list[Tool], c: _Checker) -> None:
+    """Every "tool_order" constraint names impls that some tool is bound to."""
     for i, sec in enumerate(sections):
         for j, con in enumerate(sec.constraints):
             if con.id == "tool_order":
@@ -527,6 +435,48 @@ def load_harness(path: str | Path) -> HarnessState:
                             f"prompt[{i}].constraints[{j}].kwargs.{role}",
                             f"no tool is bound to impl {con.kwargs[role]!r}",
                         )
+
+
+def load_harness(path: str | Path, bindings: WorldBindings) -> HarnessState:
+    """Reads and validates a harness folder against what its world offers.
+
+    Args:
+      path: the harness folder, or its `harness.yaml`.
+      bindings: the world functions and world skills the harness may bind to (this project's world:
+        `hat_jax.sim.world_harness.WORLD_BINDINGS`, or `load_world_harness`).
+    Returns:
+      the `HarnessState` (skills and tools in file order, hooks in `HOOK_EVENTS` order).
+    Raises:
+      HarnessError: any malformed or inconsistent field, naming file, field path and what was
+        expected (missing or non-UTF-8 file, invalid YAML, duplicate key/tool/skill/section, invalid
+        JSON Schema, a `$ref` that resolves nowhere, a `required` name that is not a property, an impl
+        or skill key `bindings` does not offer, arguments its impl does not take or a required one
+        missing, unknown hook event/handler/constraint, bad hook or constraint parameters, arg_paths
+        not pointing into the schema, skill `allowed-tools` naming a missing tool, a SKILL.md whose
+        name differs from its folder, two skills bound to one world skill, a bad skill tool, ...).
+      A world skill no skill binds is only logged (warning).
+    """
+    path = Path(path)
+    folder = path.parent if path.name == MANIFEST or path.is_file() else path
+    file = path if path.is_file() else folder / MANIFEST
+    if not file.is_file():
+        raise HarnessError(file, "", "harness manifest not found")
+    raw = _read_yaml(_read_text(file), file)
+    c = _Checker(file)
+    c.mapping(raw, "(top level)")
+    c.keys(raw, _MANIFEST_KEYS, "")
+    tools = [_load_tool(t, f"tools[{i}]", c, bindings) for i, t in enumerate(c.seq(raw.get("tools"), "tools"))]
+    names = [t.name for t in tools]
+    for i, n in enumerate(names):
+        if n in names[:i]:
+            c.fail(f"tools[{i}].name", f"duplicate tool name {n!r} (also tools[{names.index(n)}])")
+    skill_names, skills = _load_skills(raw, folder, file, set(names), c, bindings)
+    skill_tool = c.text(raw.get("skill_tool"), "skill_tool")
+    _check_skill_tool(skill_tool, tools, skill_names, c)
+    sections = _load_sections(raw.get("prompt"), c)
+    if skills and not any(s.key == "skills" for s in sections):
+        c.fail("prompt", "expected a section with key 'skills' (where the skills are listed)")
+    _check_tool_order(sections, tools, c)
     style = raw.get("heading_style", "markdown")
     if style not in HEADING_STYLES:
         c.fail("heading_style", f"expected one of {', '.join(HEADING_STYLES)}, got {style!r}")
@@ -538,94 +488,6 @@ def load_harness(path: str | Path) -> HarnessState:
         tools=tuple(tools),
         sections=tuple(sections),
         heading_style=style,
-        hooks=tuple(_load_hooks(raw.get("hooks", {}) or {}, tool_names, c)),
+        hooks=tuple(_load_hooks(raw.get("hooks", {}) or {}, set(names), c)),
         family=c.text(raw.get("family", "original"), "family"),
     )
-
-
-def _plain(value: Any) -> Any:
-    """Mappings -> dicts, tuples -> lists, recursively (what yaml.safe_dump writes)."""
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def harness_manifest(h: HarnessState) -> dict:
-    """The `harness.yaml` content of `h` as plain data (skills as folder names)."""
-    sections = []
-    for s in h.sections:
-        sec: dict[str, Any] = {"key": s.key, "title": s.title, "text": s.text}
-        if s.constraints:
-            sec["constraints"] = [
-                {"id": c.id, "kwargs": _plain(c.kwargs)} if c.kwargs else {"id": c.id} for c in s.constraints
-            ]
-        sections.append(sec)
-    hooks: dict[str, list] = {}
-    for spec in h.hooks:
-        entry: dict[str, Any] = {"handler": spec.handler}
-        if spec.matcher is not None:
-            entry["matcher"] = spec.matcher
-        entry["params"] = _plain(spec.params)
-        hooks.setdefault(spec.event, []).append(entry)
-    tools = [
-        {
-            **_plain(t.mcp_spec()),
-            BINDING_KEY: {"impl": t.impl, "arg_paths": {k: list(v) for k, v in t.arg_paths.items()}},
-        }
-        for t in h.tools
-    ]
-    return {
-        "name": h.name,
-        "version": h.version,
-        "family": h.family,
-        "heading_style": h.heading_style,
-        "skill_tool": h.skill_tool,
-        "skills": [s.name for s in h.skills],
-        "prompt": sections,
-        "tools": tools,
-        "hooks": {e: hooks[e] for e in HOOK_EVENTS if e in hooks},
-    }
-
-
-def skill_markdown(skill: Skill) -> str:
-    """The `SKILL.md` text of `skill` (front matter + body)."""
-    meta: dict[str, Any] = {"name": skill.name, "description": skill.description}
-    if skill.allowed_tools:
-        meta["allowed-tools"] = " ".join(skill.allowed_tools)
-    if skill.key:
-        meta["metadata"] = {SKILL_KEY_FIELD: skill.key}
-    front = yaml.safe_dump(meta, allow_unicode=True, sort_keys=False, width=1000)
-    return f"---\n{front}---\n{skill.body.strip(chr(10))}\n"
-
-
-def dump_harness(h: HarnessState, out_dir: str | Path) -> Path:
-    """Writes `h` as a harness folder (`harness.yaml` + `skills/<name>/SKILL.md`).
-
-    Args:
-      h: the harness (in normal form for an exact round trip, see the module docstring).
-      out_dir: the folder to write (created if missing; files of other skills already there stay).
-    Returns:
-      the path of the written `harness.yaml`.
-    """
-    out = Path(out_dir)
-    (out / "skills").mkdir(parents=True, exist_ok=True)
-    manifest = out / MANIFEST
-    manifest.write_text(
-        yaml.safe_dump(harness_manifest(h), allow_unicode=True, sort_keys=False, width=1000), encoding="utf-8"
-    )
-    for skill in h.skills:
-        (out / "skills" / skill.name).mkdir(exist_ok=True)
-        (out / "skills" / skill.name / SKILL_FILE).write_text(skill_markdown(skill), encoding="utf-8")
-    return manifest
-
-
-@functools.lru_cache(maxsize=1)
-def production_harness() -> HarnessState:
-    """The shipped production harness (`hat_jax/harnesses/production`), loaded once and cached.
-
-    The returned object is shared: treat its mappings as read-only (use `HarnessState.replace` and
-    copies to derive variants).
-    """
-    return load_harness(PRODUCTION_DIR)

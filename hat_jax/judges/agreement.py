@@ -38,7 +38,7 @@ import yaml
 from hat_jax.harness.state import (
     DISTRACTOR_PREFIX, SKILL_TOOL_IMPL, Constraint, HarnessState, PromptSection, Skill, Tool,
 )
-from hat_jax.judges.rules import METRICS, Judgement, judge_episode
+from hat_jax.judges.rules import JUDGE_METRICS, METRICS, Judgement, judge_episode
 from hat_jax.sim.types import Episode, ToolCallRecord, task_from_dict
 
 # surface tool name -> (impl, canonical argument names)
@@ -160,8 +160,12 @@ def cohen_kappa(a: Sequence[Hashable], b: Sequence[Hashable]) -> float:
     return math.nan if p_e == 1 else (p_o - p_e) / (1 - p_e)
 
 
+_FRACTIONS = frozenset(m.name for m in JUDGE_METRICS if m.values is None)
+
+
 def _cat(metric: str, value: float) -> float:
-    return round(float(value), 2) if metric == "tool_rationality" else float(value)
+    """A label as a category: fractions (`JudgeMetric.values` None) rounded to 2 decimals."""
+    return round(float(value), 2) if metric in _FRACTIONS else float(value)
 
 
 def judge_agreement(

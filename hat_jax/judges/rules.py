@@ -1,14 +1,16 @@
 """Rule judges: every metric of the HAT report computed from an episode's ground truth, no model in the loop.
 
-Each judge is a pure function of (Episode, HarnessState, world) returning a `MetricResult(value,
-reasons)`; `judge_episode` runs them all into one `Judgement`. Ground truth comes only from
-`Task.gold_calls`, `Task.gold_facts`, `Task.behaviour`, `Task.skill_key` and the tool results recorded
-in `Episode.tool_calls`, so the judges do not depend on the catalog (`world` is accepted for the
-common signature and unused). Facts are matched with `hat_jax.judges.facts` (read its docstring for
-number formats, grounding and wrong-fact cues) and phrases with `hat_jax.judges.phrases`.
+Each judge is a pure function of (Episode, HarnessState) returning a `MetricResult(value, reasons)`;
+`JUDGE_METRICS` is the one table of the metrics (judge, values, short key, the suites that report it),
+from which `judge_episode`, `METRICS`, the suites' metric lists (`hat_jax.data.suites.SUITE_METRICS`) and
+the result columns derive. Ground truth comes only from `Task.gold_calls`, `Task.gold_facts`,
+`Task.behaviour`, `Task.skill_key` and the tool results recorded in `Episode.tool_calls` (gold-plan
+matching: `hat_jax.judges.gold`), so the judges do not depend on the catalog. Facts are matched with
+`hat_jax.judges.facts` (read its docstring for number formats, grounding and wrong-fact cues) and
+phrases with `hat_jax.judges.phrases`.
 
 Definitions (the HAT report, arXiv 2608.15763 (TaoLive, 2026), "Evaluation sets and metrics" and
-"Release gates and guardrails"; issue 3 point 7):
+"Release gates and guardrails"):
 - Accuracy (0/1): 0 on any wrong fact (a cue-attached value contradicting a gold fact), a number in
   the reply grounded in no ok world-tool result / skill content / viewer message, a string gold fact
   stated but in no ok world-tool result, a bool gold fact spoken about (e.g. "有货", "包邮") with
@@ -63,22 +65,18 @@ Definitions (the HAT report, arXiv 2608.15763 (TaoLive, 2026), "Evaluation sets 
 from __future__ import annotations
 
 import dataclasses
-import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from hat_jax.harness.constraints import check_constraint
 from hat_jax.harness.state import DISTRACTOR_PREFIX, SKILL_TOOL_IMPL, HarnessState
 from hat_jax.judges import facts, phrases
-from hat_jax.sim.tools import ToolError, resolve_region
-from hat_jax.sim.types import TOOL_IMPLS, Episode, ToolCallRecord
+from hat_jax.judges.gold import (BAD_STATUSES, FAILED_STATUSES, failed_gold_calls, gold_ok, gold_plan, gold_products,
+                                  match_gold_calls, matches_gold)
+from hat_jax.sim.tools import TOOL_IMPLS
+from hat_jax.sim.types import Episode
 
 SEVERITY_TAGS: tuple[str, ...] = ("ungrounded_product_claim", "claims_human", "repeated_tool_failure", "missing_arguments")
-METRICS: tuple[str, ...] = (
-    "accuracy", "effectiveness", "adr", "rc", "tc", "llm", "tco", "tool_rationality", "skill_selection",
-)
-_FAILED = ("error", "timeout", "empty")
-_BAD = ("invalid_arguments", "unknown_tool")
 _CUT = ("malformed", "round_limit", "truncated")
 
 
@@ -123,7 +121,7 @@ class Judgement:
         return (self.accuracy + self.effectiveness) / 2
 
     def scores(self) -> dict[str, float]:
-        """metric -> value for `METRICS` (plus rc_fraction)."""
+        """metric -> value for `METRICS` (the table order, plus rc_fraction)."""
         return {m: float(getattr(self, m)) for m in (*METRICS, "rc_fraction")}
 
     def reasons_for(self, metric: str) -> tuple[str, ...]:
@@ -131,86 +129,7 @@ class Judgement:
         return tuple(r for m, r in self.reasons if m == metric)
 
 
-# ------------------------------------------------------------------ gold plan matching
-def gold_plan(episode: Episode) -> list[tuple[int, str, Mapping[str, Any]]]:
-    """The task's gold calls flattened to (group index, impl, canonical args), in plan order."""
-    return [(g, impl, args) for g, group in enumerate(episode.task.gold_calls) for impl, args in group]
-
-
-def gold_products(episode: Episode) -> list[tuple[str, ...]]:
-    """For each gold call (plan order), the products an ok search must list to stand for it.
-
-    A search's query is free text, so a search call stands for a gold search when its ok result lists
-    the product that gold search is for: the k-th gold search of a plan with one search per task
-    product (a comparison: search a, search b) is for the k-th product; otherwise (and for non-search
-    calls, where the entry is unused) the task's products.
-    """
-    plan, pids = gold_plan(episode), tuple(episode.task.product_ids)
-    n_search = sum(impl == "search_products" for _, impl, _ in plan)
-    per_search = n_search > 1 and n_search == len(pids)
-    out, k = [], 0
-    for _, impl, _ in plan:
-        if impl == "search_products" and per_search:
-            out.append((pids[k],))
-            k += 1
-        else:
-            out.append(pids)
-    return out
-
-
-def _region(value: str) -> str:
-    try:
-        return resolve_region(value)
-    except ToolError:
-        return facts.normalise(value)
-
-
-def _value_eq(key: str, a: Any, b: Any) -> bool:
-    if facts.is_number(a) and facts.is_number(b):
-        return facts.num_equal(float(a), float(b))
-    if isinstance(a, str) and isinstance(b, str):
-        if key == "region":
-            return _region(a) == _region(b)
-        return facts.normalise(a) == facts.normalise(b)
-    return a == b
-
-
-def args_match(canonical: Mapping[str, Any], gold: Mapping[str, Any]) -> bool:
-    """True when `canonical` holds every gold argument with an equal value (extra arguments allowed).
-
-    Numbers compare tolerantly, strings case- and space-insensitively, a `region` by the province it
-    resolves to (`hat_jax.sim.tools.resolve_region`: "深圳", "广东省" and "广东" are equal).
-    """
-    return all(k in canonical and _value_eq(k, canonical[k], v) for k, v in gold.items())
-
-
-def _matches(call: ToolCallRecord, impl: str, args: Mapping[str, Any], product_ids: Sequence[str] = ()) -> bool:
-    """Whether `call` is the gold call (impl, args); a search's free-text query only has to find one of
-    `product_ids` (the gold call's entry of `gold_products`) when it returned ok."""
-    if call.status in _BAD or call.impl != impl:
-        return False
-    if impl == "search_products":
-        query = call.canonical_args.get("query")
-        if not isinstance(query, str) or not query.strip():
-            return False
-        found = json.dumps(facts.parse_result(call.result), ensure_ascii=False)
-        return call.status != "ok" or not product_ids or any(pid in found for pid in product_ids)
-    return args_match(call.canonical_args, args)
-
-
-def match_gold_calls(episode: Episode) -> list[int | None]:
-    """For each gold call (plan order), the index in `episode.tool_calls` of the first unused matching call."""
-    used: set[int] = set()
-    out: list[int | None] = []
-    for (_, impl, args), pids in zip(gold_plan(episode), gold_products(episode)):
-        calls = enumerate(episode.tool_calls)
-        idx = next((i for i, c in calls if i not in used and _matches(c, impl, args, pids)), None)
-        if idx is not None:
-            used.add(idx)
-        out.append(idx)
-    return out
-
-
+# ------------------------------------------------------------------ helpers
 def _has_reply(episode: Episode) -> bool:
     return episode.outcome not in _CUT and bool(episode.reply.strip())
 
@@ -229,8 +148,8 @@ def grounding_pool(episode: Episode) -> list[float]:
     """Numbers a reply may state (see `hat_jax.judges.facts` docstring, "Grounding pool")."""
     pool = [x for r in _ok_results(episode, include_skills=True) for x in facts.numbers_of_value(r)]
     pool += [n.value for n in facts.numbers_in(episode.task.message)]
-    gold_ok = _gold_ok(episode)
-    if gold_ok and all(gold_ok):
+    ok = gold_ok(episode)
+    if ok and all(ok):
         pool += [float(v) for v in episode.task.gold_facts.values() if facts.is_number(v)]
     return pool
 
@@ -246,8 +165,8 @@ def _checkable_facts(episode: Episode) -> dict[str, bool]:
 
 
 # ------------------------------------------------------------------ the judges
-def accuracy(episode: Episode, harness: HarnessState | None = None, world: Any = None) -> MetricResult:
-    """Accuracy (0/1), see the module docstring. `harness` and `world` are unused."""
+def accuracy(episode: Episode, harness: HarnessState | None = None) -> MetricResult:
+    """Accuracy (0/1), see the module docstring. `harness` is unused (the judges' common signature)."""
     if episode.outcome in _CUT:
         return MetricResult(0, (f"no valid reply (outcome={episode.outcome})",))
     reply = episode.reply
@@ -293,49 +212,13 @@ def _ungrounded_non_numeric(episode: Episode) -> list[str]:
     return out
 
 
-def _gold_ok(episode: Episode) -> list[bool]:
-    """For each gold call (plan order), whether some ok call matches it (`_matches`, `gold_products`)."""
-    return [
-        any(c.status == "ok" and _matches(c, impl, args, pids) for c in episode.tool_calls)
-        for (_, impl, args), pids in zip(gold_plan(episode), gold_products(episode))
-    ]
-
-
-def failed_gold_calls(episode: Episode) -> list[tuple[str, Mapping[str, Any]]]:
-    """The gold calls (impl, canonical args) that were tried, failed (error/timeout/empty) and never returned ok.
-
-    Judged per gold call, not per tool: a call tries gold call (impl, args) when it has that impl and
-    its canonical args match (`args_match`); a search's query is free text, so a search tries the gold
-    search with the same query (whitespace and case ignored), or every gold search when its query is
-    none of theirs. A gold call returned ok when an ok call matches it (`_matches` with its
-    `gold_products` entry): an ok search for the other product of a comparison does not make up for
-    the failed one.
-    """
-    plan = gold_plan(episode)
-    gold_queries = {facts.normalise(str(a.get("query", ""))) for _, i, a in plan if i == "search_products"}
-
-    def tries(c: ToolCallRecord, impl: str, args: Mapping[str, Any]) -> bool:
-        if c.impl != impl or c.status not in _FAILED:
-            return False
-        if impl != "search_products":
-            return args_match(c.canonical_args, args)
-        query = facts.normalise(str(c.canonical_args.get("query", "")))
-        return bool(query) and (query == facts.normalise(str(args.get("query", ""))) or query not in gold_queries)
-
-    return [
-        (impl, args)
-        for (_, impl, args), ok in zip(plan, _gold_ok(episode))
-        if not ok and any(tries(c, impl, args) for c in episode.tool_calls)
-    ]
-
-
 def _conservative_after_failure(episode: Episode) -> bool:
     """Some gold call failed for good (`failed_gold_calls`) and the reply says it cannot confirm."""
     return bool(failed_gold_calls(episode)) and phrases.is_conservative(episode.reply)
 
 
-def effectiveness(episode: Episode, harness: HarnessState | None = None, world: Any = None) -> MetricResult:
-    """Effectiveness (0/0.5/1), see the module docstring. `harness` and `world` are unused."""
+def effectiveness(episode: Episode, harness: HarnessState | None = None) -> MetricResult:
+    """Effectiveness (0/0.5/1), see the module docstring. `harness` is unused (the judges' common signature)."""
     if not _has_reply(episode):
         return MetricResult(0, ("no reply",))
     reply, behaviour = episode.reply, episode.task.behaviour
@@ -370,7 +253,7 @@ def effectiveness(episode: Episode, harness: HarnessState | None = None, world: 
     return MetricResult(0.5, tuple(reasons))
 
 
-def adr(episode: Episode, harness: HarnessState | None = None, world: Any = None) -> MetricResult:
+def adr(episode: Episode, harness: HarnessState | None = None) -> MetricResult:
     """ADR (0/1): the reply addresses the core question (Effectiveness > 0)."""
     eff = effectiveness(episode)
     return MetricResult(1 if eff.value > 0 else 0, () if eff.value > 0 else eff.reasons)
@@ -388,7 +271,7 @@ def rc_fraction(episode: Episode) -> tuple[float, tuple[str, ...]]:
     return (len(returned) - len(missing)) / len(returned), tuple(f"returned fact not used: {k}" for k in missing)
 
 
-def rc(episode: Episode, harness: HarnessState | None = None, world: Any = None) -> MetricResult:
+def rc(episode: Episode, harness: HarnessState | None = None) -> MetricResult:
     """RC (0/1): every gold fact a tool returned is stated in the reply."""
     if not _has_reply(episode):
         return MetricResult(0, ("no reply",))
@@ -396,14 +279,14 @@ def rc(episode: Episode, harness: HarnessState | None = None, world: Any = None)
     return MetricResult(1 if frac == 1.0 else 0, reasons)
 
 
-def tc(episode: Episode, harness: HarnessState | None = None, world: Any = None) -> MetricResult:
+def tc(episode: Episode, harness: HarnessState | None = None) -> MetricResult:
     """TC (0/1): every gold call was made with the gold canonical arguments."""
     plan = gold_plan(episode)
     missing = [f"missing call {impl}({dict(args)})" for (_, impl, args), idx in zip(plan, match_gold_calls(episode)) if idx is None]
     return MetricResult(0 if missing else 1, tuple(missing))
 
 
-def llm(episode: Episode, harness: HarnessState, world: Any = None) -> MetricResult:
+def llm(episode: Episode, harness: HarnessState) -> MetricResult:
     """LLM (0/1): the reply satisfies the prompt's reply constraints (tool_order is TCO's)."""
     cons = [c for c in harness.constraints() if c.id != "tool_order"]
     if not cons:
@@ -415,7 +298,7 @@ def llm(episode: Episode, harness: HarnessState, world: Any = None) -> MetricRes
     return MetricResult(0 if failed else 1, tuple(failed))
 
 
-def tco(episode: Episode, harness: HarnessState, world: Any = None) -> MetricResult:
+def tco(episode: Episode, harness: HarnessState) -> MetricResult:
     """TCO (0/1): gold group order kept (every gold call made) and every tool_order constraint holds."""
     reasons = []
     plan, idx = gold_plan(episode), match_gold_calls(episode)
@@ -436,7 +319,7 @@ def tco(episode: Episode, harness: HarnessState, world: Any = None) -> MetricRes
     return MetricResult(0 if reasons else 1, tuple(reasons))
 
 
-def tool_rationality(episode: Episode, harness: HarnessState | None = None, world: Any = None) -> MetricResult:
+def tool_rationality(episode: Episode, harness: HarnessState | None = None) -> MetricResult:
     """Tool Rationality in [0, 1]: good / (non-skill calls + unmatched gold calls), see the module docstring."""
     plan = gold_plan(episode)
     calls = [c for c in episode.tool_calls if c.impl != SKILL_TOOL_IMPL]
@@ -451,7 +334,7 @@ def tool_rationality(episode: Episode, harness: HarnessState | None = None, worl
             reasons.append(f"distractor tool {c.name}")
         elif key in ok_seen:
             reasons.append(f"duplicate call {c.name}")
-        elif not any(_matches(c, impl, args, pids) for (_, impl, args), pids in zip(plan, gold_products(episode))):
+        elif not any(matches_gold(c, impl, args, pids) for (_, impl, args), pids in zip(plan, gold_products(episode))):
             reasons.append(f"unneeded call {c.name}")
         else:
             good += 1
@@ -463,7 +346,7 @@ def tool_rationality(episode: Episode, harness: HarnessState | None = None, worl
     return MetricResult(1.0 if denom == 0 else good / denom, tuple(reasons))
 
 
-def skill_selection(episode: Episode, harness: HarnessState, world: Any = None) -> MetricResult:
+def skill_selection(episode: Episode, harness: HarnessState) -> MetricResult:
     """Skill Selection (0/1): first loaded skill bound to task.skill_key, loaded before any other tool."""
     if not episode.loaded_skills:
         return MetricResult(0, ("no skill loaded",))
@@ -478,6 +361,85 @@ def skill_selection(episode: Episode, harness: HarnessState, world: Any = None) 
     if skill_idx is not None and other_idx is not None and other_idx < skill_idx:
         return MetricResult(0, ("skill loaded after a world tool call",))
     return MetricResult(1, ())
+
+
+# ------------------------------------------------------------------ the metric table
+@dataclasses.dataclass(frozen=True)
+class JudgeMetric:
+    """One rule-judge metric, named once here.
+
+    Attributes:
+      name: the `Judgement` field and `Judgement.scores()` key (hand labels use it too).
+      judge: (episode, harness) -> MetricResult.
+      values: the values it takes, e.g. (0, 1) (stored as int) or (0, 0.5, 1); None for a fraction in [0, 1].
+      short: its key in a suite's results (results.json, tables); "" means the name.
+      suites: the live-stream suites that report it (`hat_jax.data.suites.SUITES`).
+    """
+
+    name: str
+    judge: Callable[[Episode, HarnessState], MetricResult]
+    values: tuple[float, ...] | None
+    short: str = ""
+    suites: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "short", self.short or self.name)
+
+    def cast(self, value: float) -> int | float:
+        """`value` as the `Judgement` field stores it: int for a 0/1 metric, else float."""
+        return int(value) if self.values == (0, 1) else float(value)
+
+
+_LIVE, _TOOLS, _PROMPT = ("live_qa", "variant_qa"), ("tool_robustness",), ("prompt_robustness",)
+JUDGE_METRICS: tuple[JudgeMetric, ...] = (
+    JudgeMetric("accuracy", accuracy, (0, 1), "acc", _LIVE),
+    JudgeMetric("effectiveness", effectiveness, (0, 0.5, 1), "eff", _LIVE),
+    JudgeMetric("adr", adr, (0, 1), suites=_TOOLS + _PROMPT),
+    JudgeMetric("rc", rc, (0, 1), suites=_TOOLS),
+    JudgeMetric("tc", tc, (0, 1), suites=_TOOLS),
+    JudgeMetric("llm", llm, (0, 1), suites=_PROMPT),
+    JudgeMetric("tco", tco, (0, 1), suites=_PROMPT),
+    JudgeMetric("tool_rationality", tool_rationality, None),
+    JudgeMetric("skill_selection", skill_selection, (0, 1)),
+)
+_JUDGEMENT_EXTRA = ("rc_fraction", "severity", "reasons", "silent_without_cause")
+
+
+def check_metric_table(table: Sequence[JudgeMetric], judgement_fields: Sequence[str]) -> None:
+    """Refuses an incomplete or inconsistent metric table (called at import on `JUDGE_METRICS`).
+
+    Raises:
+      ValueError: naming the metric and the key: a repeated name or short key, a judge that is not
+        callable, values that are not numbers in [0, 1], or a metric without its `Judgement` field (or a
+        `Judgement` metric field without a table row).
+    """
+    seen: dict[str, str] = {}
+    for m in table:
+        for key, label in ((m.name, "name"), (m.short, "short")):
+            if key in seen and not (label == "short" and seen[key] == m.name):
+                raise ValueError(f"judge metric {m.name!r}: {label} {key!r} is already used by {seen[key]!r}")
+            seen[key] = m.name
+        if not callable(m.judge):
+            raise ValueError(f"judge metric {m.name!r}: judge must be a function (episode, harness) -> MetricResult")
+        if m.values is not None and not (m.values and all(isinstance(v, (int, float)) and 0 <= v <= 1
+                                                          for v in m.values)):
+            raise ValueError(f"judge metric {m.name!r}: values = {m.values!r}; expected numbers in [0, 1] or None")
+    names = [m.name for m in table]
+    missing = [n for n in names if n not in judgement_fields]
+    if missing:
+        raise ValueError(f"judge metric {missing[0]!r}: Judgement has no field {missing[0]!r}")
+    extra = [f for f in judgement_fields if f not in names and f not in _JUDGEMENT_EXTRA]
+    if extra:
+        raise ValueError(f"Judgement field {extra[0]!r}: no judge metric {extra[0]!r} in the table")
+
+
+check_metric_table(JUDGE_METRICS, [f.name for f in dataclasses.fields(Judgement)])
+METRICS: tuple[str, ...] = tuple(m.name for m in JUDGE_METRICS)
+SHORT_KEYS: dict[str, str] = {m.name: m.short for m in JUDGE_METRICS}
+# suite -> the metrics it reports (table order), suites in order of first mention; its result keys add "avg".
+SUITE_METRICS: dict[str, tuple[str, ...]] = {
+    s: tuple(m.name for m in JUDGE_METRICS if s in m.suites) for m0 in JUDGE_METRICS for s in m0.suites}
+SUITE_KEYS: dict[str, tuple[str, ...]] = {s: (*(SHORT_KEYS[n] for n in ns), "avg") for s, ns in SUITE_METRICS.items()}
 
 
 def severity_tags(episode: Episode, accuracy_reasons: Sequence[str] | None = None) -> tuple[str, ...]:
@@ -495,7 +457,7 @@ def severity_tags(episode: Episode, accuracy_reasons: Sequence[str] | None = Non
         tags.add("claims_human")
     fails: dict[str, int] = {}
     for c in episode.tool_calls:
-        if c.status in _FAILED:
+        if c.status in FAILED_STATUSES:
             fails[c.name] = fails.get(c.name, 0) + 1
     if any(n >= 2 for n in fails.values()):
         tags.add("repeated_tool_failure")
@@ -504,37 +466,28 @@ def severity_tags(episode: Episode, accuracy_reasons: Sequence[str] | None = Non
         gold_by_impl.setdefault(impl, []).append(args)
     for c in episode.tool_calls:
         needed = set.intersection(*(set(a) for a in gold_by_impl[c.impl])) if c.impl in gold_by_impl else set()
-        if c.status == "invalid_arguments" or (c.status not in _BAD and not needed <= set(c.canonical_args)):
+        if c.status == "invalid_arguments" or (c.status not in BAD_STATUSES and not needed <= set(c.canonical_args)):
             tags.add("missing_arguments")
     return tuple(t for t in SEVERITY_TAGS if t in tags)
 
 
-def judge_episode(episode: Episode, harness: HarnessState, world: Any = None) -> Judgement:
-    """Every rule judge on `episode` under `harness` (the harness it ran under).
+def judge_episode(episode: Episode, harness: HarnessState) -> Judgement:
+    """Every rule judge of `JUDGE_METRICS` on `episode` under `harness` (the harness it ran under).
 
     Args:
       episode: a finished episode.
       harness: the harness version the episode ran under (skills, constraints).
-      world: unused (ground truth is in the task and the tool results); accepted for the common signature.
     Returns:
-      a `Judgement`.
+      a `Judgement` (reasons in table order).
     Raises:
       TypeError: a gold fact of an unsupported type (names the key).
       KeyError: a prompt constraint id unknown to `CONSTRAINT_REGISTRY`.
     """
-    results = {
-        "accuracy": accuracy(episode), "effectiveness": effectiveness(episode), "adr": adr(episode),
-        "rc": rc(episode), "tc": tc(episode), "llm": llm(episode, harness), "tco": tco(episode, harness),
-        "tool_rationality": tool_rationality(episode), "skill_selection": skill_selection(episode, harness),
-    }
+    results = {m.name: m.judge(episode, harness) for m in JUDGE_METRICS}
     reasons = tuple((m, r) for m, res in results.items() for r in res.reasons)
     frac, _ = rc_fraction(episode) if _has_reply(episode) else (0.0, ())
-    acc = results["accuracy"]
-    severity = severity_tags(episode, acc.reasons)
     return Judgement(
-        accuracy=int(acc.value), effectiveness=float(results["effectiveness"].value), adr=int(results["adr"].value),
-        rc=int(results["rc"].value), rc_fraction=float(frac), tc=int(results["tc"].value), llm=int(results["llm"].value),
-        tco=int(results["tco"].value), tool_rationality=float(results["tool_rationality"].value),
-        skill_selection=int(results["skill_selection"].value), severity=severity, reasons=reasons,
+        **{m.name: m.cast(results[m.name].value) for m in JUDGE_METRICS}, rc_fraction=float(frac),
+        severity=severity_tags(episode, results["accuracy"].reasons), reasons=reasons,
         silent_without_cause=not _has_reply(episode) and not failed_gold_calls(episode),
     )

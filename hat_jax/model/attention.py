@@ -24,6 +24,8 @@ any backend), 'splash' (TPU Pallas splash attention, `jax.experimental.pallas.op
 mask and serve the uncached forward (q_offset 0, S == T); cached calls (prefill, decode) take 'xla'.
 """
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -33,6 +35,7 @@ from hat_jax.model.config import Qwen3_5MoeTextConfig
 from hat_jax.model.linear import Linear
 from hat_jax.model.norms import RMSNorm
 from hat_jax.model.rope import apply_partial_rope
+from hat_jax.model.sharding import map_row_shards, target_platform
 
 
 ATTENTION_BLOCK = 128  # query rows per block of `causal_gqa_attention`
@@ -59,19 +62,9 @@ def segment_mask(q_segment_ids: jax.Array, kv_segment_ids: jax.Array, causal: bo
     return mask
 
 
-def _target_platform() -> str:
-    """The platform being compiled for: that of the mesh set by `jax.set_mesh` (an AOT compile for TPU
-    devices from a CPU host sets one), else `jax.default_backend()`."""
-    mesh = jax.sharding.get_abstract_mesh()  # usable inside jit, unlike get_mesh
-    device = None if mesh.empty else getattr(mesh, "abstract_device", None)
-    if device is not None and getattr(device, "platform", None):
-        return device.platform
-    return jax.default_backend()
-
-
 def resolve_attention_impl(impl: str, platform: str | None = None) -> str:
     """'auto' -> 'splash' on TPU, 'cudnn' on GPU, 'xla' elsewhere; other names are checked against the
-    platform (default `_target_platform()`).
+    platform (default `target_platform()`).
 
     Raises:
         ValueError naming `attention_impl` for an unknown name, 'splash' off TPU or 'cudnn' off GPU.
@@ -80,7 +73,7 @@ def resolve_attention_impl(impl: str, platform: str | None = None) -> str:
         raise ValueError(f"attention_impl {impl!r}: expected one of {list(ATTENTION_IMPLS)}")
     if impl == "xla":
         return impl
-    platform = platform or _target_platform()
+    platform = platform or target_platform()
     if impl == "auto":
         return {"tpu": "splash", "gpu": "cudnn", "cuda": "cudnn"}.get(platform, "xla")
     if impl == "splash" and platform != "tpu":
@@ -121,8 +114,9 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segment_ids: jax.Array
             raise ValueError(f"attention_impl {impl!r}: serves the uncached forward only (q_offset 0, "
                              f"S == T), got q_offset {q_offset!r}, T {q.shape[1]}, S {k.shape[1]}")
         impl = "xla"
-    if impl == "splash":
-        return splash_attention(q, k, v, q_segment_ids, kv_segment_ids, scale=scale, causal=causal)
+    if impl == "splash":  # a Mosaic kernel: GSPMD cannot partition it, each device runs its own rows
+        fn = functools.partial(splash_attention, scale=scale, causal=causal)
+        return map_row_shards(fn, (q, k, v, q_segment_ids, kv_segment_ids))
     if impl == "cudnn":
         return cudnn_attention(q, k, v, q_segment_ids, kv_segment_ids, scale=scale, causal=causal,
                                packed=packed)

@@ -13,6 +13,8 @@ Dispatch is dropless and its compute is proportional to the *active* experts:
   E*(bk-1) rows and decoding (few tokens) gathers only the experts it uses.
 - `ragged_dot`: the same sorted layout through `jax.lax.ragged_dot` (native grouped GEMM on TPU/GPU;
   on CPU it lowers to a loop over all experts and is slow, see experiments/benchmarks/model_bench.py).
+- `megablox`: the same layout through jax's Pallas TPU grouped matmul (`megablox.gmm`/`tgmm`), the TPU
+  choice: its backward stays proportional to the active experts.
 - `dense`: every expert on every token, then the chosen k gathered (compute not proportional to the
   active experts; a reference and an option for few experts and few tokens, not faster on CPU here).
 
@@ -32,7 +34,7 @@ import jax.numpy as jnp
 
 from hat_jax.model.config import Qwen3_5MoeTextConfig
 from hat_jax.model.linear import Linear
-from hat_jax.model.sharding import param_with_axes
+from hat_jax.model.sharding import constrain, map_row_shards, param_with_axes, target_platform
 
 
 def route(logits: jax.Array, top_k: int, forced_expert_ids: jax.Array | None = None):
@@ -114,6 +116,34 @@ def ragged_expert_ffn(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, d
     return jnp.zeros_like(y).at[order].set(y).reshape(n, k, -1)
 
 
+MEGABLOX_TILING = (128, 128, 128)  # (rows, contraction, output) tile; megablox's default, untuned (no TPU here)
+
+
+def megablox_expert_ffn(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down: jax.Array) -> jax.Array:
+    """Same contract as `blocked_expert_ffn`, via the TPU grouped matmul of jax's Pallas megablox library
+    (`jax.experimental.pallas.ops.tpu.megablox.gmm`, whose backward is its transposed kernel `tgmm`). The
+    expert-sorted rows are padded to a multiple of the row tile (the padding rows join the last expert and
+    are dropped). On TPU, unlike `jax.lax.ragged_dot`, whose weight gradient libtpu 0.0.42 lowers to a dense
+    masked product over all E experts (E/k times the active FLOPs, measured by the AOT check). A Mosaic
+    kernel: under a mesh it must run inside `shard_map` (`token_local_experts` does). Off TPU the kernel runs
+    in Pallas interpret mode (tests only: slow)."""
+    from jax.experimental.pallas.ops.tpu.megablox import gmm
+
+    n, k = expert_ids.shape
+    e = gate_up.shape[0]
+    m = n * k
+    pad = -m % MEGABLOX_TILING[0]
+    flat = expert_ids.reshape(m)
+    order = jnp.argsort(flat, stable=True)
+    sizes = jnp.bincount(flat, length=e).astype(jnp.int32).at[e - 1].add(pad)
+    rows = jnp.pad(x[order // k], ((0, pad), (0, 0)))
+    kw = dict(preferred_element_type=x.dtype, tiling=MEGABLOX_TILING, interpret=target_platform() != "tpu")
+    h = gmm(rows, gate_up.astype(x.dtype), sizes, **kw)
+    g, u = jnp.split(h, 2, axis=-1)
+    y = gmm(jax.nn.silu(g) * u, down.astype(x.dtype), sizes, **kw)[:m]
+    return jnp.zeros_like(y).at[order].set(y).reshape(n, k, -1)
+
+
 def dense_expert_ffn(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down: jax.Array) -> jax.Array:
     """Same contract as `blocked_expert_ffn`: every expert on every token (E/k times the active compute),
     then the k chosen outputs per token are gathered; no sort, scatter or weight gather. Measured on a
@@ -127,7 +157,25 @@ def dense_expert_ffn(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, do
     return y[expert_ids, jnp.arange(n)[:, None]]                               # [N, k, H]
 
 
-EXPERT_IMPLS = {"blocked": blocked_expert_ffn, "ragged_dot": ragged_expert_ffn, "dense": dense_expert_ffn}
+EXPERT_IMPLS = {"blocked": blocked_expert_ffn, "ragged_dot": ragged_expert_ffn, "megablox": megablox_expert_ffn,
+                "dense": dense_expert_ffn}
+
+
+def token_local_experts(impl: str, x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down: jax.Array):
+    """`EXPERT_IMPLS[impl]` on each device's own token rows (`map_row_shards`): with a mesh in context the
+    sort, the grouped matmul and the unsort run locally (the dispatch never sorts or gathers the global
+    batch), the experts' weights cast to the compute dtype and then replicated (all-gathered per layer,
+    FSDP-style; their gradients reduced back). Tokens never leave their device: expert parallelism (tokens
+    sent to the experts' devices by all-to-all) is a different dispatch.
+
+    Args:
+        impl: an `EXPERT_IMPLS` key. x: [N, H] compute dtype. expert_ids: [N, k] int32.
+        gate_up: [E, H, 2I]. down: [E, I, H].
+    Returns:
+        [N, k, H] as `blocked_expert_ffn`, equal to the unsharded call (each token's result depends only on
+        its own row).
+    """
+    return map_row_shards(EXPERT_IMPLS[impl], (x, expert_ids), (gate_up.astype(x.dtype), down.astype(x.dtype)))
 
 
 class SparseMoeBlock(nn.Module):
@@ -151,12 +199,12 @@ class SparseMoeBlock(nn.Module):
         if self.impl not in EXPERT_IMPLS:
             raise ValueError(f"moe impl {self.impl!r}: expected one of {sorted(EXPERT_IMPLS)}")
         b, t, hdim = x.shape
-        xf = x.reshape(b * t, hdim)
+        xf = constrain(x.reshape(b * t, hdim), ("batch", None))
         dense = lambda n, feats, axes: Linear(feats, axes, self.dtype, self.param_dtype, c.initializer_range, name=n)
         logits = dense("gate", c.num_experts, ("embed", "router"))(xf)
         weights, ids = route(logits, c.num_experts_per_tok, forced_expert_ids)
         gate_up, down = Experts(c, self.param_dtype, name="experts")()
-        expert_out = EXPERT_IMPLS[self.impl](xf, ids, gate_up, down)               # [N, k, H]
+        expert_out = token_local_experts(self.impl, xf, ids, gate_up, down)         # [N, k, H]
         routed = jnp.einsum("nkh,nk->nh", expert_out, weights.astype(self.dtype))
         s = c.shared_expert_intermediate_size
         shared = SwiGLU(s, self.dtype, self.param_dtype, c.initializer_range, name="shared_expert")(xf)

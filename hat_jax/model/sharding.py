@@ -8,10 +8,17 @@ model code itself never mentions devices (the MaxText/Levanter convention).
 
 A logical axis whose dimension does not divide evenly by its mesh axes is an error naming the
 parameter, its shape and the mesh (no silent replication).
+
+Activations are constrained by logical names too (`constrain`, MaxText's `with_logical_constraint`): the
+batch over every batch axis ('data', 'fsdp', 'expert'; the expert axis holds other tokens outside the MoE
+experts, as in MaxText), against the mesh of the surrounding `jax.set_mesh` (`mesh_context`); without a
+mesh they are the identity. An activation dimension that its axes do not divide keeps the longest prefix of
+them that does (a batch of 4 rows on fsdp 2 x expert 4 splits over fsdp only).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Sequence
 
@@ -24,7 +31,7 @@ MESH_AXES = ("data", "fsdp", "expert", "tensor")
 
 # logical axis -> mesh axis (or tuple of mesh axes, or None for replicated)
 DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
-    ("batch", ("data", "fsdp")),
+    ("batch", ("data", "fsdp", "expert")),   # activations and inputs: rows over every non-tensor axis
     ("vocab", "tensor"),
     ("embed", ("fsdp", "expert")),   # dense weights' hidden dim: FSDP over fsdp x expert devices
     ("expert_embed", "fsdp"),        # the experts' hidden dim ('expert' already splits their first dim)
@@ -93,20 +100,112 @@ def logical_to_mesh(axes_tree, shapes_tree, mesh: Mesh, rules=DEFAULT_RULES):
     out = []
     for (path, logical), leaf in zip(flat_axes, flat_shapes):
         spec = spec_for(tuple(logical), rules)
-        for dim, mesh_axes in zip(leaf.shape, spec):
-            if mesh_axes is None:
-                continue
-            size = math.prod(mesh.shape[a] for a in (mesh_axes if isinstance(mesh_axes, tuple) else (mesh_axes,)))
-            if dim % size:
-                raise ValueError(f"param {jax.tree_util.keystr(path)} shape {leaf.shape}: dimension {dim} is not "
-                                 f"divisible by mesh axes {mesh_axes} (size {size}) of mesh {dict(mesh.shape)}")
+        bad = indivisible_dim(leaf.shape, spec, mesh.shape)
+        if bad is not None:
+            dim, mesh_axes, size = bad
+            raise ValueError(f"param {jax.tree_util.keystr(path)} shape {leaf.shape}: dimension {dim} is not "
+                             f"divisible by mesh axes {mesh_axes} (size {size}) of mesh {dict(mesh.shape)}")
         out.append(NamedSharding(mesh, spec))
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(shapes_tree), out)
 
 
-def batch_sharding(mesh: Mesh, ndim: int, rules=DEFAULT_RULES) -> NamedSharding:
-    """Sharding for a [B, ...] input: batch over ('data', 'fsdp'), the rest replicated."""
-    return NamedSharding(mesh, spec_for(("batch",) + (None,) * (ndim - 1), rules))
+def _axes(entry) -> tuple[str, ...]:
+    return () if entry is None else entry if isinstance(entry, tuple) else (entry,)
+
+
+def axes_size(entry, mesh_shape) -> int:
+    """Devices along one PartitionSpec entry (None, an axis name or a tuple of them) of a mesh's shape."""
+    return math.prod(mesh_shape[a] for a in _axes(entry))
+
+
+def indivisible_dim(shape: Sequence[int], spec: PartitionSpec, mesh_shape) -> tuple[int, Any, int] | None:
+    """(dimension, its mesh axes, their size) of the first dimension of `shape` that `spec` splits unevenly
+    on a mesh of `mesh_shape` ({axis: size}), or None when every sharded dimension divides."""
+    for dim, entry in zip(shape, spec):
+        if entry is not None and dim % axes_size(entry, mesh_shape):
+            return dim, entry, axes_size(entry, mesh_shape)
+    return None
+
+
+def fitted_spec(shape: Sequence[int], logical: Sequence[str | None], mesh_shape, rules=DEFAULT_RULES) -> PartitionSpec:
+    """`spec_for(logical)` with each dimension's mesh axes cut to the longest prefix whose size divides it,
+    and axes of size 1 dropped (a batch of 4 rows on fsdp 2 x expert 4 -> 'fsdp')."""
+    out = []
+    for dim, entry in zip(shape, spec_for(logical, rules)):
+        axes = [a for a in _axes(entry) if mesh_shape.get(a, 1) > 1]
+        while axes and dim % axes_size(tuple(axes), mesh_shape):
+            axes.pop()
+        out.append(None if not axes else axes[0] if len(axes) == 1 else tuple(axes))
+    return PartitionSpec(*out)
+
+
+def mesh_context(mesh: Mesh | None):
+    """`jax.set_mesh(mesh)` (the mesh `constrain` and the MoE dispatch read while tracing), or a no-op for None."""
+    return contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
+
+
+def active_mesh_shape() -> dict[str, int]:
+    """{axis: size} of the mesh in context (`mesh_context`), {} without one."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return {} if mesh.empty else dict(mesh.shape)
+
+
+def target_platform() -> str:
+    """The platform being compiled for: that of the mesh in context (an AOT compile for TPU devices from a
+    CPU host sets one), else `jax.default_backend()`. Usable inside `jit`."""
+    mesh = jax.sharding.get_abstract_mesh()
+    device = None if mesh.empty else getattr(mesh, "abstract_device", None)
+    if device is not None and getattr(device, "platform", None):
+        return device.platform
+    return jax.default_backend()
+
+
+def constrain(x: jax.Array, logical: Sequence[str | None], rules=DEFAULT_RULES) -> jax.Array:
+    """`jax.lax.with_sharding_constraint` of an activation by logical axis names (`fitted_spec`) against the
+    mesh in context; `x` unchanged without a mesh or on one device.
+
+    Args:
+        x: any array. logical: one logical name (or None) per dimension of x.
+    Raises:
+        ValueError: len(logical) != x.ndim, or an unknown logical name.
+    """
+    if len(logical) != x.ndim:
+        raise ValueError(f"constrain: {len(logical)} logical names {tuple(logical)} for an array of shape {x.shape}")
+    shape = active_mesh_shape()
+    if math.prod(shape.values(), start=1) <= 1:
+        return x
+    return jax.lax.with_sharding_constraint(x, fitted_spec(x.shape, logical, shape, rules))
+
+
+def map_row_shards(fn, rows: Sequence[jax.Array], shared: Sequence[jax.Array] = ()):
+    """`fn(*rows, *shared)` run by each device on its own rows: a `jax.shard_map` over the mesh's batch axes
+    that divide the rows' leading dimension (`fitted_spec`), `shared` replicated (all-gathered when sharded).
+    `fn` must treat rows independently (its result rows depend only on the same input rows) and return one
+    array with the rows' leading dimension; then the result equals the plain call. Without a mesh, or when no
+    batch axis divides, the plain call. Used for kernels that GSPMD cannot partition (Pallas/Mosaic) and for
+    computations whose global form would gather every row (the MoE's sort).
+
+    Args:
+        fn: (*rows, *shared) -> [N, ...]. rows: arrays with the same leading dimension N. shared: any arrays.
+    Returns:
+        fn's [N, ...] result, split over the batch axes like the rows.
+    """
+    mesh_shape = active_mesh_shape()
+    axes = fitted_spec(rows[0].shape[:1], ("batch",), mesh_shape)[0] if mesh_shape else None
+    if axes is None:
+        return fn(*rows, *shared)
+    split = PartitionSpec(axes)
+    return jax.shard_map(fn, in_specs=(split,) * len(rows) + (PartitionSpec(),) * len(shared), out_specs=split,
+                         check_vma=False)(*rows, *shared)
+
+
+def batch_sharding(mesh: Mesh, ndim: int, rules=DEFAULT_RULES, rows: int | None = None) -> NamedSharding:
+    """Sharding for a [B, ...] input: batch over the batch axes ('data', 'fsdp', 'expert'), the rest replicated.
+    With `rows` (B), over the longest prefix of them that divides B (`fitted_spec`); without, all of them."""
+    logical = ("batch",) + (None,) * (ndim - 1)
+    if rows is None:
+        return NamedSharding(mesh, spec_for(logical, rules))
+    return NamedSharding(mesh, fitted_spec((rows,) + (1,) * (ndim - 1), logical, dict(mesh.shape), rules))
 
 
 def fully_sharded_shape(devices: int, num_experts: int) -> tuple[int, int, int, int]:

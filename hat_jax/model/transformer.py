@@ -40,6 +40,10 @@ from hat_jax.model.moe import SparseMoeBlock
 from hat_jax.model.norms import RMSNorm
 from hat_jax.model.rope import rope_cos_sin
 from hat_jax.model.segments import segment_positions
+from hat_jax.model.sharding import constrain
+
+# [B, T, H] activations: rows over the mesh's batch axes, length and hidden whole (`constrain`)
+ACTIVATION = ("batch", None, None)
 
 
 @flax.struct.dataclass
@@ -81,6 +85,7 @@ class DecoderLayer(nn.Module):
             (x [B, T, H], new cache or None, router_logits [B*T, E], expert_ids [B*T, k]).
         """
         c = self.config
+        x = constrain(x, ACTIVATION)
         h = RMSNorm(c.rms_norm_eps, self.param_dtype, name="input_layernorm")(x)
         if self.layer_type == LINEAR_ATTENTION:
             h, new_cache = GatedDeltaNet(c, self.dtype, self.param_dtype, name="linear_attn")(
@@ -88,11 +93,11 @@ class DecoderLayer(nn.Module):
         else:
             h, new_cache = GatedAttention(c, self.dtype, self.param_dtype, self.attention_impl, name="self_attn")(
                 h, cos, sin, q_segment_ids, kv_segment_ids, cache, index, packed=segment_ids is not None)
-        x = x + h
+        x = x + constrain(h, ACTIVATION)
         h = RMSNorm(c.rms_norm_eps, self.param_dtype, name="post_attention_layernorm")(x)
         h, router_logits, expert_ids = SparseMoeBlock(c, self.dtype, self.param_dtype, self.moe_impl, name="mlp")(
             h, forced_expert_ids)
-        return x + h, new_cache, router_logits, expert_ids
+        return constrain(x + h, ACTIVATION), new_cache, router_logits, expert_ids
 
 
 REMAT_POLICIES: dict[str, Any] = {
@@ -160,7 +165,7 @@ class TextModel(nn.Module):
         """Arguments as `DecoderLayer`, with input_ids [B, T] int32, cache a list of layer caches, and
         forced_expert_ids [L, B*T, k]. Returns (hidden [B, T, H], layer caches, router_logits [L, B*T, E],
         expert_ids [L, B*T, k])."""
-        x = self.embed_tokens(input_ids)
+        x = constrain(self.embed_tokens(input_ids), ACTIVATION)
         if self.scan_layers and cache is None and not self.is_initializing():
             x, all_logits, all_ids = self._scanned(x, cos, sin, token_mask, q_segment_ids, kv_segment_ids,
                                                    segment_ids, forced_expert_ids)

@@ -7,14 +7,17 @@ sampler's `logprobs` are recorded under (`hat_jax.model.sampler`), as marin's `c
 
 - `token_logprobs`: from materialised logits [B, T, V].
 - `token_logprobs_chunked`: from the final hidden states and the lm_head kernel, streaming the vocabulary
-  through a running logsumexp (`vocab_chunk_logits`, `running_logsumexp`), so [B, T, V] never exists; the
-  chunk helpers are shared with the chunked cross-entropy, entropy and KL of `hat_jax.train`.
+  through a running logsumexp (`vocab_chunk_logits`, `running_logsumexp`) over the rows of `predicting_rows`
+  (split over the mesh's batch axes), so [B, T, V] never exists; the chunk helpers are shared with the chunked
+  cross-entropy, entropy and KL of `hat_jax.train`.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from hat_jax.model.sharding import constrain
 
 
 def shift_pad(x: jax.Array) -> jax.Array:
@@ -37,6 +40,20 @@ def token_logprobs(logits: jax.Array, input_ids: jax.Array, temperature: float |
     logp = jax.nn.log_softmax(z, axis=-1)
     picked = jnp.take_along_axis(logp, input_ids[:, 1:, None].astype(jnp.int32), axis=-1)[..., 0]
     return shift_pad(picked)
+
+
+def predicting_rows(hidden: jax.Array) -> jax.Array:
+    """[B, T, H] -> [B*T, H]: every position's hidden state as one row of the chunked vocabulary matmuls,
+    the rows split over the mesh's batch axes (`constrain`). Position T-1 predicts nothing; callers drop it
+    with `next_token_values`. All T positions are kept (not T-1) so that B*T divides by the batch devices
+    whenever B*T does (T-1 = 16,383 is odd), at 1/T extra compute."""
+    b, t, h = hidden.shape
+    return constrain(hidden.reshape(b * t, h), ("batch", None))
+
+
+def next_token_values(rows: jax.Array, b: int, t: int) -> jax.Array:
+    """[B*T] per-position values of `predicting_rows` -> [B, T]: entry 0 = 0, entry t = position t-1's value."""
+    return shift_pad(rows.reshape(b, t)[:, :-1])
 
 
 def chunk_plan(vocab: int, chunk: int) -> tuple[int, int]:
@@ -109,10 +126,10 @@ def token_logprobs_chunked(hidden: jax.Array, lm_head_kernel: jax.Array, input_i
     Returns:
         [B, T] float32, same convention as `token_logprobs`.
     """
-    b, t, h = hidden.shape
+    b, t, _ = hidden.shape
     size, n_chunks = chunk_plan(lm_head_kernel.shape[1], chunk)
-    x = hidden[:, :-1].reshape(-1, h)
-    target = input_ids[:, 1:].reshape(-1).astype(jnp.int32)
+    x = predicting_rows(hidden)
+    target = jnp.pad(input_ids[:, 1:], ((0, 0), (0, 1))).reshape(-1).astype(jnp.int32)
 
     def body(carry, i):
         m, s, picked = carry
@@ -124,4 +141,4 @@ def token_logprobs_chunked(hidden: jax.Array, lm_head_kernel: jax.Array, input_i
     rows = x.shape[0]
     init = (jnp.full((rows,), -jnp.inf, jnp.float32), jnp.zeros((rows,), jnp.float32), jnp.zeros((rows,), jnp.float32))
     (m, s, picked), _ = jax.lax.scan(jax.checkpoint(body, prevent_cse=False), init, jnp.arange(n_chunks))
-    return shift_pad((picked - (m + jnp.log(s))).reshape(b, t - 1))
+    return next_token_values(picked - (m + jnp.log(s)), b, t)

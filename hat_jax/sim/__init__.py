@@ -2,7 +2,8 @@
 
 `catalog.World.generate(seed)` draws the product catalog; `viewers.sample_tasks` draws viewer
 requests (`types.Task`, with ground truth); `tools.WORLD_FUNCTIONS` are the tool functions over the
-catalog and `executor.execute_tool_call` runs a model's call under a harness (never raising on model
+catalog (each declared once with `@world_tool`), `world_harness` what a harness may bind to here and the
+shipped production harness, and `executor.execute_tool_call` runs a model's call under a harness (never raising on model
 input); `env.LiveStreamEnv` is the episode environment (`reset` / `step` / `step_text`, tool rounds,
 fault injection, hooks); `oracle.OracleTeacher` is the embedded strong teacher and
 `policy.OpenAIChatPolicy` a real model over an OpenAI-compatible API; `rollout.rollout` and

@@ -55,10 +55,10 @@ from mcp.server import Server, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
 from hat_jax.cli_types import int_in
-from hat_jax.harness.loader import load_harness
 from hat_jax.harness.state import HarnessState
 from hat_jax.sim.catalog import MAX_PRODUCTS, MIN_PRODUCTS, World
 from hat_jax.sim.executor import check_fault_rates, draw_fault, execute_tool_call
+from hat_jax.sim.world_harness import load_world_harness
 
 logger = logging.getLogger("hat_jax.sim.mcp_server")
 
@@ -270,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"mcp_server: error: --harness {args.harness}: no such file or directory", file=sys.stderr)
         return 2
     try:
-        harness = load_harness(path)
+        harness = load_world_harness(path)
     except Exception as exc:  # HarnessError names file and field; anything else is reported the same way
         print(f"mcp_server: error: --harness {args.harness}: {exc}", file=sys.stderr)
         return 2

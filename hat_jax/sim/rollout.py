@@ -110,7 +110,7 @@ def rejection_sample(
     Args:
       env, policy, harness: as in `rollout`.
       tasks: the tasks, each tried until one attempt is kept or `attempts` are used.
-      judge: episode -> judgement (e.g. `functools.partial(judge_episode, harness=h, world=w)`).
+      judge: episode -> judgement (e.g. `functools.partial(judge_episode, harness=h)`).
       keep: judgement -> bool.
       attempts: tries per task (>= 1). Attempt k > 0 uses `policy.with_seed(seed * 1000 + k)` when
         the policy has `with_seed` (an oracle or a seeded server); otherwise the same policy.

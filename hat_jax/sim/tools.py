@@ -1,4 +1,4 @@
-"""The world's tool functions: pure functions over the catalog, one per `hat_jax.sim.types.TOOL_IMPLS`.
+"""The world's tool functions: pure functions over the catalog, each declared once with `@world_tool`.
 
 Each function takes the `World` and canonical keyword arguments (product_id, sku_id, query,
 category, max_results, region, height_cm, weight_kg) and returns a JSON-serialisable dict with
@@ -9,8 +9,11 @@ with details.errors naming the argument); the executor turns every `ToolError` i
 error result. Nothing here depends on a harness: harness tools bind to these functions by
 `Tool.impl` and map their surface arguments to the canonical names with `Tool.arg_paths`.
 
-`WORLD_FUNCTIONS[impl]` is a `WorldFunction`: callable as `fn(world, **canonical_args)` and carrying
-the canonical JSON Schema of its arguments (what the production harness's tools start from).
+`@world_tool(arg=JSON Schema, ...)` registers a function in `WORLD_FUNCTIONS`: its name is the impl a
+harness tool binds to, its signature says which arguments are required, and the canonical JSON Schema of
+its arguments (`CANONICAL_SCHEMAS`, what the production harness's tools start from), `TOOL_IMPLS` and what
+a harness may bind to (`hat_jax.sim.world_harness.WORLD_BINDINGS`) all derive from it, so a tool's arguments
+are declared only here. `WORLD_FUNCTIONS[impl]` is a `WorldFunction`, callable as `fn(world, **canonical_args)`.
 Tools bound to "distractor:<name>" are served by `distractor_result`, a plausible answer that no
 task needs (live-room heat, weather, courier list, ...).
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -47,46 +51,11 @@ ZONES: dict[str, tuple[str, ...]] = {
 PROVINCE_ZONE = {p: z for z, ps in ZONES.items() for p in ps}
 REMOTE = ("新疆", "西藏", "青海", "内蒙古")
 CITIES = {
-    "杭州": "浙江",
-    "宁波": "浙江",
-    "义乌": "浙江",
-    "温州": "浙江",
-    "广州": "广东",
-    "深圳": "广东",
-    "东莞": "广东",
-    "佛山": "广东",
-    "南京": "江苏",
-    "苏州": "江苏",
-    "无锡": "江苏",
-    "成都": "四川",
-    "武汉": "湖北",
-    "长沙": "湖南",
-    "郑州": "河南",
-    "西安": "陕西",
-    "青岛": "山东",
-    "济南": "山东",
-    "厦门": "福建",
-    "泉州": "福建",
-    "福州": "福建",
-    "合肥": "安徽",
-    "南昌": "江西",
-    "沈阳": "辽宁",
-    "大连": "辽宁",
-    "长春": "吉林",
-    "哈尔滨": "黑龙江",
-    "昆明": "云南",
-    "贵阳": "贵州",
-    "南宁": "广西",
-    "海口": "海南",
-    "三亚": "海南",
-    "石家庄": "河北",
-    "太原": "山西",
-    "兰州": "甘肃",
-    "西宁": "青海",
-    "银川": "宁夏",
-    "乌鲁木齐": "新疆",
-    "拉萨": "西藏",
-    "呼和浩特": "内蒙古",
+    "杭州": "浙江", "宁波": "浙江", "义乌": "浙江", "温州": "浙江", "广州": "广东", "深圳": "广东", "东莞": "广东", "佛山": "广东", "南京": "江苏",
+    "苏州": "江苏", "无锡": "江苏", "成都": "四川", "武汉": "湖北", "长沙": "湖南", "郑州": "河南", "西安": "陕西", "青岛": "山东", "济南": "山东",
+    "厦门": "福建", "泉州": "福建", "福州": "福建", "合肥": "安徽", "南昌": "江西", "沈阳": "辽宁", "大连": "辽宁", "长春": "吉林",
+    "哈尔滨": "黑龙江", "昆明": "云南", "贵阳": "贵州", "南宁": "广西", "海口": "海南", "三亚": "海南", "石家庄": "河北", "太原": "山西",
+    "兰州": "甘肃", "西宁": "青海", "银川": "宁夏", "乌鲁木齐": "新疆", "拉萨": "西藏", "呼和浩特": "内蒙古"
 }
 _REGION_SUFFIXES = ("维吾尔自治区", "壮族自治区", "回族自治区", "特别行政区", "自治区", "省", "市")
 
@@ -126,6 +95,69 @@ class ToolError(Exception):
         return cls(message, kind="invalid_arguments", details={"errors": [{"path": path, "message": message}]})
 
 
+@dataclasses.dataclass(frozen=True)
+class WorldFunction:
+    """A world tool function with its canonical argument schema; call it as `fn(world, **args)`."""
+
+    impl: str
+    fn: Callable[..., dict]
+    input_schema: Mapping[str, Any]
+    description: str
+
+    def __call__(self, world: World, **canonical_args: Any) -> dict:
+        return self.fn(world, **canonical_args)
+
+
+WORLD_FUNCTIONS: dict[str, WorldFunction] = {}
+
+
+def world_tool(**arguments: Mapping[str, Any]):
+    """Declares the decorated function a world tool, registered in `WORLD_FUNCTIONS` under its name.
+
+    Args:
+      arguments: canonical argument name -> its JSON Schema (type, description, bounds), one for each
+        parameter of the function after `world`; a parameter without a default is a required argument.
+    The tool's input schema is {"type": "object", "properties": (in the signature's order), "required": [...],
+    "additionalProperties": False}, its description the docstring's first line.
+
+    Raises:
+      ValueError (at import, naming the function and the argument): a name already registered, a parameter
+        without a schema or a schema without a parameter, a schema without "type", no docstring.
+    """
+
+    def register(fn: Callable[..., dict]) -> Callable[..., dict]:
+        name = fn.__name__
+        params = list(inspect.signature(fn).parameters.values())
+        if name in WORLD_FUNCTIONS:
+            raise ValueError(f"world tool {name!r}: already registered")
+        if not params or params[0].name != "world":
+            raise ValueError(f"world tool {name!r}: expected `world` as its first parameter")
+        names = [p.name for p in params[1:]]
+        for arg in names:
+            if arg not in arguments:
+                raise ValueError(f"world tool {name!r}: argument {arg!r} has no schema in @world_tool(...)")
+        for arg, schema in arguments.items():
+            if arg not in names:
+                raise ValueError(f"world tool {name!r}: @world_tool names {arg!r}, which is not a parameter")
+            if not isinstance(schema, Mapping) or "type" not in schema:
+                raise ValueError(f"world tool {name!r}: the schema of {arg!r} needs a 'type'")
+        if not (fn.__doc__ or "").strip():
+            raise ValueError(f"world tool {name!r}: needs a docstring (its first line is the tool's description)")
+        schema = {
+            "type": "object",
+            "properties": {arg: dict(arguments[arg]) for arg in names},
+            "required": [p.name for p in params[1:] if p.default is p.empty],
+            "additionalProperties": False,
+        }
+        WORLD_FUNCTIONS[name] = WorldFunction(name, fn, schema, fn.__doc__.strip().splitlines()[0])
+        return fn
+
+    return register
+
+
+_PID = {"type": "string", "description": "商品ID，如 P0001"}
+
+
 def _product(world: World, product_id: str):
     product = world.product(product_id)
     if product is None:
@@ -154,6 +186,11 @@ def resolve_region(region: str) -> str:
     raise ToolError(f"无法识别的地区（region={region!r}），请提供省份或城市名", details={"region": region})
 
 
+@world_tool(
+    query={"type": "string", "description": "搜索关键词，如商品名"},
+    category={"type": "string", "description": "类目，如 女装"},
+    max_results={"type": "integer", "minimum": 1, "maximum": 20, "description": "最多返回几条"},
+)
 def search_products(world: World, query: str, category: str | None = None, max_results: int = 5) -> dict:
     """Products matching `query` (see the module docstring for the ranking), best first."""
     q = "".join(query.split()).lower()
@@ -178,6 +215,7 @@ def search_products(world: World, query: str, category: str | None = None, max_r
     return {"query": query, "total": len(scored), "products": hits}
 
 
+@world_tool(product_id=_PID)
 def get_product_detail(world: World, product_id: str) -> dict:
     """Name, category, material, origin, specs, SKU dimensions and SKU ids of a product."""
     p = _product(world, product_id)
@@ -201,6 +239,7 @@ def get_product_detail(world: World, product_id: str) -> dict:
     }
 
 
+@world_tool(product_id=_PID)
 def get_price(world: World, product_id: str) -> dict:
     """List price and live-room price (CNY)."""
     p = _product(world, product_id)
@@ -214,6 +253,7 @@ def get_price(world: World, product_id: str) -> dict:
     }
 
 
+@world_tool(sku_id={"type": "string", "description": "SKU ID，格式 商品ID-规格1-规格2，如 P0001-黑色-M"})
 def get_stock(world: World, sku_id: str) -> dict:
     """Stock of one SKU ("<product id>-<v1>-<v2>")."""
     found = world.sku(sku_id)
@@ -241,6 +281,7 @@ def get_stock(world: World, sku_id: str) -> dict:
     }
 
 
+@world_tool(product_id=_PID)
 def get_promotions(world: World, product_id: str) -> dict:
     """Promotions (满减, 直播间专享价) and coupons of a product."""
     p = _product(world, product_id)
@@ -266,6 +307,7 @@ def shipping_days(ship_from_province: str, province: str, dispatch_hours: int) -
     return lo + extra, hi + extra
 
 
+@world_tool(product_id=_PID, region={"type": "string", "description": "收货省份或城市，如 广东"})
 def estimate_shipping(world: World, product_id: str, region: str) -> dict:
     """Delivery days and fee of one item of the product to `region` (province or city)."""
     from hat_jax.sim.catalog import SHIP_FROM
@@ -319,6 +361,11 @@ def recommend_size(
     return list(chart)[-1], "超出尺码表范围，已推荐最大码，建议联系客服确认"
 
 
+@world_tool(
+    product_id=_PID,
+    height_cm={"type": "integer", "minimum": 40, "maximum": 230, "description": "身高（厘米）"},
+    weight_kg={"type": "integer", "minimum": 5, "maximum": 200, "description": "体重（公斤）"},
+)
 def get_size_chart(world: World, product_id: str, height_cm: int | None = None, weight_kg: int | None = None) -> dict:
     """Size chart rows and, for apparel with height/weight given, the recommended size."""
     p = _product(world, product_id)
@@ -346,6 +393,7 @@ def get_size_chart(world: World, product_id: str, height_cm: int | None = None, 
     return {"product_id": p.product_id, "name": p.name, "size_chart": rows, "recommended_size": size, "note": note}
 
 
+@world_tool(product_id=_PID)
 def get_after_sales_policy(world: World, product_id: str) -> dict:
     """Return window, 运费险, warranty and notes."""
     p = _product(world, product_id)
@@ -362,93 +410,8 @@ def get_after_sales_policy(world: World, product_id: str) -> dict:
     }
 
 
-_PID = {"type": "string", "description": "商品ID，如 P0001"}
-CANONICAL_SCHEMAS: dict[str, dict] = {
-    "search_products": {
-        "type": "object",
-        "properties": {
-            "query": {"type": "string", "description": "搜索关键词，如商品名"},
-            "category": {"type": "string", "description": "类目，如 女装"},
-            "max_results": {"type": "integer", "minimum": 1, "maximum": 20, "description": "最多返回几条"},
-        },
-        "required": ["query"],
-        "additionalProperties": False,
-    },
-    "get_product_detail": {
-        "type": "object",
-        "properties": {"product_id": _PID},
-        "required": ["product_id"],
-        "additionalProperties": False,
-    },
-    "get_price": {
-        "type": "object",
-        "properties": {"product_id": _PID},
-        "required": ["product_id"],
-        "additionalProperties": False,
-    },
-    "get_stock": {
-        "type": "object",
-        "properties": {"sku_id": {"type": "string", "description": "SKU ID，格式 商品ID-规格1-规格2，如 P0001-黑色-M"}},
-        "required": ["sku_id"],
-        "additionalProperties": False,
-    },
-    "get_promotions": {
-        "type": "object",
-        "properties": {"product_id": _PID},
-        "required": ["product_id"],
-        "additionalProperties": False,
-    },
-    "estimate_shipping": {
-        "type": "object",
-        "properties": {"product_id": _PID, "region": {"type": "string", "description": "收货省份或城市，如 广东"}},
-        "required": ["product_id", "region"],
-        "additionalProperties": False,
-    },
-    "get_size_chart": {
-        "type": "object",
-        "properties": {
-            "product_id": _PID,
-            "height_cm": {"type": "integer", "minimum": 40, "maximum": 230, "description": "身高（厘米）"},
-            "weight_kg": {"type": "integer", "minimum": 5, "maximum": 200, "description": "体重（公斤）"},
-        },
-        "required": ["product_id"],
-        "additionalProperties": False,
-    },
-    "get_after_sales_policy": {
-        "type": "object",
-        "properties": {"product_id": _PID},
-        "required": ["product_id"],
-        "additionalProperties": False,
-    },
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class WorldFunction:
-    """A world tool function with its canonical argument schema; call it as `fn(world, **args)`."""
-
-    impl: str
-    fn: Callable[..., dict]
-    input_schema: Mapping[str, Any]
-    description: str
-
-    def __call__(self, world: World, **canonical_args: Any) -> dict:
-        return self.fn(world, **canonical_args)
-
-
-WORLD_FUNCTIONS: dict[str, WorldFunction] = {
-    f.__name__: WorldFunction(f.__name__, f, CANONICAL_SCHEMAS[f.__name__], (f.__doc__ or "").splitlines()[0])
-    for f in (
-        search_products,
-        get_product_detail,
-        get_price,
-        get_stock,
-        get_promotions,
-        estimate_shipping,
-        get_size_chart,
-        get_after_sales_policy,
-    )
-}
+CANONICAL_SCHEMAS: dict[str, dict] = {impl: dict(f.input_schema) for impl, f in WORLD_FUNCTIONS.items()}
+TOOL_IMPLS: tuple[str, ...] = tuple(WORLD_FUNCTIONS)
 _VALIDATORS = {k: jsonschema.Draft202012Validator(v) for k, v in CANONICAL_SCHEMAS.items()}
 
 _DISTRACTOR_PAYLOADS = (

@@ -1,4 +1,4 @@
-"""The live-stream world's shared record types: intents, world skills and tools, tasks, episodes.
+"""The live-stream world's shared record types: intents, world skills, tasks, episodes.
 
 Every part of the world speaks these types: the viewer-message generator makes `Task`s, the episode
 environment records an `Episode`, the oracle teacher writes one, the judges score one, the data
@@ -44,18 +44,6 @@ SKILL_KEYS: tuple[str, ...] = (
     "after_sales",
     "identity_compliance",
     "engagement",
-)
-
-# World tool functions (`Tool.impl`), besides the skill loader "load_skill".
-TOOL_IMPLS: tuple[str, ...] = (
-    "search_products",  # (query: str, category?: str, max_results?: int) -> matching products
-    "get_product_detail",  # (product_id: str) -> name, category, material, attributes, SKUs
-    "get_price",  # (product_id: str) -> list price, live price
-    "get_stock",  # (sku_id: str) -> stock count
-    "get_promotions",  # (product_id: str) -> promotions and coupons
-    "estimate_shipping",  # (product_id: str, region: str) -> days, fee
-    "get_size_chart",  # (product_id: str, height_cm?: int, weight_kg?: int) -> chart, recommended size
-    "get_after_sales_policy",  # (product_id: str) -> return days, free returns, warranty
 )
 
 Behaviour = Literal["answer", "disclose_ai", "deflect", "refuse", "apologise_and_answer"]

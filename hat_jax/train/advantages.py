@@ -17,6 +17,9 @@ same-group matrix, so nothing depends on the number of groups and everything is 
 - Dr.GRPO (Liu et al. 2025, arXiv 2503.20783; Tunix `compute_drgrpo_advantages`):
       A = R - mean_group R   (no std division; pair with aggregation "seq-mean-token-sum-norm").
 
+Each estimator is registered with its eps (`register_advantage_estimator`); `RLConfig.estimator` names one
+and the RL step's metrics use its eps, so a new estimator is one decorated function here.
+
 Conventions:
 - std is the *sample* std (ddof = 1), as Tunix (`std(ddof=1)`), verl and NVlabs (`torch.std`) and TRL
   (`nanstd`, Bessel-corrected) compute it.
@@ -35,7 +38,9 @@ Conventions:
 
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple
+import inspect
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -145,6 +150,58 @@ def group_normalise(x: jax.Array, valid: jax.Array, group_ids: jax.Array, eps: f
     return jnp.where(valid & ~constant, out, 0.0)
 
 
+class AdvantageEstimator(NamedTuple):
+    """A registered advantage estimator.
+
+    name: the `RLConfig.estimator` value. fn: `fn(components, group_ids, weights[, eps=]) -> Advantages`.
+    eps: what its group normalisation adds to the std (passed as `eps=`), or None for an estimator that
+      only centres (it takes no `eps`); the RL step's reward/*_norm metrics use the same eps.
+    """
+
+    name: str
+    fn: Callable[..., Advantages]
+    eps: float | None
+
+    def __call__(self, components, group_ids, weights=None, **kwargs) -> Advantages:
+        if self.eps is not None:
+            kwargs.setdefault("eps", self.eps)
+        return self.fn(components, group_ids, weights, **kwargs)
+
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+_NO_EPS = object()
+
+
+def register_advantage_estimator(name: str, *, eps: float | None = _NO_EPS):
+    """Registers the decorated function as advantage estimator `name` with its normalisation eps.
+
+    Args:
+      name: the `RLConfig.estimator` value. eps: the eps the estimator's group normalisation adds to the std
+        (float > 0), or None when it does not divide by a std; the function takes an `eps` keyword exactly
+        when eps is not None.
+    Raises:
+      ValueError (at import, naming the estimator and the key): a name already registered, eps missing or
+        not a positive number or None, a function whose `eps` keyword does not fit it.
+    """
+
+    def register(fn):
+        if name in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"advantage estimator {name!r}: already registered")
+        if eps is _NO_EPS:
+            raise ValueError(f"advantage estimator {name!r}: eps missing (the std eps, or None for centring only)")
+        if eps is not None and (isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0):
+            raise ValueError(f"advantage estimator {name!r}: eps = {eps!r}; expected a number > 0 or None")
+        takes_eps = "eps" in inspect.signature(fn).parameters
+        if takes_eps != (eps is not None):
+            raise ValueError(f"advantage estimator {name!r}: eps = {eps!r} but {fn.__name__} "
+                             + ("takes an 'eps' keyword" if takes_eps else "takes no 'eps' keyword"))
+        ADVANTAGE_ESTIMATORS[name] = AdvantageEstimator(name, fn, None if eps is None else float(eps))
+        return fn
+
+    return register
+
+
+@register_advantage_estimator("grpo", eps=GRPO_EPS)
 def grpo_advantages(components, group_ids, weights=None, *, eps: float = GRPO_EPS) -> Advantages:
     """GRPO: weighted sum of the components, then group normalisation (sample std + eps).
 
@@ -157,6 +214,7 @@ def grpo_advantages(components, group_ids, weights=None, *, eps: float = GRPO_EP
     return _result(group_normalise(rewards, valid, gid, eps), valid, finite, rewards)
 
 
+@register_advantage_estimator("gdpo", eps=GDPO_EPS)
 def gdpo_advantages(components, group_ids, weights=None, *, eps: float = GDPO_EPS) -> Advantages:
     """GDPO: each component normalised within its group, weighted sum, then normalised over the batch.
 
@@ -175,6 +233,7 @@ def gdpo_advantages(components, group_ids, weights=None, *, eps: float = GDPO_EP
     return _result(adv, valid, finite, jnp.sum(w[:, None] * comps, axis=0))
 
 
+@register_advantage_estimator("dr_grpo", eps=None)
 def dr_grpo_advantages(components, group_ids, weights=None) -> Advantages:
     """Dr.GRPO: weighted sum minus its group mean, no std division (removes the difficulty bias).
 
@@ -185,16 +244,14 @@ def dr_grpo_advantages(components, group_ids, weights=None) -> Advantages:
     return _result(group_normalise(rewards, valid, gid, None), valid, finite, rewards)
 
 
-ADVANTAGE_ESTIMATORS = {"grpo": grpo_advantages, "gdpo": gdpo_advantages, "dr_grpo": dr_grpo_advantages}
-
-
-def get_advantage_estimator(name: str):
-    """The estimator called `name`; ValueError listing `ADVANTAGE_ESTIMATORS` if unknown."""
+def get_advantage_estimator(name: str) -> AdvantageEstimator:
+    """The estimator registered as `name`; ValueError listing `ADVANTAGE_ESTIMATORS` if unknown."""
     if name not in ADVANTAGE_ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {name!r}; valid: {', '.join(ADVANTAGE_ESTIMATORS)}")
     return ADVANTAGE_ESTIMATORS[name]
 
 
 def compute_advantages(name: str, components, group_ids, weights=None, **kwargs) -> Advantages:
-    """`ADVANTAGE_ESTIMATORS[name](components, group_ids, weights, **kwargs)` with a clear error."""
+    """Estimator `name` on (components [K, N] / [N] / {name: [N]}, group_ids [N], weights) with its
+    registered eps (a keyword `eps` in `kwargs` overrides it); ValueError for an unknown name."""
     return get_advantage_estimator(name)(components, group_ids, weights, **kwargs)

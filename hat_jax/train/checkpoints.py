@@ -57,9 +57,10 @@ class ConfigMismatchError(ValueError):
     """Resuming with a stage config whose hash differs from the checkpoint's."""
 
 
-# Top-level stage-config fields that say where a run executes, not what it computes: a resume compares the
-# hash of the current config with these fields taken from the stored one, so a run resumes on another mesh.
-PLACEMENT_FIELDS = ("mesh",)
+# Top-level stage-config fields that say where and with which kernels a run executes, not what it computes: a
+# resume compares the hash of the current config with these fields taken from the stored one, so a run resumes
+# on another mesh or backend.
+PLACEMENT_FIELDS = ("mesh", "attention_impl", "moe_impl")
 
 
 def config_hash(config: Mapping[str, Any]) -> str:

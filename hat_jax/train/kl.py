@@ -34,7 +34,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from hat_jax.rollout.logprobs import chunk_plan, running_logsumexp, shift_pad, vocab_chunk_logits
+from hat_jax.rollout.logprobs import (chunk_plan, next_token_values, predicting_rows, running_logsumexp, shift_pad,
+                                     vocab_chunk_logits)
 from hat_jax.train.losses import aggregate, check_aggregation, clipped_policy_loss, masked_mean
 
 OPD_LOSSES = ("sampled", "exact")
@@ -113,13 +114,13 @@ def reverse_kl_per_token_chunked(student_hidden: jax.Array, student_kernel: jax.
     Returns:
         [B, T] float32, as `reverse_kl_per_token`.
     """
-    b, t, hs = student_hidden.shape
+    b, t, _ = student_hidden.shape
     if teacher_hidden.shape[:2] != (b, t) or student_kernel.shape[1] != teacher_kernel.shape[1]:
         raise ValueError(f"student hidden {student_hidden.shape} / kernel {student_kernel.shape} and teacher hidden "
                          f"{teacher_hidden.shape} / kernel {teacher_kernel.shape}: need the same [B, T] and V")
     size, n_chunks = chunk_plan(student_kernel.shape[1], chunk)
-    xs = student_hidden[:, :-1].reshape(-1, hs)
-    xt = jax.lax.stop_gradient(teacher_hidden[:, :-1].reshape(-1, teacher_hidden.shape[-1]))
+    xs = predicting_rows(student_hidden)
+    xt = jax.lax.stop_gradient(predicting_rows(teacher_hidden))
     kt = jax.lax.stop_gradient(teacher_kernel)
 
     def body(carry, i):
@@ -136,7 +137,7 @@ def reverse_kl_per_token_chunked(student_hidden: jax.Array, student_kernel: jax.
     (ms, ss, mt, st, w), _ = jax.lax.scan(jax.checkpoint(body, prevent_cse=False), (neg, zero, neg, zero, zero),
                                           jnp.arange(n_chunks))
     kl = w / ss - (ms + jnp.log(ss)) + (mt + jnp.log(st))
-    return shift_pad(kl.reshape(b, t - 1))
+    return next_token_values(kl, b, t)
 
 
 def exact_reverse_kl(student, teacher, action_mask: jax.Array, *, chunk: int | None = None,

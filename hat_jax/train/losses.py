@@ -29,7 +29,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from hat_jax.rollout.logprobs import running_logsumexp, token_logprobs, token_logprobs_chunked, vocab_chunk_logits
+from hat_jax.rollout.logprobs import (next_token_values, predicting_rows, running_logsumexp, token_logprobs,
+                                     token_logprobs_chunked, vocab_chunk_logits)
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
@@ -70,10 +71,10 @@ def token_entropy_chunked(hidden: jax.Array, kernel: jax.Array, chunk: int, temp
     Returns:
         [B, T] float32.
     """
-    b, t, h = hidden.shape
+    b, t, _ = hidden.shape
     vocab = kernel.shape[1]
     size = min(int(chunk), vocab)
-    x = jax.lax.stop_gradient(hidden[:, :-1].reshape(-1, h))
+    x = jax.lax.stop_gradient(predicting_rows(hidden))
     k = jax.lax.stop_gradient(kernel)
 
     def body(carry, i):
@@ -85,7 +86,7 @@ def token_entropy_chunked(hidden: jax.Array, kernel: jax.Array, chunk: int, temp
     rows = x.shape[0]
     init = (jnp.full((rows,), -jnp.inf, jnp.float32), jnp.zeros((rows,), jnp.float32), jnp.zeros((rows,), jnp.float32))
     (m, s, w), _ = jax.lax.scan(body, init, jnp.arange(-(-vocab // size)))
-    return jnp.pad((m + jnp.log(s) - w / s).reshape(b, t - 1), ((0, 0), (1, 0)))
+    return next_token_values(m + jnp.log(s) - w / s, b, t)
 
 
 def masked_nll_sum(logprobs: jax.Array, loss_mask: jax.Array,

@@ -111,7 +111,7 @@ class OPDConfig:
       clip_eps: PPO clip of the sampled loss (None = no clip). kl_coef: scale of the KL (advantage or loss).
       aggregation: `hat_jax.train.losses.AGGREGATIONS`. vocab_chunk: None = full logits; else the
         vocabulary chunk of the chunked logprob/KL/entropy computations.
-      optim, accum_steps, lb_coef, compute_dtype, param_dtype, mu_dtype, remat_policy, scan_layers, steps, log_every, ckpt_every,
+      optim, accum_steps, lb_coef, compute_dtype, param_dtype, mu_dtype, remat_policy, scan_layers, attention_impl, moe_impl, steps, log_every, ckpt_every,
         max_to_keep, seed, mesh: as SFT. The frozen teacher is held in compute_dtype.
     """
 
@@ -149,6 +149,8 @@ class OPDConfig:
     mu_dtype: str | None = None
     remat_policy: str = "none"
     scan_layers: bool = False
+    attention_impl: str = "auto"
+    moe_impl: str = "blocked"
     steps: int = 100
     log_every: int = 10
     ckpt_every: int = 50
@@ -350,7 +352,7 @@ def run_opd(config: OPDConfig, out_dir: str | Path, *, resume: bool = False, for
     state, _ = run.start(model_config, optimizer, mesh, params, config.seed, config.param_dtype)
     dtype = COMPUTE_DTYPES[config.compute_dtype]
     model = Qwen3_5MoeForCausalLM(model_config, dtype=dtype, **model_options(config))
-    teacher_model = Qwen3_5MoeForCausalLM(teacher_config, dtype=dtype, scan_layers=config.scan_layers)
+    teacher_model = Qwen3_5MoeForCausalLM(teacher_config, dtype=dtype, **model_options(config, train=False))
     train_step = make_train_step(opd_loss_fn(model, config), optimizer, lb_coef=config.lb_coef,
                                  schedule=lr_schedule(config.optim), shardings=run.shardings)
     batches = OPDBatches(config, model_config, tokenizer, pool, teacher_params, teacher_model)

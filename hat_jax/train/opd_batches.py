@@ -111,9 +111,9 @@ def live_pool(config: OPDConfig, tokenizer) -> LiveTasks:
         than max_new_tokens below seq_len (names both and the live presets; HSA prompts are longer still).
     """
     from hat_jax.data.world_data import rl_tasks, world_for
-    from hat_jax.harness.loader import production_harness
     from hat_jax.harness.render import render_ids
     from hat_jax.sim.env import LiveStreamEnv
+    from hat_jax.sim.world_harness import production_harness
 
     tasks = rl_tasks(config.world)
     if len(tasks) < config.prompts_per_step:

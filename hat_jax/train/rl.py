@@ -119,12 +119,13 @@ class RLConfig:
       max_turns: model turns per episode. seq_len: cap on an episode's tokens.
       rollout_bucket: prompt/sequence padding bucket of the rollouts; train_bucket: the update's T is rounded up
         to a multiple of it (capped at seq_len), fewer shapes = fewer compilations.
-      estimator: "grpo" | "gdpo" | "dr_grpo". reward: weights and the CoT penalty shape.
+      estimator: a name of `ADVANTAGE_ESTIMATORS` ("grpo", "gdpo", "dr_grpo", ...). reward: weights and the CoT
+        penalty shape.
       eps_low, eps_high: clip range. beta: k3 KL coefficient. aggregation: loss aggregation mode.
       routing_replay: force sampling-time expert ids in the update. optim: AdamW + schedule.
       lb_coef: MoE load-balancing coefficient. ppo_epochs, ppo_minibatches: updates per rollout batch.
       accum_steps: micro-batches per minibatch. compute_dtype: "float32" | "bfloat16" (rollouts and update;
-        the frozen reference is held in it). param_dtype, mu_dtype, remat_policy, scan_layers, vocab_chunk: as `SFTConfig`
+        the frozen reference is held in it). param_dtype, mu_dtype, remat_policy, scan_layers, attention_impl, moe_impl, vocab_chunk: as `SFTConfig`
         (vocab_chunk: the policy's and the reference's logprobs and entropy).
       log_every, ckpt_every, max_to_keep, seed, mesh: as `SFTConfig`.
     """
@@ -162,6 +163,8 @@ class RLConfig:
     mu_dtype: str | None = None
     remat_policy: str = "none"
     scan_layers: bool = False
+    attention_impl: str = "auto"
+    moe_impl: str = "blocked"
     vocab_chunk: int | None = None
     log_every: int = 1
     ckpt_every: int = 10
@@ -276,9 +279,9 @@ class RLBatches:
     """
 
     def __init__(self, config: RLConfig, model_config, tokenizer, ref_params=None, dtype=None, sampler=None):
-        from hat_jax.harness.loader import production_harness
         from hat_jax.model.sampler import SamplingConfig
         from hat_jax.rollout import JaxSampler, RolloutConfig
+        from hat_jax.sim.world_harness import production_harness
 
         self.config, self.model_config, self.tokenizer = config, model_config, tokenizer
         self.tasks = rl_tasks(config.world)
@@ -298,8 +301,8 @@ class RLBatches:
         self.ref_params = ref_params
         self.ref_fn = None
         if config.beta > 0:
-            self.ref_fn = make_ref_logprobs(Qwen3_5MoeForCausalLM(model_config, dtype=self.dtype, **model_options(config)),
-                                            config.temperature, config.vocab_chunk)
+            ref_model = Qwen3_5MoeForCausalLM(model_config, dtype=self.dtype, **model_options(config, train=False))
+            self.ref_fn = make_ref_logprobs(ref_model, config.temperature, config.vocab_chunk)
         self.last_step = 0
 
     def rollout(self, params, step: int):

@@ -18,10 +18,9 @@ from hat_jax.judges.rewards import COMPONENTS, RewardConfig, reward_components
 from hat_jax.judges.rules import judge_episode
 from hat_jax.rollout.sampler import round_up
 from hat_jax.rollout.turns import reasoning_tokens
-from hat_jax.train.advantages import GDPO_EPS, GRPO_EPS, compute_advantages, group_normalise
+from hat_jax.train.advantages import get_advantage_estimator, group_normalise
 
 OUTCOMES = ("replied", "no_reply", "round_limit", "malformed", "truncated")  # `hat_jax.sim.types.Episode.outcome`
-NORM_EPS = {"grpo": GRPO_EPS, "gdpo": GDPO_EPS, "dr_grpo": None}    # the estimator's group normalisation
 
 
 def judge_rewards(rollout, harnesses: Sequence[Any], tokenizer: Any,
@@ -81,7 +80,8 @@ def host_batch(rollout, components: Mapping[str, np.ndarray], counts: Sequence[S
     gid = np.asarray(rollout.group_ids)
     weights = [float(config.reward.weights.get(k, 0.0)) for k in COMPONENTS]
     comps = {k: np.asarray(components[k], np.float32) for k in COMPONENTS}
-    adv = compute_advantages(config.estimator, comps, gid, weights)
+    estimator = get_advantage_estimator(config.estimator)
+    adv = estimator(comps, gid, weights)
     valid = np.asarray(adv.valid, bool)
     advantages = np.asarray(adv.advantages, np.float32)
 
@@ -108,7 +108,7 @@ def host_batch(rollout, components: Mapping[str, np.ndarray], counts: Sequence[S
         batch["ref_logprobs"] = np.concatenate(parts).astype(np.float32)
         t_ref = time.perf_counter() - t0
 
-    eps = NORM_EPS[config.estimator]
+    eps = estimator.eps  # the estimator's group normalisation (None: centring only)
     metrics: dict[str, float] = {}
     for k in COMPONENTS:
         metrics[f"reward/{k}"] = _mean(comps[k][valid])

@@ -84,6 +84,9 @@ class SFTConfig:
         Adam moment's dtype (None: param_dtype). remat_policy: how each decoder layer is
         rematerialised in the backward pass (`hat_jax.model.transformer.REMAT_POLICIES`; "none", "full", ...).
         scan_layers: scan over the repeating layer block (compile time flat in depth; same results).
+        attention_impl: `hat_jax.model.attention.ATTENTION_IMPLS` ("auto": splash on TPU, cuDNN on GPU, XLA on
+        CPU); moe_impl: the expert matmuls (`hat_jax.model.moe.EXPERT_IMPLS`; "megablox" on TPU, "ragged_dot" on GPU). Both
+        compute the same math: like the mesh, they are not part of the config hash.
         vocab_chunk: None = full [B, T, V] logits; else the cross-entropy over vocabulary chunks of this size.
       log_every, ckpt_every, max_to_keep: metrics/checkpoint intervals and checkpoints kept.
       seed: init and step RNG. init: checkpoint to start from (None = fresh init).
@@ -105,6 +108,8 @@ class SFTConfig:
     mu_dtype: str | None = None
     remat_policy: str = "none"
     scan_layers: bool = False
+    attention_impl: str = "auto"
+    moe_impl: str = "blocked"
     vocab_chunk: int | None = None
     log_every: int = 10
     ckpt_every: int = 50
@@ -189,8 +194,8 @@ def with_hsa(config: SFTConfig, on: bool) -> SFTConfig:
 
 def _render_record(record: dict) -> str:
     from hat_jax.data.corpus import render_chat
-    from hat_jax.harness.loader import production_harness
     from hat_jax.harness.render import render_messages
+    from hat_jax.sim.world_harness import production_harness
 
     h = production_harness()
     return render_chat(render_messages(h, record["messages"]), h.openai_tools())
@@ -340,7 +345,7 @@ def run_sft(config: SFTConfig, out_dir: str | Path, *, resume: bool = False, for
     params = _initial_params(config, model_config, mesh) if run.existing is None else None  # fail fast on a bad --init
     records, _ = sft_records(config.world)
     tokenizer = sft_tokenizer(config, records, out)
-    from hat_jax.harness.loader import production_harness
+    from hat_jax.sim.world_harness import production_harness
 
     dataset = sft_dataset(records, {PRODUCTION: production_harness()}, tokenizer, config.data)
     batches = sft_batches(dataset, config.data)

@@ -37,6 +37,7 @@ from typing import Any
 import jax
 
 from hat_jax.model.params import COMPUTE_DTYPES, params_shapes
+from hat_jax.model.sharding import mesh_context
 from hat_jax.train import checkpoints as ckpt
 from hat_jax.train.metrics import MetricsWriter
 from hat_jax.train.trainer import (LoopConfig, NonFiniteLossError, TrainState, init_train_state, place_state,
@@ -55,16 +56,28 @@ def check_dtypes(owner: str, **fields) -> None:
 
 
 def check_model_options(owner: str, config) -> None:
-    """Raises ValueError naming `owner.remat_policy` when it is not a `REMAT_POLICIES` key (listing them)."""
+    """Raises ValueError naming `owner.<field>` when remat_policy is not a `REMAT_POLICIES` key, attention_impl
+    not an `ATTENTION_IMPLS` name or moe_impl not an `EXPERT_IMPLS` key (listing the valid ones)."""
+    from hat_jax.model.attention import ATTENTION_IMPLS
+    from hat_jax.model.moe import EXPERT_IMPLS
     from hat_jax.model.transformer import check_remat_policy
     check_remat_policy(config.remat_policy, f"{owner}.remat_policy")
+    for field, valid in (("attention_impl", ATTENTION_IMPLS), ("moe_impl", EXPERT_IMPLS)):
+        if getattr(config, field) not in valid:
+            raise ValueError(f"{owner}.{field} = {getattr(config, field)!r}: expected one of {sorted(valid)}")
 
 
-def model_options(config) -> dict:
+def model_options(config, *, train: bool = True) -> dict:
     """The `Qwen3_5MoeForCausalLM` keyword options of a stage config: remat_policy and scan_layers (how the
-    trained model runs its layers; the defaults of configs without them: no remat, the Python loop)."""
-    return {"remat_policy": getattr(config, "remat_policy", "none"),
-            "scan_layers": bool(getattr(config, "scan_layers", False))}
+    trained model runs its layers; the defaults of configs without them: no remat, the Python loop),
+    attention_impl and moe_impl (which kernels compute the same math). `train=False` (a frozen teacher or
+    reference: forward only) leaves remat out."""
+    out = {"scan_layers": bool(getattr(config, "scan_layers", False)),
+           "attention_impl": getattr(config, "attention_impl", "xla"),
+           "moe_impl": getattr(config, "moe_impl", "blocked")}
+    if train:
+        out["remat_policy"] = getattr(config, "remat_policy", "none")
+    return out
 
 
 def config_json(config) -> dict:
@@ -95,6 +108,7 @@ class StageRun:
         self.out = Path(out_dir).resolve()
         if self.out.exists() and not self.out.is_dir():
             raise FileExistsError(f"--out {str(self.out)!r} is a file, not a run directory")
+        self.mesh = None  # set by `start`
         self.existing = ckpt.check_resumable(self.out) if resume else ckpt.latest_step(self.out)
         if self.existing is None and resume:
             self.log.debug("resume: %s holds no checkpoint yet; starting from scratch", self.out)
@@ -117,6 +131,7 @@ class StageRun:
         from hat_jax.train.sharded_init import init_state
 
         self.model_config = model_config
+        self.mesh = mesh
         dtype = COMPUTE_DTYPES[param_dtype]
         abstract = jax.eval_shape(lambda: init_train_state(params_shapes(model_config, dtype), optimizer,
                                                            jax.random.key(0)))
@@ -138,14 +153,16 @@ class StageRun:
             prepare: Callable[[Mapping[str, Any]], Mapping[str, jax.Array]],
             data_state: Callable[[], Any] = lambda: None,
             batch_metrics: Callable[[Mapping[str, Any]], dict] | None = None) -> TrainState:
-        """`run_stage` with this run's checkpointer and metrics writer (closed on any exit); the final state."""
+        """`run_stage` with this run's checkpointer and metrics writer (closed on any exit), inside the mesh given
+        to `start` (`mesh_context`: the steps traced there constrain their activations to it); the final state."""
         checkpointer = ckpt.StageCheckpointer(self.out, self.cfg_json, self.model_config, max_to_keep=max_to_keep)
         writer = MetricsWriter(self.out, resume_step=self.existing)
         if self.existing is None:
             writer.text(f"config/{self.name}", "```\n" + json.dumps(self.cfg_json, indent=1, sort_keys=True) + "\n```")
         try:
-            return run_stage(loop, state, batches, step_fn, prepare=prepare, checkpointer=checkpointer,
-                             data_state=data_state, writer=writer, batch_metrics=batch_metrics)
+            with mesh_context(self.mesh):
+                return run_stage(loop, state, batches, step_fn, prepare=prepare, checkpointer=checkpointer,
+                                 data_state=data_state, writer=writer, batch_metrics=batch_metrics)
         finally:
             checkpointer.close()
             writer.close()

@@ -59,7 +59,7 @@ from tqdm.auto import tqdm
 
 from hat_jax.model.moe import load_balancing_loss
 from hat_jax.model.params import params_logical_axes
-from hat_jax.model.sharding import logical_to_mesh, spec_for
+from hat_jax.model.sharding import fitted_spec, logical_to_mesh, spec_for
 
 log = logging.getLogger(__name__)
 
@@ -255,16 +255,20 @@ def state_shardings(state: TrainState, optimizer: optax.GradientTransformation, 
     return TrainState(param_sh, opt_sh, replicated, replicated)
 
 
-def micro_batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
-    """[accum, micro, ...]: micro-batch axis over the mesh's batch axes ('data', 'fsdp'), the rest replicated."""
-    return NamedSharding(mesh, PartitionSpec(None, *spec_for(("batch",) + (None,) * (ndim - 2))))
+def micro_batch_sharding(mesh: Mesh, ndim: int, rows: int | None = None) -> NamedSharding:
+    """[accum, micro, ...]: micro-batch axis over the mesh's batch axes ('data', 'fsdp', 'expert'), the rest
+    replicated; with `rows` (the micro-batch size) over the longest prefix of them that divides it."""
+    logical = ("batch",) + (None,) * (ndim - 2)
+    spec = spec_for(logical) if rows is None else fitted_spec((rows,) + (1,) * (ndim - 2), logical, dict(mesh.shape))
+    return NamedSharding(mesh, PartitionSpec(None, *spec))
 
 
 def place_batch(batch: Mapping[str, np.ndarray], mesh: Mesh | None) -> dict[str, jax.Array]:
-    """Host batch -> device arrays (sharded over the mesh when given)."""
+    """Host batch [accum, micro, ...] -> device arrays (the micro-batch axis sharded over the mesh's batch
+    axes that divide it, when a mesh is given)."""
     if mesh is None:
         return {k: jnp.asarray(v) for k, v in batch.items()}
-    return {k: jax.device_put(v, micro_batch_sharding(mesh, np.ndim(v))) for k, v in batch.items()}
+    return {k: jax.device_put(v, micro_batch_sharding(mesh, np.ndim(v), np.shape(v)[1])) for k, v in batch.items()}
 
 
 # ---------------------------------------------------------------------------------------------- the loop

@@ -8,8 +8,8 @@ import pytest
 from hat_jax.data import pipeline as P
 from hat_jax.data.packing import DataStateFormatError
 from hat_jax.harness import hsa
-from hat_jax.harness.loader import production_harness
 from hat_jax.harness.render import render_system_prompt, render_tokens
+from hat_jax.sim.world_harness import production_harness
 from hat_jax.tokenizer import train_bpe_tokenizer
 
 H = production_harness()
@@ -90,7 +90,7 @@ def test_batches_shapes_masks_and_original_rows_exact(tok):
         "attention_mask": ((4, 4096), np.int32),
         "num_tokens": ((4,), np.int32),
         "truncated": ((4,), np.int8),
-        "hsa_applied": ((4, len(hsa.TRANSFORMS)), np.int8),
+        "hsa_applied": ((4, len(hsa.transform_names())), np.int8),
     }
     ids, mask = render_tokens(tok, H, RECORDS[1]["messages"])
     n = len(ids)
@@ -169,17 +169,17 @@ def test_resume_mid_epoch_yields_the_same_batches(tok):
 def test_transform_shares_hand_checked():
     only = hsa.HSAConfig(probs={"rename_tools": 1.0}, default_p=0.0)
     assert P.transform_shares(RECORDS, HARNESSES, cfg(p_hsa=1.0, hsa=only)) == {
-        **dict.fromkeys(hsa.TRANSFORMS, 0.0),
+        **dict.fromkeys(hsa.transform_names(), 0.0),
         "rename_tools": 1.0,
         "original": 0.0,
     }
     assert P.transform_shares(RECORDS, HARNESSES, cfg(p_hsa=0.0)) == {
-        **dict.fromkeys(hsa.TRANSFORMS, 0.0),
+        **dict.fromkeys(hsa.transform_names(), 0.0),
         "original": 1.0,
     }
     flags = [{"hsa_applied": np.array([[1, 0, 0, 0, 0, 0, 0, 1], [0] * 8], np.int8)}]
     assert P.transform_shares(flags) == {
-        **dict.fromkeys(hsa.TRANSFORMS, 0.0),
+        **dict.fromkeys(hsa.transform_names(), 0.0),
         "rename_skills": 0.5,
         "hook_params": 0.5,
         "original": 0.5,
@@ -204,7 +204,7 @@ def test_packed_batches_hold_every_record_whole(tok):
         "input_ids": ((2, 4400), np.int32), "loss_mask": ((2, 4400), np.int32),
         "segment_ids": ((2, 4400), np.int32), "positions": ((2, 4400), np.int32),
         "documents": ((2,), np.int32), "truncated": ((2,), np.int32),
-        "hsa_applied": ((2, len(hsa.TRANSFORMS)), np.int32), "hsa_any": ((2,), np.int32),
+        "hsa_applied": ((2, len(hsa.transform_names())), np.int32), "hsa_any": ((2,), np.int32),
     }
     want = sorted((list(ids), list(mask)) for ids, mask in (render_tokens(tok, H, r["messages"]) for r in RECORDS))
     assert 2 * max(len(ids) for ids, _ in want) <= 4400 < 3 * min(len(ids) for ids, _ in want)  # 2 per row
@@ -264,7 +264,7 @@ def test_hook_change_rerolls_or_is_dropped():
     elems = [ds[i] for i in range(4)]
     assert len(calls) == 4 and all(m != 2 for _, m in calls)
     assert all(
-        e["messages"][-1]["content"] == "重新生成" and e["hsa_applied"][hsa.TRANSFORMS.index("hook_params")]
+        e["messages"][-1]["content"] == "重新生成" and e["hsa_applied"][hsa.transform_names().index("hook_params")]
         for e in elems
     )
 
@@ -304,7 +304,7 @@ def test_oracle_reroll_runs_the_task_under_the_new_harness():
     ds = P.hsa_dataset(records, HARNESSES, cfg(p_hsa=1.0, hsa=hooks_only), reroll=reroll)
     for i in range(len(ds)):
         e = ds[i]
-        assert e["hsa_applied"][hsa.TRANSFORMS.index("hook_params")]
+        assert e["hsa_applied"][hsa.transform_names().index("hook_params")]
         names = [c["function"]["name"] for m in e["messages"] for c in m.get("tool_calls") or []]
         assert names and all(e["harness"].tool(n) is not None for n in names)
         assert e["messages"][0]["content"] == render_system_prompt(e["harness"])

@@ -6,13 +6,13 @@ import pytest
 
 from hat_jax.data import suites
 from hat_jax.harness.hsa import is_heldout_harness
-from hat_jax.harness.loader import production_harness
 from hat_jax.harness.render import render_system_prompt
 from hat_jax.judges.rules import judge_episode
 from hat_jax.sim.catalog import World
 from hat_jax.sim.env import LiveStreamEnv
 from hat_jax.sim.oracle import OracleTeacher
 from hat_jax.sim.rollout import rollout
+from hat_jax.sim.world_harness import production_harness
 
 N = 24
 
@@ -92,7 +92,7 @@ def test_ideal_oracle_scores_full_marks_on_every_suite(world, items):
         for item in its:
             h = suites.item_harness(item, original)
             episode = rollout(LiveStreamEnv(world, suites.item_env_config(item)), oracle, item.task, h)
-            scores = judge_episode(episode, h, world).scores()
+            scores = judge_episode(episode, h).scores()
             if item.perturbation == "tool_failure":
                 assert scores["adr"] == 1, (item.item_id, scores)
                 continue

@@ -8,7 +8,7 @@ import pytest
 
 from hat_jax.data import world_data
 from hat_jax.data.pipeline import RECORD_KEYS, SFTDataConfig, hsa_dataset
-from hat_jax.harness.loader import production_harness
+from hat_jax.sim.world_harness import production_harness
 
 SMALL = world_data.WorldDataConfig(sft_tasks=60, rl_tasks=40, eval_items=12)
 

@@ -7,8 +7,8 @@ import subprocess
 import pytest
 from local_servers import stop_process, wait_for_port, free_port
 
-from hat_jax.harness.loader import PRODUCTION_DIR
 from hat_jax.sim.mcp_client import SyncToolClient, server_command
+from hat_jax.sim.world_harness import PRODUCTION_DIR
 
 
 @pytest.fixture(scope="session")

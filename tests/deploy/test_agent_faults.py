@@ -15,14 +15,15 @@ import pytest
 from fake_chat_server import REPLY, FakeChatServer
 from local_servers import free_port
 
-from hat_jax.harness.hooks import HookContext, claims_human, run_hooks
-from hat_jax.harness.loader import PRODUCTION_DIR, HarnessError, production_harness
-from hat_jax.judges.phrases import is_conservative
-from hat_jax.sim.mcp_client import SyncToolClient, ToolCallOutcome, server_command
 from hat_jax.deploy import replay
 from hat_jax.deploy.agent import CONSERVATIVE_REPLY, AgentConfig, run_agent
 from hat_jax.deploy.chat_stream import ChatStreamClient, EndpointError
 from hat_jax.deploy.replay import ReplayConfig, replay_requests, run_replay
+from hat_jax.harness.hooks import HookContext, claims_human, run_hooks
+from hat_jax.harness.loader import HarnessError
+from hat_jax.judges.phrases import is_conservative
+from hat_jax.sim.mcp_client import SyncToolClient, ToolCallOutcome, server_command
+from hat_jax.sim.world_harness import PRODUCTION_DIR, production_harness
 
 
 

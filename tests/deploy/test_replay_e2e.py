@@ -22,10 +22,10 @@ from local_servers import free_port, stop_process, wait_for_port
 
 from hat_jax.deploy.chat_stream import ChatStreamClient, EndpointError
 from hat_jax.export_cli import export_hf
-from hat_jax.harness.loader import production_harness
 from hat_jax.harness.render import render_system_prompt
 from hat_jax.model import get_config, init_params
 from hat_jax.model.checkpoint_io import save_model_checkpoint
+from hat_jax.sim.world_harness import production_harness
 from hat_jax.tokenizer import train_bpe_tokenizer
 
 N, WARMUP = 4, 1

@@ -9,8 +9,8 @@ from pathlib import Path
 from hat_jax.data.general import general_prompts
 from hat_jax.data.suites import SUITES, item_harness
 from hat_jax.data.world_data import WorldDataConfig, eval_items, world_for
-from hat_jax.harness.loader import production_harness
 from hat_jax.harness.render import render_text
+from hat_jax.sim.world_harness import production_harness
 from hat_jax.tokenizer import train_bpe_tokenizer
 
 SHARED_IFEVAL = Path(__file__).resolve().parents[2] / ".." / "shared" / "ifeval" / "input_data.jsonl"

@@ -10,12 +10,12 @@ from policy_helpers import recording_envs, scripted_generate
 from hat_jax.data.suites import item_env_config, item_harness
 from hat_jax.data.world_data import WorldDataConfig, eval_items, world_for
 from hat_jax.eval.live import run_live_suite, sample_scores, suite_keys, suite_scores
-from hat_jax.harness.loader import production_harness
 from hat_jax.judges.rules import Judgement, judge_episode
 from hat_jax.model import get_config
 from hat_jax.model.sampler import SamplingConfig
 from hat_jax.rollout import JaxSampler, RolloutConfig
 from hat_jax.rollout.turns import encode
+from hat_jax.sim.world_harness import production_harness
 
 REPLY = "ok\n</think>\n\n您好，这款商品我帮您确认一下。"
 
@@ -82,7 +82,7 @@ def test_suite_items_run_under_their_harness_and_faults(tokenizer, recorded_envs
     harnesses = [item_harness(it, original) for it in items]
     assert [r["episode"]["harness_version"] for r in res.records] == [h.version for h in harnesses]
     assert len({h.version for h in harnesses}) == 3
-    judgements = [judge_episode(recorded_episode(r), h, world) for r, h in zip(res.records, harnesses)]
+    judgements = [judge_episode(recorded_episode(r), h) for r, h in zip(res.records, harnesses)]
     assert res.scores == pytest.approx(suite_scores("tool_robustness", judgements))
     assert set(res.scores) == {"adr", "rc", "tc", "avg"} and all(0 <= v <= 100 for v in res.scores.values())
     assert [r["item"]["item_id"] for r in res.records] == [it.item_id for it in items]

@@ -9,9 +9,9 @@ from hat_jax.harness.constraints import (
     check_episode,
     constraint_text,
 )
-from hat_jax.harness.loader import production_harness
 from hat_jax.harness.state import Constraint, Tool
 from hat_jax.sim.types import Episode, Task, ToolCallRecord
+from hat_jax.sim.world_harness import production_harness
 
 C = Constraint
 

@@ -16,8 +16,8 @@ from hat_jax.harness.hooks import (
     refund_phrases,
     run_hooks,
 )
-from hat_jax.harness.loader import production_harness
 from hat_jax.harness.state import HookSpec
+from hat_jax.sim.world_harness import production_harness
 
 
 def test_retry_on_tool_error_production_max_attempts_2():

@@ -9,11 +9,13 @@ import jsonschema
 import pytest
 
 from hat_jax.harness import hsa
+from hat_jax.harness import hsa_transforms as T
 from hat_jax.harness import hsa_vocab as V
 from hat_jax.harness.hsa_rewrite import leaf_paths, resolve_path, substitute_names
-from hat_jax.harness.loader import dump_harness, load_harness, production_harness
 from hat_jax.harness.render import render_system_prompt
 from hat_jax.harness.state import DISTRACTOR_PREFIX, SKILL_TOOL_IMPL, Constraint, HookSpec
+from hat_jax.harness.writer import dump_harness
+from hat_jax.sim.world_harness import load_world_harness, production_harness
 
 H = production_harness()
 ORIGINAL_NAMES = {t.name for t in H.tools} | {s.name for s in H.skills}
@@ -150,12 +152,11 @@ def test_rewrite_messages_hand_checked():
     assert out[7] == trajectory()[7] and out[5] == trajectory()[5]
 
 
-@pytest.mark.parametrize("name", hsa.TRANSFORMS)
+@pytest.mark.parametrize("name", hsa.transform_names())
 def test_each_transform_is_valid_keeps_bindings_and_is_deterministic(name):
-    kwargs = {"heldout": False} if name in ("rename_skills", "rename_tools", "restyle_prompt") else {}
-    fn = getattr(hsa, name)
-    new, nm = fn(H, random.Random(7), **kwargs)
-    again, nm2 = fn(H, random.Random(7), **kwargs)
+    transform = hsa.HSA_TRANSFORMS[name]
+    new, nm = transform.apply(H, random.Random(7), {}, heldout=False)
+    again, nm2 = transform.apply(H, random.Random(7), {}, heldout=False)
     assert (new, nm) == (again, nm2)
     assert new != H
     hsa.check_harness(new)
@@ -164,7 +165,7 @@ def test_each_transform_is_valid_keeps_bindings_and_is_deterministic(name):
 
 
 def test_rename_tools_updates_every_reference():
-    new, nm = hsa.rename_tools(H, random.Random(3))
+    new, nm = T.rename_tools(H, random.Random(3))
     assert set(nm.tools) == {t.name for t in H.tools} and not set(nm.tools.values()) & set(nm.tools)
     assert new.skill_tool == nm.tools["load_skill"]
     assert new.skill("price-promotion").allowed_tools == tuple(
@@ -184,7 +185,7 @@ def test_rename_tools_updates_every_reference():
 
 
 def test_restructure_nests_and_adds_optional_distractor_args():
-    new, nm = hsa.restructure_schemas(H, random.Random(0), p_nest=1.0, p_distractor_args=1.0)
+    new, nm = T.restructure_schemas(H, random.Random(0), p_nest=1.0, p_distractor_args=1.0)
     for t in new.tools:
         old = H.tool(t.name)
         if t.impl == SKILL_TOOL_IMPL:
@@ -198,8 +199,8 @@ def test_restructure_nests_and_adds_optional_distractor_args():
 
 
 def test_distractors_and_skill_tool_enum():
-    h1, _ = hsa.distractor_tools(H, random.Random(1), count=(2, 2))
-    h2, _ = hsa.distractor_skills(h1, random.Random(1), count=(2, 2))
+    h1, _ = T.distractor_tools(H, random.Random(1), count=(2, 2))
+    h2, _ = T.distractor_skills(h1, random.Random(1), count=(2, 2))
     extra = [t for t in h2.tools if t.impl.startswith(DISTRACTOR_PREFIX)]
     assert len(extra) == 2 and all(t.impl == DISTRACTOR_PREFIX + t.name for t in extra)
     assert [s.key for s in h2.skills].count("") == 2
@@ -224,7 +225,7 @@ def test_hook_params_tighter_limit_tightens_prompt_constraint():
     )
     seen = set()
     for seed in range(40):
-        new, _ = hsa.hook_params(base, random.Random(seed))
+        new, _ = T.hook_params(base, random.Random(seed))
         limit = new.hooks[1].params["max_chars"]
         n = next(c.kwargs["n"] for c in new.constraints() if c.id == "max_chars")
         assert n == min(90, limit) and new.hooks[0].params["max_attempts"] != 2
@@ -235,7 +236,7 @@ def test_hook_params_tighter_limit_tightens_prompt_constraint():
 def test_behaviour_changed():
     msgs = trajectory()  # has a failed tool result
     n = len(msgs[-1]["content"])
-    retry, _ = hsa.hook_params(H.replace(hooks=H.hooks[:1]), random.Random(0))
+    retry, _ = T.hook_params(H.replace(hooks=H.hooks[:1]), random.Random(0))
     retry = retry.replace(hooks=retry.hooks + H.hooks[1:])
     assert not hsa.behaviour_changed(H, H) and not hsa.behaviour_changed(H, H, msgs)
     assert hsa.behaviour_changed(H, retry) and hsa.behaviour_changed(H, retry, msgs)
@@ -278,7 +279,7 @@ def test_compose_rewrite_keeps_the_task():
 def test_transformed_harnesses_pass_the_loader(tmp_path):
     for seed in range(12):
         new, _, _ = hsa.compose(H, random.Random(seed), split=("train", "heldout")[seed % 2])
-        assert load_harness(dump_harness(new, tmp_path / str(seed))) == new
+        assert load_world_harness(dump_harness(new, tmp_path / str(seed))) == new
 
 
 def test_heldout_families_never_in_train_always_in_heldout():
@@ -290,7 +291,7 @@ def test_heldout_families_never_in_train_always_in_heldout():
         train_pieces |= {p.lower() for n in nm.tools.values() for p in re.split(r"[._-]|(?=[A-Z])", n) if p}
     for seed in range(1000):
         new, nm, applied = hsa.compose(H, random.Random(seed), split="heldout")
-        assert hsa.HELDOUT_FORCED <= set(applied)
+        assert hsa.heldout_forced() <= set(applied)
         assert new.heading_style == "bracket" and new.sections[-1].key == "persona"
         assert all(V.name_style(n) in V.HELDOUT_TOOL_STYLES for n in nm.tools.values())
         assert all(V.reserved_combo(*V.parse_tool_name(n)[1:2], *V.parse_tool_name(n)[2]) for n in nm.tools.values())
@@ -376,3 +377,56 @@ def test_rewritten_oracle_episodes_replay_exactly_in_the_env():
             assert k == len(msgs)
             replayed += 1
     assert replayed >= 30 and rerolled >= 1
+
+
+def test_registry_records_held_out_behaviour_and_parameters():
+    assert hsa.transform_names() == ("rename_skills", "rewrite_skills", "rename_tools", "restructure_schemas",
+                                     "distractor_tools", "distractor_skills", "restyle_prompt", "hook_params")
+    assert {n: t.heldout for n, t in hsa.HSA_TRANSFORMS.items()} == {
+        "rename_skills": "forced", "rewrite_skills": "none", "rename_tools": "forced", "restructure_schemas": "none",
+        "distractor_tools": "family", "distractor_skills": "family", "restyle_prompt": "forced", "hook_params": "none"}
+    assert hsa.heldout_forced() == {"rename_skills", "rename_tools", "restyle_prompt"}
+    assert {n: dict(t.params) for n, t in hsa.HSA_TRANSFORMS.items() if t.params} == {
+        "restructure_schemas": {"p_nest": 0.5, "p_distractor_args": 0.5},
+        "distractor_tools": {"count": (1, 3)}, "distractor_skills": {"count": (1, 2)}}
+    cfg = hsa.HSAConfig(params={"distractor_tools": {"count": [2, 4]}, "restructure_schemas": {"p_nest": 1}})
+    assert cfg.params == {"distractor_tools": {"count": (2, 4)}, "restructure_schemas": {"p_nest": 1}}
+    with pytest.raises(ValueError, match=r"params\['distractor_tools'\]: count = \(3, 2\): expected 0 <= min <= max"):
+        hsa.HSAConfig(params={"distractor_tools": {"count": (3, 2)}})
+    with pytest.raises(ValueError, match=r"params\['restructure_schemas'\]: p_nest = 1.5: expected a probability"):
+        hsa.HSAConfig(params={"restructure_schemas": {"p_nest": 1.5}})
+    with pytest.raises(ValueError, match=r"unknown transform 'rename'"):
+        hsa.HSAConfig(params={"rename": {}})
+
+
+def _register(heldout, fn, name=None):
+    fn.__name__ = name or fn.__name__
+    try:
+        hsa.hsa_transform(heldout=heldout)(fn)
+    finally:
+        hsa.HSA_TRANSFORMS.pop(fn.__name__, None)
+
+
+def test_an_incomplete_registry_entry_fails_naming_the_transform_and_the_key():
+    def toy(h, rng, *, heldout=False, k=1):
+        return h, hsa.NameMap()
+
+    def toy_plain(h, rng, k=1):
+        return h, hsa.NameMap()
+
+    def toy_no_default(h, rng, *, k):
+        return h, hsa.NameMap()
+
+    with pytest.raises(ValueError, match="HSA transform 'toy': heldout = None; expected one of forced, family, none"):
+        _register(None, toy)
+    with pytest.raises(ValueError, match="HSA transform 'toy': heldout = 'none' takes no 'heldout' parameter"):
+        _register("none", toy)
+    with pytest.raises(ValueError, match="HSA transform 'toy_plain': parameter 'k' must be keyword-only"):
+        _register("none", toy_plain)
+    with pytest.raises(ValueError, match="HSA transform 'toy_no_default': parameter 'k' must be keyword-only"):
+        _register("none", toy_no_default)
+    with pytest.raises(ValueError, match="HSA transform 'toy_plain': heldout = 'forced' needs a 'heldout' parameter"):
+        _register("forced", lambda h, rng, *, k=1: (h, hsa.NameMap()), name="toy_plain")
+    with pytest.raises(ValueError, match="HSA transform 'rename_tools': already registered"):
+        hsa.hsa_transform(heldout="forced")(T.rename_tools)
+    assert "toy" not in hsa.HSA_TRANSFORMS and hsa.HSA_TRANSFORMS["rename_tools"].fn is T.rename_tools

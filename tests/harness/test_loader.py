@@ -5,16 +5,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hat_jax.harness.loader import (
-    PRODUCTION_DIR,
-    HarnessError,
-    dump_harness,
-    harness_manifest,
-    load_harness,
-    production_harness,
-)
+from hat_jax.harness.loader import HarnessError
 from hat_jax.harness.state import HookSpec, Skill, Tool
-from hat_jax.sim.types import SKILL_KEYS, TOOL_IMPLS
+from hat_jax.harness.writer import dump_harness, harness_manifest
+from hat_jax.sim.tools import TOOL_IMPLS
+from hat_jax.sim.types import SKILL_KEYS
+from hat_jax.sim.world_harness import PRODUCTION_DIR, load_world_harness, production_harness
 
 
 def test_production_harness_contents():
@@ -43,12 +39,12 @@ def test_production_harness_contents():
         ("no_bullets", {}),
     ]
     assert production_harness() is h  # cached
-    assert load_harness(PRODUCTION_DIR / "harness.yaml") == h  # the manifest path works too
+    assert load_world_harness(PRODUCTION_DIR / "harness.yaml") == h  # the manifest path works too
 
 
 def test_round_trip_production_and_a_variant(tmp_path):
     h = production_harness()
-    assert load_harness(dump_harness(h, tmp_path / "a")) == h
+    assert load_world_harness(dump_harness(h, tmp_path / "a")) == h
     # A variant with renamed, nested arguments, a distractor tool and skill, xml headings and a matcher.
     stock = h.tool_by_impl("get_stock")
     nested = Tool(
@@ -99,7 +95,7 @@ def test_round_trip_production_and_a_variant(tmp_path):
             )
         ),
     )
-    back = load_harness(dump_harness(v, tmp_path / "b"))
+    back = load_world_harness(dump_harness(v, tmp_path / "b"))
     assert back == v
     assert back.tool("kucun_chaxun").arg_paths == {"sku_id": ("q", "sku")}
     assert back.skill("weather-chat").key == "" and back.hooks[0].matcher == "kucun_chaxun"
@@ -293,7 +289,7 @@ BAD_MANIFESTS = [
 def test_bad_manifest_errors_name_file_field_and_expectation(tmp_path, case, mutate, field, expected):
     folder = _write(tmp_path, mutate)
     with pytest.raises(HarnessError) as info:
-        load_harness(folder)
+        load_world_harness(folder)
     err = info.value
     assert err.file == str(folder / "harness.yaml") and err.field == field, str(err)
     assert expected in err.expected, str(err)
@@ -336,7 +332,7 @@ BAD_SKILLS = [
 def test_bad_skill_errors_name_the_skill_file(tmp_path, case, text, field, expected):
     folder = _write(tmp_path, skill="size-advice", skill_text=text)
     with pytest.raises(HarnessError) as info:
-        load_harness(folder)
+        load_world_harness(folder)
     assert info.value.file == str(folder / "skills" / "size-advice" / "SKILL.md"), str(info.value)
     assert info.value.field == field and expected in info.value.expected, str(info.value)
 
@@ -344,7 +340,7 @@ def test_bad_skill_errors_name_the_skill_file(tmp_path, case, text, field, expec
 def test_yaml_is_never_executed_and_duplicate_keys_are_errors(tmp_path):
     folder = _write(tmp_path, raw="name: !!python/object/apply:os.system ['echo pwned']\n")
     with pytest.raises(HarnessError, match="invalid YAML"):
-        load_harness(folder)
+        load_world_harness(folder)
     text = (
         (PRODUCTION_DIR / "harness.yaml")
         .read_text(encoding="utf-8")
@@ -352,12 +348,12 @@ def test_yaml_is_never_executed_and_duplicate_keys_are_errors(tmp_path):
     )
     folder = _write(tmp_path, raw=text)
     with pytest.raises(HarnessError, match="duplicate key 'name'"):
-        load_harness(folder)
+        load_world_harness(folder)
 
 
 def test_missing_manifest(tmp_path):
     with pytest.raises(HarnessError, match="harness manifest not found"):
-        load_harness(tmp_path)
+        load_world_harness(tmp_path)
 
 
 def test_a_local_ref_that_resolves_loads_and_validates_calls(tmp_path, world):
@@ -368,7 +364,7 @@ def test_a_local_ref_that_resolves_loads_and_validates_calls(tmp_path, world):
         schema["$defs"] = {"sku": {"type": "string"}}
         schema["properties"]["sku_id"] = {"$ref": "#/$defs/sku"}
 
-    h = load_harness(_write(tmp_path, mutate))
+    h = load_world_harness(_write(tmp_path, mutate))
     assert h.tools[3].input_schema["properties"]["sku_id"] == {"$ref": "#/$defs/sku"}
     ex = execute_tool_call(world, h, h.tools[3].name, {"sku_id": 5})
     assert ex.status == "invalid_arguments" and ex.result["error"]["details"]["errors"][0]["path"] == "sku_id"
@@ -379,10 +375,10 @@ def test_required_may_name_an_enclosing_schemas_property(tmp_path):
         schema = m["tools"][5]["inputSchema"]  # estimate_shipping: product_id, region
         schema["anyOf"] = [{"required": ["product_id"]}, {"required": ["region"]}]
 
-    assert load_harness(_write(tmp_path, mutate)).tools[5].input_schema["anyOf"][1] == {"required": ["region"]}
+    assert load_world_harness(_write(tmp_path, mutate)).tools[5].input_schema["anyOf"][1] == {"required": ["region"]}
     bad = _write(tmp_path / "b", _set(["tools", 5, "inputSchema", "anyOf"], [{"required": ["city"]}]))
     with pytest.raises(HarnessError) as info:
-        load_harness(bad)
+        load_world_harness(bad)
     assert info.value.field == "tools[5].inputSchema.anyOf[0].required[0]" and "'city'" in info.value.expected
 
 
@@ -391,13 +387,13 @@ def test_non_utf8_files_are_harness_errors_naming_the_file(tmp_path):
     manifest = folder / "harness.yaml"
     manifest.write_bytes(b"name: \xff\xfe\n")
     with pytest.raises(HarnessError) as info:
-        load_harness(folder)
+        load_world_harness(folder)
     assert info.value.file == str(manifest) and "expected UTF-8 text; byte 0xff at offset 6" in info.value.expected
     folder = _write(tmp_path / "b")
     skill = folder / "skills" / "logistics" / "SKILL.md"
     skill.write_bytes(skill.read_bytes().replace("物流".encode(), "物流".encode("gbk"), 1))
     with pytest.raises(HarnessError) as info:
-        load_harness(folder)
+        load_world_harness(folder)
     assert info.value.file == str(skill) and "expected UTF-8 text" in info.value.expected
 
 
@@ -405,13 +401,41 @@ def test_one_skill_per_world_skill_and_a_warning_for_unbound_keys(tmp_path, capl
     text = (PRODUCTION_DIR / "skills" / "size-advice" / "SKILL.md").read_text(encoding="utf-8")
     folder = _write(tmp_path, skill="size-advice", skill_text=text.replace("size_advice", "logistics"))
     with pytest.raises(HarnessError) as info:  # size-advice now claims logistics; logistics comes next
-        load_harness(folder)
+        load_world_harness(folder)
     assert info.value.file == str(folder / "skills" / "logistics" / "SKILL.md")
     assert info.value.field == "metadata.hat-skill-key"
     assert "world skill 'logistics' is already bound by skill 'size-advice'" in info.value.expected
     # A harness without a size skill is legal (partial), and the loader says so.
     folder = _write(tmp_path / "b", skill="size-advice", skill_text=text.replace("hat-skill-key: size_advice", ""))
     with caplog.at_level("WARNING", logger="hat_jax.harness.loader"):
-        h = load_harness(folder)
+        h = load_world_harness(folder)
     assert h.skill("size-advice").key == ""
     assert "no skill is bound to world skill(s) size_advice" in caplog.text
+
+
+def test_the_loader_checks_bindings_against_the_world_it_is_given():
+    from hat_jax.harness.loader import WorldBindings, load_harness
+    from hat_jax.sim.world_harness import WORLD_BINDINGS
+
+    h = production_harness()
+    idx = [t.impl for t in h.tools].index("get_price")
+    assert load_harness(PRODUCTION_DIR, WORLD_BINDINGS) == h
+    stricter = WorldBindings({**WORLD_BINDINGS.tool_args, "get_price": (("product_id", "currency"), ())},
+                             WORLD_BINDINGS.skill_keys)
+    with pytest.raises(HarnessError) as info:
+        load_harness(PRODUCTION_DIR, stricter)
+    assert (info.value.field, info.value.expected) == (f"tools[{idx}].x-hat.arg_paths",
+                                                       "missing required argument 'currency' of get_price")
+    no_price = WorldBindings({k: v for k, v in WORLD_BINDINGS.tool_args.items() if k != "get_price"},
+                             WORLD_BINDINGS.skill_keys)
+    with pytest.raises(HarnessError) as info:
+        load_harness(PRODUCTION_DIR, no_price)
+    assert info.value.field == f"tools[{idx}].x-hat.impl"
+    assert info.value.expected.endswith("get_after_sales_policy, load_skill or 'distractor:NAME', got 'get_price'")
+    one_skill = WorldBindings(WORLD_BINDINGS.tool_args, ("product_qa",))
+    with pytest.raises(HarnessError) as info:
+        load_harness(PRODUCTION_DIR, one_skill)
+    second = h.skills[1]
+    assert info.value.file == str(PRODUCTION_DIR / "skills" / second.name / "SKILL.md")
+    assert (info.value.field, info.value.expected) == ("metadata.hat-skill-key",
+                                                       f"expected one of product_qa, got {second.key!r}")

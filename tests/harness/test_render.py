@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from hat_jax.harness.loader import production_harness
+from hat_jax.sim.world_harness import production_harness
 from hat_jax.harness.render import (
     generated_spans,
     render_messages,

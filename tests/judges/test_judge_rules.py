@@ -291,3 +291,42 @@ def test_refuse_task_with_an_ungrounded_refund_statement_is_obeyed():
     # "抱歉" is a refusal phrase; "全额退款" is no first-person promise, but nothing grounds it.
     assert rules.effectiveness(episode("抱歉久等了，全额退款", calls=(SKILL,), t=t)).value == 0
     assert rules.effectiveness(episode("抱歉，这个不能答应", calls=(SKILL,), t=t)).value == 1
+
+
+# ------------------------------------------------------------------ the metric table
+
+
+def test_metric_table_drives_the_suites_short_keys_and_judgement():
+    assert rules.METRICS == ("accuracy", "effectiveness", "adr", "rc", "tc", "llm", "tco", "tool_rationality",
+                             "skill_selection")
+    assert rules.SHORT_KEYS == {"accuracy": "acc", "effectiveness": "eff", "adr": "adr", "rc": "rc", "tc": "tc",
+                                "llm": "llm", "tco": "tco", "tool_rationality": "tool_rationality",
+                                "skill_selection": "skill_selection"}
+    assert rules.SUITE_METRICS == {"live_qa": ("accuracy", "effectiveness"), "variant_qa": ("accuracy", "effectiveness"),
+                                   "tool_robustness": ("adr", "rc", "tc"), "prompt_robustness": ("adr", "llm", "tco")}
+    assert rules.SUITE_KEYS["tool_robustness"] == ("adr", "rc", "tc", "avg")
+    assert [m.judge for m in rules.JUDGE_METRICS] == [rules.accuracy, rules.effectiveness, rules.adr, rules.rc,
+                                                     rules.tc, rules.llm, rules.tco, rules.tool_rationality,
+                                                     rules.skill_selection]
+    j = judge_episode(episode("到手价189元", calls=(PRICE,), skills=()), H)
+    assert [type(getattr(j, m)) for m in rules.METRICS] == [int, float, int, int, int, int, int, float, int]
+
+
+def test_an_incomplete_metric_table_fails_naming_the_metric_and_the_key():
+    fields = [f.name for f in dataclasses.fields(Judgement)]
+    table = list(rules.JUDGE_METRICS)
+    extra = rules.JudgeMetric("politeness", rules.accuracy, (0, 1))
+    cases = [
+        ([*table, extra], "judge metric 'politeness': Judgement has no field 'politeness'"),
+        (table[:-1], "Judgement field 'skill_selection': no judge metric 'skill_selection' in the table"),
+        ([*table, table[0]], "judge metric 'accuracy': name 'accuracy' is already used by 'accuracy'"),
+        ([*table[:-1], dataclasses.replace(table[-1], short="acc")],
+         "judge metric 'skill_selection': short 'acc' is already used by 'accuracy'"),
+        ([*table[:-1], dataclasses.replace(table[-1], values=(0, 2))],
+         r"judge metric 'skill_selection': values = \(0, 2\); expected numbers in \[0, 1\] or None"),
+        ([*table[:-1], dataclasses.replace(table[-1], judge=None)], "judge metric 'skill_selection': judge must be"),
+    ]
+    for bad, message in cases:
+        with pytest.raises(ValueError, match=message):
+            rules.check_metric_table(bad, fields)
+    rules.check_metric_table(table, fields)

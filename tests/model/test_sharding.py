@@ -28,7 +28,8 @@ import pytest
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
 from hat_jax.model import Qwen3_5MoeForCausalLM, get_config, init_params, params_logical_axes, params_shapes
-from hat_jax.model.sharding import MESH_AXES, batch_sharding, logical_to_mesh, make_mesh, spec_for
+from hat_jax.model.sharding import (MESH_AXES, batch_sharding, constrain, fitted_spec, indivisible_dim, logical_to_mesh,
+                                   make_mesh, mesh_context, spec_for)
 
 NUM_DEVICES = 8
 # (data, fsdp, expert, tensor); every micro dimension mapped to a mesh axis divides by these sizes.
@@ -69,7 +70,6 @@ def _worker(out_path: str) -> None:
     params = init_params(config, jax.random.key(SEED))
     axes = params_logical_axes(config)
     ids, mask = _inputs()
-    fwd = _forward(config)
     results, report = {}, {}
     for name, sizes in MESHES.items():
         mesh = make_mesh(**sizes)
@@ -90,16 +90,41 @@ def _worker(out_path: str) -> None:
         bs = batch_sharding(mesh, 2)
         ids_d, mask_d = jax.device_put(ids, bs), jax.device_put(mask, bs)
         assert {tuple(s.data.shape) for s in ids_d.addressable_shards} == {
-            (BATCH // (sizes["data"] * sizes["fsdp"]), SEQ)}
-        logits, hidden, expert_ids = fwd(sharded, ids_d, mask_d)
+            (BATCH // (sizes["data"] * sizes["fsdp"] * sizes["expert"]), SEQ)}
+        with mesh_context(mesh):  # activation constraints and the token-local MoE dispatch are traced in
+            logits, hidden, expert_ids = _forward(config)(sharded, ids_d, mask_d)
         assert len(logits.sharding.device_set) == NUM_DEVICES
         results[f"{name}/logits"] = np.asarray(logits)
         results[f"{name}/hidden"] = np.asarray(hidden)
         results[f"{name}/expert_ids"] = np.asarray(expert_ids)
         report[name] = {"split": split, "logits_sharding": str(logits.sharding.spec)}
+    report["token_local_experts"] = _moe_worker()
     np.savez(out_path, **results)
     with open(out_path + ".json", "w") as f:
         json.dump(report, f)
+
+
+def _moe_worker() -> dict:
+    """`token_local_experts` under a mesh (each device sorts and multiplies its own rows) against the plain
+    call: {impl: [max |diff| of the output, max relative |diff| of the grads wrt x, gate_up, down]}."""
+    from hat_jax.model.moe import EXPERT_IMPLS, token_local_experts
+
+    keys = jax.random.split(jax.random.key(SEED), 4)
+    x = jax.random.normal(keys[0], (64, 16))
+    ids = jax.random.randint(keys[1], (64, 2), 0, 8)
+    gate_up, down = jax.random.normal(keys[2], (8, 16, 12)), jax.random.normal(keys[3], (8, 6, 16))
+    out = {}
+    for impl in EXPERT_IMPLS:
+        f = lambda x, g, d, impl=impl: token_local_experts(impl, x, ids, g, d)
+        grad = jax.grad(lambda *a: jnp.sum(f(*a) ** 2), argnums=(0, 1, 2))
+        ref, ref_g = f(x, gate_up, down), grad(x, gate_up, down)
+        with mesh_context(make_mesh(fsdp=2, expert=4)):
+            got, got_g = jax.jit(f)(x, gate_up, down), jax.jit(grad)(x, gate_up, down)
+            hlo = jax.jit(f).lower(x, gate_up, down).as_text()
+        out[impl] = {"out": float(jnp.max(jnp.abs(got - ref))),
+                     "grads": [float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b))) for a, b in zip(got_g, ref_g)],
+                     "shard_map": "shard_map" in hlo or "manual" in hlo}
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -127,6 +152,16 @@ def reference():
     ids, mask = _inputs()
     logits, hidden, expert_ids = _forward(config)(params, jnp.asarray(ids), jnp.asarray(mask))
     return np.asarray(logits), np.asarray(hidden), np.asarray(expert_ids)
+
+
+def test_token_local_experts_match_the_global_dispatch(worker_results):
+    """The MoE dispatch on each device's own rows (fsdp 2 x expert 4) equals the global sort: outputs
+    exactly (each token's result depends only on its row), gradients to float32 rounding (summed per device
+    then across devices)."""
+    _, report = worker_results
+    for impl, r in report["token_local_experts"].items():
+        assert r["shard_map"], impl
+        assert r["out"] <= 1e-4 and max(r["grads"]) < 1e-6, (impl, r)
 
 
 @pytest.mark.parametrize("mesh_name", list(MESHES))
@@ -160,7 +195,24 @@ def test_params_really_split(worker_results, mesh_name):
 def test_spec_for_maps_logical_names():
     assert spec_for(("expert", "expert_embed", "mlp")) == PartitionSpec("expert", "fsdp", "tensor")
     assert spec_for(("vocab", "embed")) == PartitionSpec("tensor", ("fsdp", "expert"))
-    assert spec_for(("batch", None)) == PartitionSpec(("data", "fsdp"), None)
+    assert spec_for(("batch", None)) == PartitionSpec(("data", "fsdp", "expert"), None)
+
+
+def test_fitted_spec_keeps_the_longest_dividing_prefix():
+    mesh = {"data": 1, "fsdp": 2, "expert": 4, "tensor": 1}
+    assert fitted_spec((8, 3), ("batch", None), mesh) == PartitionSpec(("fsdp", "expert"), None)
+    assert fitted_spec((4, 3), ("batch", None), mesh) == PartitionSpec("fsdp", None)  # 4 % 8 != 0
+    assert fitted_spec((3, 3), ("batch", None), mesh) == PartitionSpec(None, None)
+    assert fitted_spec((16, 8), ("batch", "mlp"), {**mesh, "tensor": 2}) == PartitionSpec(("fsdp", "expert"), "tensor")
+    assert indivisible_dim((4, 3), PartitionSpec(("fsdp", "expert"), None), mesh) == (4, ("fsdp", "expert"), 8)
+    assert indivisible_dim((8, 3), PartitionSpec(("fsdp", "expert"), None), mesh) is None
+
+
+def test_constrain_is_the_identity_without_a_mesh():
+    x = jnp.arange(6.0).reshape(2, 3)
+    assert constrain(x, ("batch", None)) is x
+    with pytest.raises(ValueError, match=r"2 logical names \('batch', None\) for an array of shape \(6,\)"):
+        constrain(jnp.arange(6.0), ("batch", None))
 
 
 def test_spec_for_unknown_axis_raises():

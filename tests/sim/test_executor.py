@@ -5,9 +5,9 @@ import random
 
 import pytest
 
-from hat_jax.harness.loader import production_harness
 from hat_jax.harness.state import HarnessState, Skill, Tool
 from hat_jax.sim.executor import draw_fault, execute_tool_call
+from hat_jax.sim.world_harness import production_harness
 
 
 @pytest.fixture(scope="module")

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from hat_jax.harness.loader import load_harness
+from hat_jax.sim import mcp_server
 from hat_jax.sim.catalog import World
 from hat_jax.sim.executor import execute_tool_call
 from hat_jax.sim.mcp_client import SyncToolClient, ToolClient, measure_roundtrip, server_command
-from hat_jax.sim import mcp_server
 from hat_jax.sim.mcp_server import FaultConfig, tool_result
+from hat_jax.sim.world_harness import load_world_harness
 
 REPO = Path(__file__).resolve().parents[2]
 PRODUCTION = REPO / "hat_jax" / "harnesses" / "production"
@@ -29,7 +29,7 @@ PRODUCT = "P0001"
 
 @pytest.fixture(scope="module")
 def harness():
-    return load_harness(PRODUCTION)
+    return load_world_harness(PRODUCTION)
 
 
 @pytest.fixture(scope="module")

@@ -70,7 +70,7 @@ def test_noise_free_oracle_solves_200_tasks_over_all_intents(world, harness, tas
         assert all(ok for _, ok in check_all(harness, ep.reply, [c.impl for c in ep.tool_calls])), ep.reply
         assert not claims_human(ep.reply) and not promises_refund(ep.reply)
         assert all(m.get("reasoning_content") for m in ep.messages if m["role"] == "assistant")
-        judgement = judge_episode(ep, harness, world)
+        judgement = judge_episode(ep, harness)
         assert judgement.scores() == dict.fromkeys(judgement.scores(), 1.0), (task.task_id, judgement.reasons)
 
 
@@ -138,7 +138,7 @@ def test_exhausted_retries_or_no_retry_hook_give_an_honest_reply(world, harness,
         assert [s for n, s in _calls(ep) if n == "get_price"] == statuses
         assert ep.outcome == "replied" and phrases.is_conservative(ep.reply), ep.reply
         assert not any(ch.isdigit() for ch in ep.reply)  # no invented price
-        assert judge_episode(ep, h, world).accuracy == 1
+        assert judge_episode(ep, h).accuracy == 1
         assert final_behaviour_only(ep, keep_full_share=0.0) == ep.messages  # nothing succeeded: kept whole
 
 
@@ -148,7 +148,7 @@ def test_random_faults_never_make_the_oracle_invent_facts(world, harness, tasks)
     for task in tasks[:120]:
         ep = rollout(env, OracleTeacher(world), task, harness)
         assert ep.outcome == "replied"
-        j = judge_episode(ep, harness, world)
+        j = judge_episode(ep, harness)
         assert j.accuracy == 1, (task.task_id, j.reasons)
         failed = [c for c in ep.tool_calls if c.status != "ok"]
         if failed and not phrases.is_conservative(ep.reply):
@@ -163,7 +163,7 @@ def test_tool_order_constraint_inserts_the_first_tool(world, harness, tasks):
     h = harness.replace(sections=sections)
     ep = rollout(LiveStreamEnv(world), OracleTeacher(world), _task(tasks, "price"), h)
     assert [c.impl for c in ep.tool_calls] == ["load_skill", "search_products", "get_promotions", "get_price"]
-    assert judge_episode(ep, h, world).tco == 1
+    assert judge_episode(ep, h).tco == 1
 
 
 def test_reply_obeys_every_reply_constraint_of_a_changed_prompt(world, harness, tasks):
@@ -186,7 +186,7 @@ def test_each_noise_kind_makes_measurably_wrong_episodes(world, harness, tasks, 
     wrong = applicable = 0
     for task in tasks[:80]:
         ep = rollout(LiveStreamEnv(world), OracleTeacher(world, cfg), task, h)
-        j = judge_episode(ep, h, world)
+        j = judge_episode(ep, h)
         if kind == "skip_skill":
             applicable, wrong = applicable + 1, wrong + (not ep.loaded_skills and j.skill_selection == 0)
         elif kind in ("wrong_tool", "skip_tool"):

@@ -71,7 +71,7 @@ def test_rejection_sample_counts_exactly(world, harness, tasks):
 
 def test_noisy_oracle_rejection_rate_and_retries(world, harness):
     many = sample_tasks(world, 300, seed=21)
-    judge = functools.partial(judge_episode, harness=harness, world=world)
+    judge = functools.partial(judge_episode, harness=harness)
     kept, stats = rejection_sample(LiveStreamEnv(world), OracleTeacher(world), many, harness, judge)
     assert stats.rejection_rate == 0.0 and len(kept) == 300
     kept, stats = rejection_sample(LiveStreamEnv(world), OracleTeacher(world, DEFAULT_NOISE), many, harness, judge)

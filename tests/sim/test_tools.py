@@ -5,7 +5,10 @@ import json
 import jsonschema
 import pytest
 
+from hat_jax.sim import tools as T
 from hat_jax.sim.tools import (
+    CANONICAL_SCHEMAS,
+    TOOL_IMPLS,
     WORLD_FUNCTIONS,
     ToolError,
     call_world_function,
@@ -14,16 +17,54 @@ from hat_jax.sim.tools import (
     resolve_region,
     shipping_days,
 )
-from hat_jax.sim.types import TOOL_IMPLS
+from hat_jax.sim.world_harness import WORLD_BINDINGS
 
 CANONICAL = {"product_id", "sku_id", "query", "category", "max_results", "region", "height_cm", "weight_kg"}
 
 
-def test_registry_matches_types():
-    assert set(WORLD_FUNCTIONS) == set(TOOL_IMPLS)
+def test_registry_declares_each_tool_once():
+    assert TOOL_IMPLS == tuple(WORLD_FUNCTIONS) == ("search_products", "get_product_detail", "get_price", "get_stock",
+                                                    "get_promotions", "estimate_shipping", "get_size_chart",
+                                                    "get_after_sales_policy")
     for impl, fn in WORLD_FUNCTIONS.items():
         jsonschema.Draft202012Validator.check_schema(fn.input_schema)
         assert set(fn.input_schema["properties"]) <= CANONICAL, impl
+        assert CANONICAL_SCHEMAS[impl] == fn.input_schema and fn.input_schema["additionalProperties"] is False
+    assert CANONICAL_SCHEMAS["search_products"]["required"] == ["query"]
+    assert list(CANONICAL_SCHEMAS["get_size_chart"]["properties"]) == ["product_id", "height_cm", "weight_kg"]
+    assert WORLD_FUNCTIONS["get_price"].description == "List price and live-room price (CNY)."
+    # what a harness may bind to derives from the same declarations
+    assert WORLD_BINDINGS.tool_args["search_products"] == (("query",), ("category", "max_results"))
+    assert WORLD_BINDINGS.tool_args["estimate_shipping"] == (("product_id", "region"), ())
+    assert WORLD_BINDINGS.tool_args["get_size_chart"] == (("product_id",), ("height_cm", "weight_kg"))
+    assert set(WORLD_BINDINGS.tool_args) == set(TOOL_IMPLS)
+
+
+def test_an_incomplete_world_tool_declaration_fails_naming_the_tool_and_the_argument():
+    def toy_tool(world, product_id: str, colour: str = "黑色") -> dict:
+        """A toy tool."""
+        return {}
+
+    def undocumented(world, product_id: str) -> dict:
+        return {}
+
+    def no_world(product_id: str) -> dict:
+        """No world."""
+        return {}
+
+    pid = {"type": "string"}
+    cases = [(toy_tool, {"product_id": pid}, "world tool 'toy_tool': argument 'colour' has no schema"),
+             (toy_tool, {"product_id": pid, "colour": pid, "size": pid},
+              "world tool 'toy_tool': @world_tool names 'size', which is not a parameter"),
+             (toy_tool, {"product_id": pid, "colour": {"description": "颜色"}},
+              "world tool 'toy_tool': the schema of 'colour' needs a 'type'"),
+             (undocumented, {"product_id": pid}, "world tool 'undocumented': needs a docstring"),
+             (no_world, {"product_id": pid}, "world tool 'no_world': expected `world` as its first parameter"),
+             (T.get_price, {"product_id": pid}, "world tool 'get_price': already registered")]
+    for fn, arguments, message in cases:
+        with pytest.raises(ValueError, match=message):
+            T.world_tool(**arguments)(fn)
+    assert set(WORLD_FUNCTIONS) == set(TOOL_IMPLS)
 
 
 def test_search_full_name_ranks_first(world):

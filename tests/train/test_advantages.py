@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from hat_jax.train.advantages import (ADVANTAGE_ESTIMATORS, compute_advantages, contiguous_group_ids,
-                                      dr_grpo_advantages, gdpo_advantages, grpo_advantages)
+                                      dr_grpo_advantages, gdpo_advantages, grpo_advantages,
+                                      register_advantage_estimator)
 
 S3 = 1 / np.sqrt(3)       # sample std (ddof=1) of {1, 0, 0}: sqrt(((2/3)^2 + 2 (1/3)^2) / 2) = sqrt(1/3)
 
@@ -102,3 +103,26 @@ def test_unknown_estimator_and_bad_shapes():
         compute_advantages("ppo", REWARDS, GIDS)
     with pytest.raises(ValueError, match="group_ids"):
         grpo_advantages(REWARDS, GIDS[:3])
+
+
+def test_registry_carries_each_estimator_and_its_eps():
+    assert {n: (e.fn, e.eps) for n, e in ADVANTAGE_ESTIMATORS.items()} == {
+        "grpo": (grpo_advantages, 1e-6), "gdpo": (gdpo_advantages, 1e-4), "dr_grpo": (dr_grpo_advantages, None)}
+
+
+def test_an_incomplete_estimator_registration_fails_naming_the_estimator_and_the_key():
+    def toy(components, group_ids, weights=None, *, eps):
+        return grpo_advantages(components, group_ids, weights, eps=eps)
+
+    def toy_centred(components, group_ids, weights=None):
+        return dr_grpo_advantages(components, group_ids, weights)
+
+    cases = [("toy", {}, toy, "advantage estimator 'toy': eps missing"),
+             ("toy", {"eps": 0.0}, toy, "advantage estimator 'toy': eps = 0.0; expected a number > 0 or None"),
+             ("toy", {"eps": None}, toy, "advantage estimator 'toy': eps = None but toy takes an 'eps' keyword"),
+             ("toy", {"eps": 1e-3}, toy_centred, "eps = 0.001 but toy_centred takes no 'eps' keyword"),
+             ("grpo", {"eps": 1e-6}, toy, "advantage estimator 'grpo': already registered")]
+    for name, kwargs, fn, message in cases:
+        with pytest.raises(ValueError, match=message):
+            register_advantage_estimator(name, **kwargs)(fn)
+    assert set(ADVANTAGE_ESTIMATORS) == {"grpo", "gdpo", "dr_grpo"}

@@ -148,7 +148,7 @@ def test_bf16_compute_keeps_fp32_grads():
 # ------------------------------------------------------------------------------ 8 simulated devices
 
 def _sharded_worker(path: str) -> None:
-    from hat_jax.model.sharding import default_mesh
+    from hat_jax.model.sharding import default_mesh, mesh_context
     from hat_jax.train.trainer import place_batch, state_shardings
 
     assert jax.device_count() == 8
@@ -158,7 +158,7 @@ def _sharded_worker(path: str) -> None:
     tx = make_optimizer(OptimConfig(lr=1e-2, warmup_steps=0, total_steps=4, eps=1.0))
     loss_fn = sft_loss_fn(Qwen3_5MoeForCausalLM(config))
     rng = np.random.default_rng(0)
-    ids = rng.integers(3, config.vocab_size, (4, 20)).astype(np.int32)
+    ids = rng.integers(3, config.vocab_size, (8, 20)).astype(np.int32)  # micro-batches of 4 rows: 1 per batch device
     host = split_micro_batches({"input_ids": ids, "attention_mask": np.ones_like(ids), "loss_mask": np.ones_like(ids)}, 2)
     finals = {}
     for name, mesh in (("single", None), ("mesh", default_mesh((2, 1, 2, 2)))):
@@ -168,14 +168,18 @@ def _sharded_worker(path: str) -> None:
             shardings = state_shardings(state, tx, config, mesh)
             state = jax.device_put(state, shardings)
         step_fn = make_train_step(loss_fn, tx, lb_coef=0.01, shardings=shardings)
-        for _ in range(2):
-            state, metrics = step_fn(state, place_batch(host, mesh))
+        with mesh_context(mesh):  # as `StageRun.run`: activation constraints and the token-local MoE dispatch
+            for _ in range(2):
+                state, metrics = step_fn(state, place_batch(host, mesh))
+                if mesh is not None:
+                    rows = {tuple(s.data.shape) for s in place_batch(host, mesh)["input_ids"].addressable_shards}
         finals[name] = jax.device_get(state.params)
         if mesh is not None:
             kernel = state.params["model"]["layers_3"]["self_attn"]["q_proj"]["kernel"]
             mu = state.opt_state[1][0].mu["model"]["layers_3"]["self_attn"]["q_proj"]["kernel"]
             split = {"params": kernel.addressable_shards[0].data.shape != kernel.shape,
-                     "mu": mu.addressable_shards[0].data.shape != mu.shape, "sharding": str(kernel.sharding.spec)}
+                     "mu": mu.addressable_shards[0].data.shape != mu.shape, "sharding": str(kernel.sharding.spec),
+                     "micro_batch_shards": sorted(rows)}
     diff = max(float(np.max(np.abs(a - b))) for a, b in
                zip(jax.tree_util.tree_leaves(finals["single"]), jax.tree_util.tree_leaves(finals["mesh"])))
     with open(path, "w") as f:
@@ -189,6 +193,7 @@ def test_sharded_steps_match_single_device(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["params"] and result["mu"], result  # params and Adam moments really are split
+    assert result["micro_batch_shards"] == [[2, 1, 20]], result  # [accum, rows, T]: one row per data x expert device
     assert result["max_abs_diff"] < 1e-5, result
 
 
