@@ -85,7 +85,7 @@ def main() -> None:
         model_config = get_config("tiny")
         params = init_params(model_config, jax.random.key(0))
         print(f"setup (eval items, tokenizer of {len(tok)} tokens, init): {time.perf_counter() - t:.1f} s", flush=True)
-        run = lambda: evaluate(params, model_config, tok, config, progress=False)  # noqa: E731
+        run = lambda: evaluate(config.sampler(params, model_config, tok), config, progress=False)  # noqa: E731
     for rep in range(args.reps):
         res = run()
         extra = res["extra"]

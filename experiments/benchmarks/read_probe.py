@@ -45,8 +45,9 @@ def main(argv=None) -> int:
     from hat_jax.data.world_data import WorldDataConfig, eval_items, oracle_records
     from hat_jax.eval.read_probe import model_logits_fn, read_probe
     from hat_jax.model.checkpoint_io import load_model_checkpoint
+    from hat_jax.rollout import tokenizer_from_checkpoint
     from hat_jax.sim.world_harness import production_harness
-    from hat_jax.train.sft import PRODUCTION, tokenizer_from_checkpoint
+    from hat_jax.train.sft import PRODUCTION
 
     world = WorldDataConfig(eval_items=args.items)
     tasks = [item.task for item in eval_items("live_qa", world)]

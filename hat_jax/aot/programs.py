@@ -30,11 +30,11 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from hat_jax.model.config import FULL_ATTENTION
-from hat_jax.model.params import param_counts, params_logical_axes, params_shapes
+from hat_jax.model.params import COMPUTE_DTYPES, param_counts, params_logical_axes, params_shapes
 from hat_jax.model.sharding import batch_sharding, logical_to_mesh
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.train.optim import lr_schedule, make_optimizer
-from hat_jax.train.stage import COMPUTE_DTYPES, model_options, resolved_optim
+from hat_jax.train.stage import model_options, resolved_optim
 from hat_jax.train.trainer import init_train_state, micro_batch_sharding, state_shardings
 
 STAGES = ("sft", "opd", "rl", "generate")

@@ -7,10 +7,10 @@ robustness ADR, LLM, TCO and AVG (`hat_jax.judges.rules.SUITE_METRICS`, from the
 Variant implemented and why:
 - Items: `hat_jax.data.world_data.eval_items` (held-out seeds). Each item runs under its own harness
   (`item_harness` of the production harness) and its own faults (`item_env_config`), one episode per item
-  (group size 1) through `hat_jax.train.rollout.rollout_batch`, greedy by default (temperature 0) or sampled
-  with the key fold_in(key(seed), chunk index), in chunks of `batch_size` items (one `rollout_batch` call per chunk, its turns
-  batched). An episode cut by the token or turn limits is judged as a cut episode (outcome "truncated":
-  Accuracy 0, no reply).
+  (group size 1) through `hat_jax.rollout.rollout_episodes`, greedy by default (temperature 0) or sampled with
+  the key fold_in(key(seed), chunk index), in chunks of `batch_size` items (one `rollout_episodes` call per
+  chunk, its turns batched). An episode cut by the token or turn limits is judged as a cut episode (outcome
+  "truncated": Accuracy 0, no reply).
 - Judging: `hat_jax.judges.rules.judge_episode(episode, item harness)`. Short keys: `JudgeMetric.short`
   (accuracy -> acc, effectiveness -> eff; adr, rc, tc, llm, tco keep their names).
 - Scores on 0-100: a metric is its mean over the suite's samples x 100. AVG: per sample, the mean of the
@@ -19,30 +19,26 @@ Variant implemented and why:
   episode (TC and TCO are 1 for a task without gold calls, LLM is 1 when the prompt has no reply
   constraint, a reply-based metric is 0 when there is no reply), so every sample averages all its parts
   and every sample counts in every mean.
-- Reasoning length: the tokens of a sampled turn before its `</think>` (the whole turn if it never closed
-  its reasoning), re-tokenised from the decoded turn text.
+- Reasoning length: `hat_jax.rollout.turns.reasoning_tokens` of each sampled turn (the count the RL stage's
+  CoT penalty uses).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from hat_jax.data.suites import EvalItem, item_env_config, item_harness, item_to_dict
 from hat_jax.harness.state import HarnessState
 from hat_jax.judges.rules import SHORT_KEYS, SUITE_KEYS, SUITE_METRICS, Judgement, judge_episode
-from hat_jax.model.config import Qwen3_5MoeTextConfig
-from hat_jax.model.sampler import SamplingConfig, generate
+from hat_jax.rollout import RolloutConfig, Sampler, reasoning_tokens, rollout_episodes
 from hat_jax.sim.catalog import World
 from hat_jax.sim.types import episode_to_dict
-from hat_jax.train.rollout import rollout_batch
-from hat_jax.train.rollout_tokens import encode
 
 
 
@@ -76,12 +72,6 @@ def suite_scores(suite: str, judgements: Sequence[Judgement]) -> dict[str, float
     return {k: 100.0 * float(np.mean([r[k] for r in rows])) for k in keys}
 
 
-def reasoning_tokens(tokenizer: Any, turn_text: str) -> int:
-    """Tokens of the reasoning part of one sampled turn (module docstring)."""
-    reasoning = turn_text.split("</think>", 1)[0].removesuffix("<|im_end|>")
-    return len(encode(tokenizer, reasoning)) if reasoning else 0
-
-
 @dataclasses.dataclass
 class SuiteResult:
     """scores: `suite_scores`; extra: timing and length statistics; records: one JSON-ready dict per item."""
@@ -91,50 +81,47 @@ class SuiteResult:
     records: list[dict[str, Any]]
 
 
-def run_live_suite(params: dict, model_config: Qwen3_5MoeTextConfig, tokenizer: Any, suite: str,
-                   items: Sequence[EvalItem], *, world: World, original: HarnessState, max_new_tokens: int,
-                   max_turns: int, seq_len: int, batch_size: int, bucket: int, dtype=jnp.float32,
-                   moe_impl: str = "blocked", progress: bool = False, generate_fn: Callable = generate,
-                   temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> SuiteResult:
+def run_live_suite(sampler: Sampler, suite: str, items: Sequence[EvalItem], config: RolloutConfig, *, world: World,
+                   original: HarnessState, batch_size: int, seed: int = 0, progress: bool = False) -> SuiteResult:
     """Runs and judges every item of one suite (module docstring).
 
     Args:
-      params, model_config, tokenizer: the policy. suite: one of `SUITE_METRICS`. items: its items.
+      sampler: the policy. suite: one of `SUITE_METRICS`. items: its items.
+      config: the episodes' decoding (temperature 0 = greedy), max_turns and seq_len; group_size must be 1 and
+        env None (each item brings its faults).
       world: the catalog. original: the production harness the items' harnesses derive from.
-      max_new_tokens: tokens per model turn. max_turns: model turns per episode. seq_len: tokens per
-        episode (<= max_position_embeddings - max_new_tokens). batch_size: episodes per `rollout_batch`.
-      bucket: prompt padding bucket. dtype, moe_impl: passed to the sampler. progress: a tqdm bar.
-      generate_fn: the sampler (tests pass a scripted one). temperature, top_p, seed: decoding (0 = greedy).
+      batch_size: episodes per `rollout_episodes` call. seed: chunk c samples with fold_in(key(seed), c).
+      progress: a tqdm bar.
     Returns:
       SuiteResult; extra = {"episodes", "turns" (mean model turns per episode), "reasoning_tokens" (mean per
       model turn), "truncated_pct", "tokens_generated", "generation_s", "wall_s", "episodes_per_s"}.
     Raises:
-      ValueError: an unknown suite, no items, batch_size < 1, an item of another suite, or a prompt that
-        does not fit seq_len (from `rollout_batch`, naming the task).
+      ValueError: an unknown suite, no items, batch_size < 1, group_size != 1 or an env in `config`, an item of
+        another suite, or a prompt that does not fit seq_len (from `rollout_episodes`, naming the task).
     """
     suite_keys(suite)  # validates the name
     if not items:
         raise ValueError(f"{suite}: no items to evaluate")
     if batch_size < 1:
         raise ValueError(f"batch_size: expected >= 1, got {batch_size}")
+    if config.group_size != 1 or config.env is not None:
+        raise ValueError(f"{suite}: RolloutConfig.group_size must be 1 and env None (items carry their faults), got "
+                         f"group_size={config.group_size}, env={config.env!r}")
     wrong = [it.item_id for it in items if it.suite != suite]
     if wrong:
         raise ValueError(f"{suite}: items of another suite given: {wrong[:3]}")
     from tqdm.auto import tqdm
 
     t0 = time.perf_counter()
-    sampling = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
     judgements, records, turns, reasoning, truncated = [], [], [], [], []
     generated, gen_s = 0, 0.0
     chunks = [items[s:s + batch_size] for s in range(0, len(items), batch_size)]
     bar = tqdm(total=len(items), desc=suite, unit="ep", disable=not progress, leave=False)
     for c, chunk in enumerate(chunks):
         harnesses = [item_harness(it, original) for it in chunk]
-        rng = jax.random.fold_in(jax.random.key(seed), c)
-        batch = rollout_batch(params, model_config, tokenizer, world, [it.task for it in chunk], harnesses, None,
-                              sampling, 1, rng, max_turns=max_turns, max_new_tokens=max_new_tokens,
-                              seq_len=seq_len, dtype=dtype, moe_impl=moe_impl, bucket=bucket,
-                              generate_fn=generate_fn, env_configs=[item_env_config(it) for it in chunk])
+        batch = rollout_episodes(sampler, world, [it.task for it in chunk], harnesses,
+                                 jax.random.fold_in(jax.random.key(seed), c), config,
+                                 env_configs=[item_env_config(it) for it in chunk])
         generated += batch.stats["tokens_generated"]
         gen_s += batch.stats["generation_s"]
         for it, harness, episode, texts, cut in zip(chunk, harnesses, batch.episodes, batch.turn_texts,
@@ -142,7 +129,7 @@ def run_live_suite(params: dict, model_config: Qwen3_5MoeTextConfig, tokenizer: 
             judgement = judge_episode(episode, harness)
             judgements.append(judgement)
             turns.append(len(texts))
-            reasoning += [reasoning_tokens(tokenizer, t) for t in texts]
+            reasoning += [reasoning_tokens(sampler.tokenizer, t) for t in texts]
             truncated.append(bool(cut))
             records.append({"item": item_to_dict(it), "scores": {k: 100.0 * v for k, v in
                                                                  sample_scores(suite, judgement).items()},

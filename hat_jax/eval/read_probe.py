@@ -111,7 +111,7 @@ def read_probe(logits_fn, tokenizer: Any, batches: Iterable[Mapping[str, np.ndar
     """
     import jax.numpy as jnp
 
-    from hat_jax.train.losses import token_logprobs
+    from hat_jax.rollout.logprobs import token_logprobs
 
     spans = {k: [0, 0] for k in patterns}
     total = right = 0

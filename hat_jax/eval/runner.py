@@ -15,7 +15,7 @@ score is still a function of the params and the config.
 
 - Live-stream suites: `hat_jax.eval.live` (items, harness and faults per item, rule judges, AVG).
 - IFEval: the official 541 prompts (`hat_jax.eval.ifeval`: local verified file, hub, or skipped with a
-  logged reason), single-turn greedy chat completions (`hat_jax.eval.generation`), the official checkers in
+  logged reason), single-turn greedy chat completions (`hat_jax.rollout.chat_completions`), the official checkers in
   our strict/loose loop (`hat_jax.eval.if_checker`; the reasoning block is cut before scoring). IFE-P is
   "prompt_*", IFE-I "inst_*".
 - ifeval_mini: `ifeval_mini_items` held-out prompts of `hat_jax.data.general.general_prompts(n,
@@ -35,23 +35,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-
 from hat_jax.data.suites import SUITES
 from hat_jax.data.world_data import WorldDataConfig, eval_items, world_for
-from hat_jax.eval.generation import chat_completions
 from hat_jax.eval.if_checker import response_text, score_responses
 from hat_jax.eval.ifeval import IFEVAL_LINES, load_ifeval, skip_reason
 from hat_jax.eval.live import run_live_suite
 from hat_jax.model.config import Qwen3_5MoeTextConfig
-from hat_jax.model.sampler import SamplingConfig, generate
+from hat_jax.model.params import COMPUTE_DTYPES
+from hat_jax.model.sampler import SamplingConfig
+from hat_jax.rollout import JaxSampler, RolloutConfig, Sampler, chat_completions, load_sampler
 from hat_jax.sim.world_harness import production_harness
-from hat_jax.train.stage import COMPUTE_DTYPES
 
 log = logging.getLogger(__name__)
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +112,14 @@ class EvalConfig:
             raise ValueError(f"EvalConfig.world.eval_items = {self.world.eval_items}: expected >= 1 when suites "
                              f"{self.suites} are run (or suites=())")
 
+    def sampler(self, params: Any, model_config: Qwen3_5MoeTextConfig, tokenizer: Any) -> JaxSampler:
+        """The JAX sampler these settings evaluate with: `compute_dtype` and the prompt `bucket`."""
+        return JaxSampler(params, model_config, tokenizer, COMPUTE_DTYPES[self.compute_dtype], bucket=self.bucket)
+
+    def sampling(self, max_new_tokens: int) -> SamplingConfig:
+        """The decoding of every suite with a budget of `max_new_tokens` tokens per turn."""
+        return SamplingConfig(temperature=self.temperature, top_p=self.top_p, max_new_tokens=max_new_tokens)
+
 
 def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -125,14 +128,12 @@ def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
             f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
 
 
-def _instruction_suite(name: str, records: list[dict[str, Any]], params, model_config, tokenizer,
-                       config: EvalConfig, dtype, progress: bool, generate_fn) -> tuple[dict, dict, list[dict]]:
+def _instruction_suite(name: str, records: list[dict[str, Any]], sampler: Sampler, config: EvalConfig,
+                       progress: bool) -> tuple[dict, dict, list[dict]]:
     """Completions of `records` scored by the official checker loop: (scores, extra, per-prompt rows)."""
     t0 = time.perf_counter()
-    comp = chat_completions(params, model_config, tokenizer, [r["prompt"] for r in records],
-                            max_new_tokens=config.if_max_new_tokens, batch_size=config.batch_size,
-                            bucket=config.bucket, dtype=dtype, progress=progress, desc=name, generate_fn=generate_fn,
-                            temperature=config.temperature, top_p=config.top_p, seed=config.seed)
+    comp = chat_completions(sampler, [r["prompt"] for r in records], config.sampling(config.if_max_new_tokens),
+                            batch_size=config.batch_size, seed=config.seed, progress=progress, desc=name)
     responses = [response_text(t) for t in comp.texts]
     t1 = time.perf_counter()
     scores, verdicts = score_responses(records, responses)
@@ -149,23 +150,76 @@ def _instruction_suite(name: str, records: list[dict[str, Any]], params, model_c
                                                    comp.finished, comp.too_long, verdicts)]
     if any(comp.too_long):
         log.warning("%s: %d of %d prompts do not fit max_position_embeddings=%d with %d new tokens; scored as "
-                    "empty responses", name, sum(comp.too_long), n, model_config.max_position_embeddings,
+                    "empty responses", name, sum(comp.too_long), n, sampler.model_config.max_position_embeddings,
                     config.if_max_new_tokens)
     return scores, extra, rows
 
 
-def evaluate(params: dict, model_config: Qwen3_5MoeTextConfig, tokenizer: Any, config: EvalConfig, *,
-             out_dir: str | Path | None = None, progress: bool = True, generate_fn=generate) -> dict:
+def _live_suites(sampler: Sampler, config: EvalConfig, seq_len: int, out: Path | None,
+                 progress: bool) -> tuple[dict, dict]:
+    """Every live-stream suite of `config`: ({suite: scores}, {suite: extra}); writes `<suite>.jsonl`."""
+    results, extra = {}, {}
+    if not config.suites:
+        return results, extra
+    world = world_for(config.world.world_seed, config.world.n_products)
+    original = production_harness()
+    episodes = RolloutConfig(config.sampling(config.max_new_tokens), max_turns=config.max_turns, seq_len=seq_len)
+    for suite in config.suites:
+        items = eval_items(suite, config.world)
+        res = run_live_suite(sampler, suite, items, episodes, world=world, original=original,
+                             batch_size=config.batch_size, seed=config.seed, progress=progress)
+        results[suite], extra[suite] = res.scores, res.extra
+        log.info("eval %s: %s (%d episodes, %.1f s)", suite, " ".join(f"{k} {v:.1f}" for k, v in res.scores.items()),
+                 len(items), res.extra["wall_s"])
+        if out is not None:
+            _write_jsonl(out / f"{suite}.jsonl", res.records)
+    return results, extra
+
+
+def _instruction_suites(sampler: Sampler, config: EvalConfig, out: Path | None, progress: bool) -> tuple[dict, dict]:
+    """IFEval and ifeval_mini: ({name: scores or None}, {name: extra or the reason it was skipped})."""
+    results: dict[str, Any] = {"ifeval": None, "ifeval_mini": None}
+    extra: dict[str, Any] = {}
+    loaded = load_ifeval(config.ifeval_data, config.ifeval_limit) if config.ifeval else None
+    if not config.ifeval:
+        extra["ifeval"] = {"skipped": "EvalConfig.ifeval is False"}
+    elif loaded is None:
+        extra["ifeval"] = {"skipped": skip_reason(config.ifeval_data)}
+    else:
+        records, source = loaded
+        scores, ex, rows = _instruction_suite("ifeval", records, sampler, config, progress)
+        results["ifeval"], extra["ifeval"] = scores, {**ex, "source": source}
+        log.info("eval ifeval (%d prompts from %s): %s", len(records), source,
+                 " ".join(f"{k} {v:.1f}" for k, v in scores.items()))
+        if out is not None:
+            _write_jsonl(out / "ifeval.jsonl", rows)
+    if config.ifeval_mini_items:
+        from hat_jax.data.general import general_prompts
+
+        records = [p.to_record() for p in general_prompts(config.ifeval_mini_items, config.world.eval_seed, "eval")]
+        scores, ex, rows = _instruction_suite("ifeval_mini", records, sampler, config, progress)
+        results["ifeval_mini"], extra["ifeval_mini"] = scores, ex
+        log.info("eval ifeval_mini (%d prompts): %s", len(records), " ".join(f"{k} {v:.1f}" for k, v in scores.items()))
+        if out is not None:
+            _write_jsonl(out / "ifeval_mini.jsonl", rows)
+    else:
+        extra["ifeval_mini"] = {"skipped": "EvalConfig.ifeval_mini_items is 0"}
+    return results, extra
+
+
+def evaluate(sampler: Sampler, config: EvalConfig, *, out_dir: str | Path | None = None,
+             progress: bool = True) -> dict:
     """Scores a policy on every suite of `config` (module docstring).
 
     Args:
-      params: the model params (any float dtype; the sampler computes in `config.compute_dtype`).
-      model_config: its config. tokenizer: its tokenizer (Qwen chat template; eos `<|im_end|>`).
+      sampler: the policy (`EvalConfig.sampler` builds the JAX one with the config's compute dtype and bucket);
+        its tokenizer has the Qwen chat template, eos `<|im_end|>`.
       config: EvalConfig. out_dir: where to write per-item / per-prompt JSONL and scores.json (None: nothing).
-      progress: tqdm bars per suite. generate_fn: the sampler (tests may pass a scripted one).
+      progress: tqdm bars per suite.
     Returns:
       the results dict of the module docstring (metrics on 0-100).
     Raises:
+      TypeError: config is not an EvalConfig.
       ValueError: a prompt of a live item that does not fit seq_len (names the task); an IFEval file that is
         not the official one. FileNotFoundError: a given IFEval file is missing. ImportError: the IFEval
         checker packages are missing.
@@ -173,59 +227,17 @@ def evaluate(params: dict, model_config: Qwen3_5MoeTextConfig, tokenizer: Any, c
     if not isinstance(config, EvalConfig):
         raise TypeError(f"config: expected an EvalConfig, got {type(config).__name__}")
     t_start = time.perf_counter()
-    dtype = COMPUTE_DTYPES[config.compute_dtype]
     out = Path(out_dir) if out_dir is not None else None
-    seq_len = min(config.seq_len, model_config.max_position_embeddings - config.max_new_tokens)
+    positions = sampler.model_config.max_position_embeddings
+    seq_len = min(config.seq_len, positions - config.max_new_tokens)
     if seq_len != config.seq_len:
         log.info("eval: seq_len %d lowered to %d (max_position_embeddings %d - max_new_tokens %d)", config.seq_len,
-                 seq_len, model_config.max_position_embeddings, config.max_new_tokens)
-    results: dict[str, Any] = {}
-    extra: dict[str, Any] = {"seq_len": float(seq_len)}
-    world = world_for(config.world.world_seed, config.world.n_products) if config.suites else None
-    original = production_harness() if config.suites else None
-    for suite in config.suites:
-        items = eval_items(suite, config.world)
-        res = run_live_suite(params, model_config, tokenizer, suite, items, world=world, original=original,
-                             max_new_tokens=config.max_new_tokens, max_turns=config.max_turns, seq_len=seq_len,
-                             batch_size=config.batch_size, bucket=config.bucket, dtype=dtype, progress=progress,
-                             generate_fn=generate_fn, temperature=config.temperature, top_p=config.top_p,
-                             seed=config.seed)
-        results[suite], extra[suite] = res.scores, res.extra
-        log.info("eval %s: %s (%d episodes, %.1f s)", suite, " ".join(f"{k} {v:.1f}" for k, v in res.scores.items()),
-                 len(items), res.extra["wall_s"])
-        if out is not None:
-            _write_jsonl(out / f"{suite}.jsonl", res.records)
-
-    results["ifeval"] = None
-    if not config.ifeval:
-        extra["ifeval"] = {"skipped": "EvalConfig.ifeval is False"}
-    else:
-        loaded = load_ifeval(config.ifeval_data, config.ifeval_limit)
-        if loaded is None:
-            extra["ifeval"] = {"skipped": skip_reason(config.ifeval_data)}
-        else:
-            records, source = loaded
-            scores, ex, rows = _instruction_suite("ifeval", records, params, model_config, tokenizer, config, dtype,
-                                                  progress, generate_fn)
-            results["ifeval"], extra["ifeval"] = scores, {**ex, "source": source}
-            log.info("eval ifeval (%d prompts from %s): %s", len(records), source,
-                     " ".join(f"{k} {v:.1f}" for k, v in scores.items()))
-            if out is not None:
-                _write_jsonl(out / "ifeval.jsonl", rows)
-
-    results["ifeval_mini"] = None
-    if config.ifeval_mini_items:
-        from hat_jax.data.general import general_prompts
-
-        records = [p.to_record() for p in general_prompts(config.ifeval_mini_items, config.world.eval_seed, "eval")]
-        scores, ex, rows = _instruction_suite("ifeval_mini", records, params, model_config, tokenizer, config, dtype,
-                                              progress, generate_fn)
-        results["ifeval_mini"], extra["ifeval_mini"] = scores, ex
-        log.info("eval ifeval_mini (%d prompts): %s", len(records), " ".join(f"{k} {v:.1f}" for k, v in scores.items()))
-        if out is not None:
-            _write_jsonl(out / "ifeval_mini.jsonl", rows)
-    else:
-        extra["ifeval_mini"] = {"skipped": "EvalConfig.ifeval_mini_items is 0"}
+                 seq_len, positions, config.max_new_tokens)
+    results, extra = _live_suites(sampler, config, seq_len, out, progress)
+    extra = {"seq_len": float(seq_len), **extra}
+    instruction, instruction_extra = _instruction_suites(sampler, config, out, progress)
+    results.update(instruction)
+    extra.update(instruction_extra)
     extra["wall_s"] = time.perf_counter() - t_start
     results["extra"] = extra
     if out is not None:
@@ -234,44 +246,14 @@ def evaluate(params: dict, model_config: Qwen3_5MoeTextConfig, tokenizer: Any, c
 
 
 def evaluate_checkpoint(ckpt: str | Path, config: EvalConfig, **kw) -> dict:
-    """`evaluate` on a checkpoint: a stage run dir or a model checkpoint, with `tokenizer/` in it or its parent.
+    """`evaluate` on a checkpoint: a stage run dir or a model checkpoint, with `tokenizer/` in it or its parent,
+    sampled by `hat_jax.rollout.load_sampler` in the config's compute dtype with its bucket.
 
     Args:
       ckpt: the checkpoint directory (`hat_jax.model.checkpoint_io` layouts). config: EvalConfig.
-      **kw: passed to `evaluate` (out_dir, progress, generate_fn).
-    On one device the params are cast to the config's parameter dtypes and placed, uncommitted, on the default
-    device; on several, read straight into the default mesh's shardings and cast there to the compute dtype.
+      **kw: passed to `evaluate` (out_dir, progress).
     Raises:
       FileNotFoundError: no checkpoint or no tokenizer folder (names the paths looked at).
       ValueError: unreadable params, or a tokenizer larger than the model's vocabulary.
     """
-    from hat_jax.model.checkpoint_io import load_model_checkpoint
-    from hat_jax.model.params import params_shapes
-    from hat_jax.tokenizer import load_tokenizer
-    from hat_jax.train.sft import tokenizer_from_checkpoint
-
-    root = Path(ckpt)
-    folder = tokenizer_from_checkpoint(str(root))
-    if folder is None:
-        raise FileNotFoundError(f"checkpoint {str(root)!r} has no tokenizer folder (looked in {root / 'tokenizer'} "
-                                f"and {root.parent / 'tokenizer'})")
-    if jax.device_count() > 1:  # straight into the shardings of the default mesh, cast there to the compute dtype
-        from hat_jax.model.hf_io import read_hf_config
-        from hat_jax.model.checkpoint_io import resolve_checkpoint
-        from hat_jax.train.sharded_init import cast_params
-        from hat_jax.train.trainer import default_mesh
-
-        mesh = default_mesh(None, read_hf_config(resolve_checkpoint(root)[1]).num_experts)
-        model_config, params = load_model_checkpoint(root, mesh=mesh)
-        params = cast_params(params, model_config, COMPUTE_DTYPES[config.compute_dtype], mesh)
-    else:
-        model_config, params = load_model_checkpoint(root)
-        # Through the host: the restored arrays are committed to a device, which `jax.jit` keys apart from the
-        # uncommitted arrays of in-process params; uncommitted ones share the sampler's compilations.
-        params = jax.tree_util.tree_map(lambda p, e: jnp.asarray(np.asarray(jax.device_get(p)), e.dtype), params,
-                                        params_shapes(model_config))
-    tokenizer = load_tokenizer(folder)
-    if len(tokenizer) > model_config.vocab_size:
-        raise ValueError(f"tokenizer {str(folder)!r} has {len(tokenizer)} tokens, more than the model's vocab_size "
-                         f"{model_config.vocab_size}")
-    return evaluate(params, model_config, tokenizer, config, **kw)
+    return evaluate(load_sampler(ckpt, config.compute_dtype, bucket=config.bucket), config, **kw)

@@ -1,4 +1,5 @@
-"""Pure parameter creation and inspection: `init_params`, `params_logical_axes`, `param_counts`."""
+"""Pure parameter creation, inspection and placement: `init_params`, `params_logical_axes`, `param_counts`,
+`params_shardings`, `cast_params`, and the dtype names configs use (`COMPUTE_DTYPES`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from hat_jax.model.config import Qwen3_5MoeTextConfig
+from hat_jax.model.sharding import logical_to_mesh
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
+
+# The dtype names a config may give (compute, parameter and optimizer-moment dtypes).
+COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 # Names the initialisation below. Part of a pretrained-from-scratch base's identity (`hat_jax.train.pretrain`
 # digests it with the config), so a base cached under an earlier scheme is retrained, not reused.
@@ -66,3 +71,23 @@ def param_counts(config: Qwen3_5MoeTextConfig) -> dict[str, int]:
     experts = size([layer["mlp"]["experts"] for name, layer in shapes["model"].items() if name.startswith("layers_")])
     active = total - experts + experts * config.num_experts_per_tok // config.num_experts
     return {"total": total, "mtp": mtp, "experts": experts, "active": active}
+
+
+def params_shardings(config: Qwen3_5MoeTextConfig, mesh):
+    """NamedShardings of the model's params on `mesh` (`hat_jax.model.sharding` rules), or None (no mesh).
+
+    Raises:
+        ValueError: a parameter the mesh cannot shard (names the parameter, its shape and the mesh).
+    """
+    if mesh is None:
+        return None
+    return logical_to_mesh(params_logical_axes(config), params_shapes(config), mesh)
+
+
+def cast_params(params: dict, config: Qwen3_5MoeTextConfig, dtype, mesh) -> dict:
+    """`params` cast to the model's param dtypes at `dtype` (float32 / bfloat16), inside `jit` with
+    out_shardings on `mesh` (or the default device): each device casts its own shards. `params` is donated."""
+    target = params_shapes(config, dtype)
+    fn = jax.jit(lambda p: jax.tree_util.tree_map(lambda x, t: x.astype(t.dtype), p, target),
+                 out_shardings=params_shardings(config, mesh), donate_argnums=0)
+    return fn(params)

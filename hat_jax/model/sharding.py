@@ -214,3 +214,13 @@ def fully_sharded_shape(devices: int, num_experts: int) -> tuple[int, int, int, 
     `devices` and `num_experts` with e * e <= devices (32 chips, 256 experts: fsdp 8 x expert 4)."""
     e = max(d for d in range(1, devices + 1) if devices % d == 0 and num_experts % d == 0 and d * d <= devices)
     return (1, devices // e, e, 1)
+
+
+def default_mesh(shape: tuple[int, int, int, int] | None = None, num_experts: int = 1) -> Mesh | None:
+    """None on one device; else `make_mesh(*shape)` ((data, fsdp, expert, tensor)); without a shape, fully
+    sharded over every device (`fully_sharded_shape`: fsdp x expert)."""
+    if shape is None:
+        if jax.device_count() == 1:
+            return None
+        shape = fully_sharded_shape(jax.device_count(), num_experts)
+    return make_mesh(*shape)

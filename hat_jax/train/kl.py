@@ -34,9 +34,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from hat_jax.train.losses import (_chunk_plan, _next_token_values, _shift_pad, aggregate, check_aggregation,
-                                  clipped_policy_loss, masked_mean, predicting_rows, running_logsumexp,
-                                  vocab_chunk_logits)
+from hat_jax.rollout.logprobs import (chunk_plan, next_token_values, predicting_rows, running_logsumexp, shift_pad,
+                                     vocab_chunk_logits)
+from hat_jax.train.losses import aggregate, check_aggregation, clipped_policy_loss, masked_mean
 
 OPD_LOSSES = ("sampled", "exact")
 
@@ -95,7 +95,7 @@ def reverse_kl_per_token(student_logits: jax.Array, teacher_logits: jax.Array,
         raise ValueError(f"student logits {student_logits.shape} and teacher logits {teacher_logits.shape} differ")
     ls = jax.nn.log_softmax(student_logits[:, :-1].astype(jnp.float32) / temperature, axis=-1)
     lt = jax.nn.log_softmax(jax.lax.stop_gradient(teacher_logits[:, :-1]).astype(jnp.float32) / temperature, axis=-1)
-    return _shift_pad(jnp.sum(jnp.exp(ls) * (ls - lt), axis=-1))
+    return shift_pad(jnp.sum(jnp.exp(ls) * (ls - lt), axis=-1))
 
 
 def reverse_kl_per_token_chunked(student_hidden: jax.Array, student_kernel: jax.Array, teacher_hidden: jax.Array,
@@ -118,7 +118,7 @@ def reverse_kl_per_token_chunked(student_hidden: jax.Array, student_kernel: jax.
     if teacher_hidden.shape[:2] != (b, t) or student_kernel.shape[1] != teacher_kernel.shape[1]:
         raise ValueError(f"student hidden {student_hidden.shape} / kernel {student_kernel.shape} and teacher hidden "
                          f"{teacher_hidden.shape} / kernel {teacher_kernel.shape}: need the same [B, T] and V")
-    size, n_chunks = _chunk_plan(student_kernel.shape[1], chunk)
+    size, n_chunks = chunk_plan(student_kernel.shape[1], chunk)
     xs = predicting_rows(student_hidden)
     xt = jax.lax.stop_gradient(predicting_rows(teacher_hidden))
     kt = jax.lax.stop_gradient(teacher_kernel)
@@ -137,7 +137,7 @@ def reverse_kl_per_token_chunked(student_hidden: jax.Array, student_kernel: jax.
     (ms, ss, mt, st, w), _ = jax.lax.scan(jax.checkpoint(body, prevent_cse=False), (neg, zero, neg, zero, zero),
                                           jnp.arange(n_chunks))
     kl = w / ss - (ms + jnp.log(ss)) + (mt + jnp.log(st))
-    return _next_token_values(kl, b, t)
+    return next_token_values(kl, b, t)
 
 
 def exact_reverse_kl(student, teacher, action_mask: jax.Array, *, chunk: int | None = None,

@@ -6,8 +6,8 @@ every mask is 0 at t = 0.
 
 What is here, and which variant each function implements (GRPO objective: Shao et al. 2024, DeepSeekMath,
 arXiv 2402.03300, eq. 3; the reference code named per item):
-- `token_logprobs` / `token_logprobs_chunked`: log pi(token_t | tokens_<t) at a sampling temperature;
-  the chunked one streams the vocabulary through a running logsumexp so [B, T, V] never exists.
+- log pi(token_t | tokens_<t) itself (`token_logprobs`, `token_logprobs_chunked`) is the rollout layer's
+  (`hat_jax.rollout.logprobs`), shared with evaluation; the losses below take it from there.
 - `masked_token_ce_sum`: (sum of masked token NLL, token count); the trainer divides the sum over all
   micro-batches by the total count, which is token-mean over the whole accumulated batch. With the
   `segment_ids` of packed rows, a target is counted only inside its document (`same_document_targets`).
@@ -29,7 +29,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from hat_jax.model.sharding import constrain
+from hat_jax.rollout.logprobs import (next_token_values, predicting_rows, running_logsumexp, token_logprobs,
+                                     token_logprobs_chunked, vocab_chunk_logits)
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
@@ -39,129 +40,6 @@ def check_aggregation(mode: str) -> str:
     if mode not in AGGREGATIONS:
         raise ValueError(f"unknown loss aggregation {mode!r}; valid: {', '.join(AGGREGATIONS)}")
     return mode
-
-
-def _shift_pad(x: jax.Array) -> jax.Array:
-    """[B, T-1] values for tokens 1..T-1 -> [B, T] with entry 0 = 0."""
-    return jnp.pad(x, ((0, 0), (1, 0)))
-
-
-# --------------------------------------------------------------------------------------------------
-# token log-probabilities
-
-
-def token_logprobs(logits: jax.Array, input_ids: jax.Array, temperature: float | jax.Array = 1.0) -> jax.Array:
-    """Log-probability of each token under the distribution the previous position predicts.
-
-    Args:
-        logits: [B, T, V] any float dtype (computed in float32).
-        input_ids: [B, T] int32.
-        temperature: the sampler temperature (> 0); logits are divided by it (both policies'
-            logprobs must use the sampling temperature, as marin's `compute_logprobs`; TRL #6789).
-    Returns:
-        [B, T] float32: entry 0 = 0, entry t = log_softmax(logits[:, t-1] / temperature)[input_ids[:, t]].
-    """
-    z = logits[:, :-1].astype(jnp.float32) / temperature
-    logp = jax.nn.log_softmax(z, axis=-1)
-    picked = jnp.take_along_axis(logp, input_ids[:, 1:, None].astype(jnp.int32), axis=-1)[..., 0]
-    return _shift_pad(picked)
-
-
-def predicting_rows(hidden: jax.Array) -> jax.Array:
-    """[B, T, H] -> [B*T, H]: every position's hidden state as one row of the chunked vocabulary matmuls,
-    the rows split over the mesh's batch axes (`constrain`). Position T-1 predicts nothing; callers drop it
-    with `_next_token_values`. All T positions are kept (not T-1) so that B*T divides by the batch devices
-    whenever B*T does (T-1 = 16,383 is odd), at 1/T extra compute."""
-    b, t, h = hidden.shape
-    return constrain(hidden.reshape(b * t, h), ("batch", None))
-
-
-def _next_token_values(rows: jax.Array, b: int, t: int) -> jax.Array:
-    """[B*T] per-position values of `predicting_rows` -> [B, T]: entry 0 = 0, entry t = position t-1's value."""
-    return _shift_pad(rows.reshape(b, t)[:, :-1])
-
-
-def _chunk_plan(vocab: int, chunk: int) -> tuple[int, int]:
-    if int(chunk) < 1:
-        raise ValueError(f"chunk: expected a positive vocabulary chunk size, got {chunk!r}")
-    size = min(int(chunk), vocab)
-    return size, -(-vocab // size)
-
-
-def vocab_chunk_logits(x: jax.Array, kernel: jax.Array, i: jax.Array, size: int,
-                       temperature, compute_dtype) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Logits of vocabulary chunk i: columns [i*size, (i+1)*size) of `x @ kernel`, divided by temperature.
-
-    The last chunk is shifted left to stay inside the vocabulary (no padded copy of the kernel), so
-    some of its columns were already covered by chunk i-1: `fresh` marks the columns this chunk owns.
-
-    Args:
-        x: [M, H]; kernel: [H, V]; i: int32 scalar chunk index; size: static chunk width (<= V).
-    Returns:
-        (logits [M, size] float32, column ids [size] int32, fresh [size] bool).
-    """
-    vocab = kernel.shape[1]
-    start = jnp.minimum(i * size, vocab - size)
-    k = jax.lax.dynamic_slice_in_dim(kernel, start, size, axis=1)
-    z = jnp.dot(x.astype(compute_dtype), k.astype(compute_dtype), preferred_element_type=jnp.float32)
-    cols = start + jnp.arange(size, dtype=jnp.int32)
-    return z / temperature, cols, cols >= i * size
-
-
-def running_logsumexp(m: jax.Array, s: jax.Array, z: jax.Array, fresh: jax.Array):
-    """One step of a streaming logsumexp over the last axis: lse = m + log(s).
-
-    m is held out of the gradient (lse does not depend on the shift), so the gradient of the final
-    m + log(s) is exactly softmax(z) over all chunks.
-
-    Args:
-        m: [M] running max (init -inf); s: [M] running sum of exp(z - m) (init 0);
-        z: [M, C] this chunk's logits; fresh: [C] columns to include.
-    Returns:
-        (m_new [M], s_new [M], exp(z - m_new) [M, C] with non-fresh columns 0, scale exp(m - m_new) [M]).
-    """
-    z = jnp.where(fresh[None, :], z, -jnp.inf)
-    m_new = jnp.maximum(m, jax.lax.stop_gradient(jnp.max(z, axis=-1)))
-    scale = jnp.exp(m - m_new)
-    e = jnp.exp(z - m_new[:, None])
-    return m_new, s * scale + jnp.sum(e, axis=-1), e, scale
-
-
-def token_logprobs_chunked(hidden: jax.Array, lm_head_kernel: jax.Array, input_ids: jax.Array,
-                           chunk: int = 8192, temperature: float | jax.Array = 1.0,
-                           compute_dtype=jnp.float32) -> jax.Array:
-    """`token_logprobs(hidden @ lm_head_kernel, input_ids)` without materialising [B, T, V].
-
-    A `jax.lax.scan` over vocabulary chunks keeps a running logsumexp and picks the target logit out
-    of the chunk that holds it; the scan body is rematerialised (`jax.checkpoint`) so the backward
-    pass also holds one [B*T, chunk] block at a time.
-
-    Args:
-        hidden: [B, T, H] the model's final (post-norm) hidden states.
-        lm_head_kernel: [H, V] (the `lm_head/kernel` param).
-        input_ids: [B, T] int32.
-        chunk: vocabulary chunk width (any V; clipped to V).
-        temperature: sampler temperature.
-        compute_dtype: matmul input dtype (accumulation is float32).
-    Returns:
-        [B, T] float32, same convention as `token_logprobs`.
-    """
-    b, t, _ = hidden.shape
-    size, n_chunks = _chunk_plan(lm_head_kernel.shape[1], chunk)
-    x = predicting_rows(hidden)
-    target = jnp.pad(input_ids[:, 1:], ((0, 0), (0, 1))).reshape(-1).astype(jnp.int32)
-
-    def body(carry, i):
-        m, s, picked = carry
-        z, cols, fresh = vocab_chunk_logits(x, lm_head_kernel, i, size, temperature, compute_dtype)
-        m, s, _, _ = running_logsumexp(m, s, z, fresh)
-        hit = (cols[None, :] == target[:, None]) & fresh[None, :]
-        return (m, s, picked + jnp.sum(jnp.where(hit, z, 0.0), axis=-1)), None
-
-    rows = x.shape[0]
-    init = (jnp.full((rows,), -jnp.inf, jnp.float32), jnp.zeros((rows,), jnp.float32), jnp.zeros((rows,), jnp.float32))
-    (m, s, picked), _ = jax.lax.scan(jax.checkpoint(body, prevent_cse=False), init, jnp.arange(n_chunks))
-    return _next_token_values(picked - (m + jnp.log(s)), b, t)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -208,7 +86,7 @@ def token_entropy_chunked(hidden: jax.Array, kernel: jax.Array, chunk: int, temp
     rows = x.shape[0]
     init = (jnp.full((rows,), -jnp.inf, jnp.float32), jnp.zeros((rows,), jnp.float32), jnp.zeros((rows,), jnp.float32))
     (m, s, w), _ = jax.lax.scan(body, init, jnp.arange(-(-vocab // size)))
-    return _next_token_values(m + jnp.log(s) - w / s, b, t)
+    return next_token_values(m + jnp.log(s) - w / s, b, t)
 
 
 def masked_nll_sum(logprobs: jax.Array, loss_mask: jax.Array,

@@ -64,7 +64,10 @@ import jax.numpy as jnp
 from hat_jax.data.world_data import WorldDataConfig
 from hat_jax.harness.hsa import HSAConfig
 from hat_jax.judges.rewards import RewardConfig
+from hat_jax.model.params import COMPUTE_DTYPES
+from hat_jax.model.sharding import default_mesh
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
+from hat_jax.rollout.checkpoint import tokenizer_from_checkpoint
 from hat_jax.sim.env import EnvConfig
 from hat_jax.train import checkpoints as ckpt
 from hat_jax.train.kl import OPD_LOSSES, check_opd_loss
@@ -73,13 +76,11 @@ from hat_jax.train.opd_batches import EXACT_KEYS, SAMPLED_KEYS, OPDBatches, live
 from hat_jax.train.opd_loss import opd_loss_fn
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
 from hat_jax.train.rl import HARNESS_MODES, rl_fault_rates
-from hat_jax.train.sft import tokenizer_from_checkpoint
-from hat_jax.train.stage import (COMPUTE_DTYPES, StageRun, add_out_steps, add_resume_force, add_set_progress,
+from hat_jax.train.stage import (StageRun, add_out_steps, add_resume_force, add_set_progress,
                                  apply_overrides, check_dtypes, check_model_options, check_run_fields, cli, config_json,
                                  finish_main, model_options, parse_stage_args, resolved_optim, run_options,
                                  stage_parser, stage_section)
-from hat_jax.train.trainer import (LoopConfig, TrainState, default_mesh, make_train_step, place_batch,
-                                   split_micro_batches)
+from hat_jax.train.trainer import LoopConfig, TrainState, make_train_step, place_batch, split_micro_batches
 
 log = logging.getLogger(__name__)
 PROMPT_SOURCES = ("general", "tulu", "live")
@@ -241,7 +242,8 @@ def load_checkpoint(path: str, role: str, mesh_shape=None, dtype: str | None = N
       FileNotFoundError: missing checkpoint or params. IncompatibleCheckpointError: unreadable or mismatched, or
         a mesh that cannot shard a parameter (named).
     """
-    from hat_jax.train.sharded_init import cast_params, restore_params
+    from hat_jax.model.params import cast_params
+    from hat_jax.train.sharded_init import restore_params
 
     model_config = _checkpoint_config(path, role)
     mesh = default_mesh(mesh_shape, model_config.num_experts)
@@ -286,12 +288,11 @@ def opd_tokenizer(config: OPDConfig, vocab_size: int, out_dir: Path):
 
 
 def run_opd(config: OPDConfig, out_dir: str | Path, *, resume: bool = False, force: bool = False,
-            progress: bool = True, generate_fn=None) -> TrainState:
+            progress: bool = True) -> TrainState:
     """Runs the OPD stage into `out_dir` (module docstring); returns the final state.
 
     Args:
       resume: continue from the latest checkpoint in out_dir. force: resume despite a config-hash mismatch.
-      generate_fn: replaces the sampler (tests).
     Raises:
       ValueError: no init. FileExistsError: out_dir holds checkpoints and resume is False.
       FileNotFoundError / IncompatibleCheckpointError: a bad init or teacher (named), a teacher with another
@@ -325,7 +326,7 @@ def run_opd(config: OPDConfig, out_dir: str | Path, *, resume: bool = False, for
     teacher_model = Qwen3_5MoeForCausalLM(teacher_config, dtype=dtype, **model_options(config, train=False))
     train_step = make_train_step(opd_loss_fn(model, config), optimizer, lb_coef=config.lb_coef,
                                  schedule=lr_schedule(optim), shardings=run.shardings)
-    batches = OPDBatches(config, model_config, tokenizer, pool, teacher_params, teacher_model, generate_fn)
+    batches = OPDBatches(config, model_config, tokenizer, pool, teacher_params, teacher_model)
     teacher_kernel = teacher_params["lm_head"]["kernel"]
     keys = EXACT_KEYS if config.loss == "exact" else SAMPLED_KEYS
 

@@ -20,7 +20,7 @@ strong teacher in the same environment, from the same checkpoint). Steps 1-2 bec
 (`hat_jax.train.rl`, with the same draws: `draw_task_indices` / `draw_harnesses` are shared, so with equal seed,
 world and counts both arms see the same tasks and harness variants at each step): `prompts_per_step` distinct
 tasks of `rl_tasks(world)` drawn by (seed, step); harness `harness_mode` = "original" (the production harness)
-or "hsa" (`compose(production, Random(s), hsa, "train")`, s from (seed, step, task index)); `rollout_batch`
+or "hsa" (`compose(production, Random(s), hsa, "train")`, s from (seed, step, task index)); `rollout_episodes`
 with the current student params, `samples_per_prompt` episodes per task, at most `max_turns` model turns of
 `max_new_tokens` each, `env` (tool rounds, faults), sequences capped at seq_len, rng `sampling_key`. The
 sequence of an episode is prompt + sampled + environment (tool responses, hook feedback, next generation
@@ -45,13 +45,14 @@ import jax
 import numpy as np
 
 from hat_jax.judges.rewards import COMPONENTS, RewardConfig, weighted_reward
+from hat_jax.model.params import COMPUTE_DTYPES
 from hat_jax.model.sampler import SamplingConfig
+from hat_jax.rollout import JaxSampler, RolloutConfig, rollout_episodes, sample_completions
+from hat_jax.rollout.sampler import round_up
 from hat_jax.tokenizer import chat_encoding
 from hat_jax.train.opd_loss import make_teacher_fn
 from hat_jax.train.rl import draw_harnesses, draw_task_indices
 from hat_jax.train.rl_rewards import OUTCOMES, judge_rewards
-from hat_jax.train.rollout_tokens import round_up, sample_completions
-from hat_jax.train.stage import COMPUTE_DTYPES
 from hat_jax.train.trainer import TrainState
 
 if TYPE_CHECKING:
@@ -190,26 +191,27 @@ class OPDBatches:
     Args:
       config: the stage. model_config: the student's. tokenizer: shared by both models.
       pool: chat prompts (`prompt_pool`) or, for "live", a `LiveTasks` (`live_pool`). teacher_params: frozen.
-      teacher_model: the teacher's module. generate_fn: the sampler (tests may pass a scripted one).
+      teacher_model: the teacher's module.
+      sampler: the student's sampler, given each step's params by `with_params` (default: a `JaxSampler` of
+        the student in the stage's compute dtype with its bucket).
     """
 
     def __init__(self, config: OPDConfig, model_config, tokenizer, pool, teacher_params, teacher_model,
-                 generate_fn=None):
+                 sampler=None):
         self.config, self.model_config, self.tokenizer, self.pool = config, model_config, tokenizer, pool
         self.teacher_params, self.teacher_fn = teacher_params, make_teacher_fn(teacher_model, config)
         self.sampling = SamplingConfig(temperature=config.temperature, top_p=config.top_p,
                                        max_new_tokens=config.max_new_tokens)
-        self.extra = {} if generate_fn is None else {"generate_fn": generate_fn}
+        self.sampler = sampler if sampler is not None else JaxSampler(
+            None, model_config, tokenizer, COMPUTE_DTYPES[config.compute_dtype], bucket=config.bucket)
 
     def _completions(self, params, step: int) -> tuple[dict, dict]:
         c = self.config
         prompts = [self.pool[i] for i in step_prompt_ids(c, len(self.pool), step)]
         t0 = time.perf_counter()
-        rows = sample_completions(params, self.model_config, self.tokenizer, prompts, self.sampling,
-                                  sampling_key(c, step), c.samples_per_prompt, c.seq_len,
-                                  dtype=COMPUTE_DTYPES[c.compute_dtype], bucket=c.bucket,
-                                  template_kwargs=None if c.enable_thinking else {"enable_thinking": False},
-                                  **self.extra)
+        rows = sample_completions(self.sampler.with_params(params), prompts, self.sampling, sampling_key(c, step),
+                                  c.samples_per_prompt, c.seq_len,
+                                  template_kwargs=None if c.enable_thinking else {"enable_thinking": False})
         dt = time.perf_counter() - t0
         comp = rows["completion_lengths"]
         return rows, {"rollout/completion_len": float(np.mean(comp)),
@@ -217,16 +219,14 @@ class OPDBatches:
                       "rollout/gen_tokens_per_s": float(np.sum(comp)) / max(dt, 1e-9), "time/generation_s": dt}
 
     def _episodes(self, params, step: int) -> tuple[dict, dict]:
-        from hat_jax.train.rollout import rollout_batch
-
         c, pool = self.config, self.pool
         tasks = [pool.tasks[i] for i in draw_task_indices(len(pool.tasks), c.prompts_per_step, c.seed, step)]
         harnesses = draw_harnesses(pool.production, c.harness_mode, c.hsa, c.seed, step, len(tasks))
         t0 = time.perf_counter()
-        rollout = rollout_batch(params, self.model_config, self.tokenizer, pool.world, tasks, harnesses, c.env,
-                                self.sampling, c.samples_per_prompt, sampling_key(c, step), max_turns=c.max_turns,
-                                seq_len=c.seq_len, dtype=COMPUTE_DTYPES[c.compute_dtype], bucket=c.bucket,
-                                **self.extra)
+        settings = RolloutConfig(self.sampling, group_size=c.samples_per_prompt, max_turns=c.max_turns,
+                                 seq_len=c.seq_len, env=c.env)
+        rollout = rollout_episodes(self.sampler.with_params(params), pool.world, tasks, harnesses,
+                                   sampling_key(c, step), settings)
         t1 = time.perf_counter()
         components, counts = judge_rewards(rollout, harnesses, self.tokenizer, c.reward)
         stats = live_metrics(rollout, components, counts, c.reward)

@@ -40,11 +40,12 @@ from typing import TYPE_CHECKING
 import jax
 import jax.numpy as jnp
 
+from hat_jax.model.params import COMPUTE_DTYPES
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
+from hat_jax.rollout.logprobs import token_logprobs, token_logprobs_chunked
 from hat_jax.train.kl import exact_reverse_kl, sampled_reverse_kl_loss
-from hat_jax.train.losses import masked_mean, token_entropy_chunked, token_logprobs, token_logprobs_chunked
+from hat_jax.train.losses import masked_mean, token_entropy_chunked
 from hat_jax.train.rl_loss import counted_sequences
-from hat_jax.train.stage import COMPUTE_DTYPES
 from hat_jax.train.trainer import moe_aux
 
 if TYPE_CHECKING:

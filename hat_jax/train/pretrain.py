@@ -82,14 +82,14 @@ from hat_jax.data.corpus import pretraining_chats, recall_probe, render_chat
 from hat_jax.data.packing import PackedBatches, fit_document, pack_documents, refuse_packed_state
 from hat_jax.data.world_data import WorldDataConfig, cache_root
 from hat_jax.model.config import get_config
-from hat_jax.model.params import INIT_SCHEME, init_params
+from hat_jax.model.params import COMPUTE_DTYPES, INIT_SCHEME, init_params
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
+from hat_jax.rollout.logprobs import token_logprobs
 from hat_jax.train.checkpoints import config_hash
-from hat_jax.train.losses import token_logprobs
 from hat_jax.train.metrics import MetricsWriter, read_metrics
 from hat_jax.train.optim import OptimConfig
 from hat_jax.train.sft import bpe_tokenizer_dir, run_masked_ce
-from hat_jax.train.stage import (COMPUTE_DTYPES, StageRun, add_set_progress, apply_overrides, cli, config_json,
+from hat_jax.train.stage import (StageRun, add_set_progress, apply_overrides, cli, config_json,
                                  parse_stage_args, stage_parser, stage_section)
 
 log = logging.getLogger(__name__)
@@ -525,7 +525,7 @@ def import_hf_base(hf_path: str | Path, out_dir: str | Path) -> Path:
     """
     from hat_jax.model.checkpoint_io import save_model_checkpoint
     from hat_jax.model.hf_io import TOKENIZER_FILES, load_hf_checkpoint, read_hf_config, stream_hf_params
-    from hat_jax.train.trainer import default_mesh
+    from hat_jax.model.sharding import default_mesh
     from hat_jax.tokenizer import load_tokenizer
 
     src, out = Path(hf_path).resolve(), Path(out_dir).resolve()

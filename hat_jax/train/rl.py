@@ -10,7 +10,7 @@ One RL step (a batch function for `hat_jax.train.trainer.run_stage`, called with
    with (seed, step). Harness (the stage switch, issue point 5): "original" = the production harness;
    "hsa" = `compose(production, random.Random(s), config.hsa, "train")` per task, s derived from
    (seed, step, task index) (`numpy.random.SeedSequence`); the env runs and the judges score under it.
-2. Rollouts: `hat_jax.train.rollout.rollout_batch` with the *current* params (pi_old = the sampler),
+2. Rollouts: `hat_jax.rollout.rollout_episodes` with the *current* params (pi_old = the sampler),
    G = `group_size` episodes per task (same faults within a group), at most `max_turns` model turns of
    `max_new_tokens` each, `env.max_tool_rounds` tool rounds (paper: 4), sequences capped at `seq_len`; rng
    fold_in(fold_in(key(seed), 2), step). Everything a step draws depends on (seed, step) and the params
@@ -80,7 +80,10 @@ import numpy as np
 from hat_jax.data.world_data import WorldDataConfig, rl_tasks, world_for
 from hat_jax.harness.hsa import HSAConfig, compose
 from hat_jax.judges.rewards import RewardConfig
+from hat_jax.model.params import COMPUTE_DTYPES
+from hat_jax.model.sharding import default_mesh
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
+from hat_jax.rollout.checkpoint import tokenizer_from_checkpoint
 from hat_jax.sim.env import EnvConfig
 from hat_jax.train import checkpoints as ckpt
 from hat_jax.train.advantages import get_advantage_estimator
@@ -88,12 +91,12 @@ from hat_jax.train.losses import check_aggregation
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
 from hat_jax.train.rl_loss import BATCH_KEYS, make_ref_logprobs, make_rl_train_step, rl_loss_fn
 from hat_jax.train.rl_rewards import host_batch, judge_rewards
-from hat_jax.train.sft import load_init_params, tokenizer_from_checkpoint
-from hat_jax.train.stage import (COMPUTE_DTYPES, StageRun, add_out_steps, add_resume_force, add_set_progress,
+from hat_jax.train.sft import load_init_params
+from hat_jax.train.stage import (StageRun, add_out_steps, add_resume_force, add_set_progress,
                                  apply_overrides, check_dtypes, check_model_options, check_run_fields, cli, config_json,
                                  finish_main, model_options, parse_stage_args, resolved_optim, run_options,
                                  stage_parser, stage_section)
-from hat_jax.train.trainer import LoopConfig, TrainState, default_mesh, place_batch, split_micro_batches
+from hat_jax.train.trainer import LoopConfig, TrainState, place_batch, split_micro_batches
 
 log = logging.getLogger(__name__)
 HARNESS_MODES = ("original", "hsa")
@@ -251,10 +254,14 @@ class RLBatches:
     """The on-policy batch function: `batches(state) -> host batch` for step state.step + 1 (module docstring).
 
     The host batch holds the device keys of `hat_jax.train.rl_loss` and "_metrics" (the step's reward /
-    advantage / rollout / time scalars, reported through `run_stage`'s batch_metrics).
+    advantage / rollout / time scalars, reported through `run_stage`'s batch_metrics). The rollouts go through
+    `sampler` (default: a `JaxSampler` of the model in `dtype` with the stage's rollout bucket), given each
+    step's params by `with_params`.
     """
 
-    def __init__(self, config: RLConfig, model_config, tokenizer, ref_params=None, dtype=None):
+    def __init__(self, config: RLConfig, model_config, tokenizer, ref_params=None, dtype=None, sampler=None):
+        from hat_jax.model.sampler import SamplingConfig
+        from hat_jax.rollout import JaxSampler, RolloutConfig
         from hat_jax.sim.world_harness import production_harness
 
         self.config, self.model_config, self.tokenizer = config, model_config, tokenizer
@@ -265,6 +272,13 @@ class RLBatches:
         self.world = world_for(config.world.world_seed, config.world.n_products)
         self.production = production_harness()
         self.dtype = dtype if dtype is not None else COMPUTE_DTYPES[config.compute_dtype]
+        self.sampler = sampler if sampler is not None else JaxSampler(None, model_config, tokenizer, self.dtype,
+                                                                       bucket=config.rollout_bucket)
+        sampling = SamplingConfig(temperature=config.temperature, top_p=config.top_p,
+                                  max_new_tokens=config.max_new_tokens)
+        self.rollout_config = RolloutConfig(sampling, group_size=config.group_size, max_turns=config.max_turns,
+                                            seq_len=config.seq_len, record_expert_ids=config.routing_replay,
+                                            env=config.env)
         self.ref_params = ref_params
         self.ref_fn = None
         if config.beta > 0:
@@ -274,18 +288,15 @@ class RLBatches:
 
     def rollout(self, params, step: int):
         """(RolloutBatch, harnesses) of step `step` under `params`."""
-        from hat_jax.model.sampler import SamplingConfig
-        from hat_jax.train.rollout import rollout_batch
+        from hat_jax.rollout import rollout_episodes
 
         c = self.config
         idx = step_task_indices(len(self.tasks), c, step)
         tasks = [self.tasks[i] for i in idx]
         harnesses = step_harnesses(self.production, c, step, len(tasks))
-        sampling = SamplingConfig(temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens)
         rng = jax.random.fold_in(jax.random.fold_in(jax.random.key(c.seed), 2), step)
-        batch = rollout_batch(params, self.model_config, self.tokenizer, self.world, tasks, harnesses, c.env,
-                              sampling, c.group_size, rng, max_turns=c.max_turns, record_expert_ids=c.routing_replay,
-                              seq_len=c.seq_len, dtype=self.dtype, bucket=c.rollout_bucket)
+        batch = rollout_episodes(self.sampler.with_params(params), self.world, tasks, harnesses, rng,
+                                 self.rollout_config)
         return batch, harnesses
 
     def __call__(self, state: TrainState) -> dict:

@@ -2,7 +2,7 @@
 aggregation's numerator/denominator split for gradient accumulation, the frozen reference's logprobs, and
 the train step that applies `ppo_epochs x ppo_minibatches` optimizer updates per rollout batch.
 
-Batch keys (host and device, rows = sequences; per-token arrays aligned with input_ids as in `hat_jax.train.losses.token_logprobs`):
+Batch keys (host and device, rows = sequences; per-token arrays aligned with input_ids as in `hat_jax.rollout.logprobs.token_logprobs`):
   input_ids, attention_mask, action_mask (1 on sampled tokens of valid samples), old_logprobs [B, T];
   advantages [B] (one per sequence, broadcast over its tokens); ref_logprobs [B, T] when beta > 0;
   expert_ids [B, L, T, k] int32 when routing replay is on (row-leading so micro-batches split on rows;
@@ -36,8 +36,8 @@ import jax.numpy as jnp
 import optax
 
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
-from hat_jax.train.losses import (aggregate, check_aggregation, clipped_policy_loss, masked_mean, token_entropy_chunked,
-                                  token_logprobs, token_logprobs_chunked)
+from hat_jax.rollout.logprobs import token_logprobs, token_logprobs_chunked
+from hat_jax.train.losses import aggregate, check_aggregation, clipped_policy_loss, masked_mean, token_entropy_chunked
 from hat_jax.train.trainer import LossFn, TrainState, accumulate_gradients, finite_flag, moe_aux
 
 BATCH_KEYS = ("input_ids", "attention_mask", "action_mask", "old_logprobs", "advantages")

@@ -16,23 +16,11 @@ import numpy as np
 
 from hat_jax.judges.rewards import COMPONENTS, RewardConfig, reward_components
 from hat_jax.judges.rules import judge_episode
-from hat_jax.tokenizer import split_reasoning
+from hat_jax.rollout.sampler import round_up
+from hat_jax.rollout.turns import reasoning_tokens
 from hat_jax.train.advantages import get_advantage_estimator, group_normalise
-from hat_jax.train.rollout_tokens import encode, round_up
 
 OUTCOMES = ("replied", "no_reply", "round_limit", "malformed", "truncated")  # `hat_jax.sim.types.Episode.outcome`
-EOS_TEXT = "<|im_end|>"
-
-
-def turn_reasoning(text: str) -> str:
-    """The reasoning of one sampled turn: the generation prompt ends with `<think>\\n`, so the sampled text is
-    reasoning up to `</think>` (all of it when the turn was cut while thinking)."""
-    return split_reasoning("<think>\n" + text.replace(EOS_TEXT, ""))[0]
-
-
-def reasoning_counts(turn_texts: Sequence[str], tokenizer: Any) -> list[int]:
-    """Reasoning tokens (re-tokenised with `tokenizer`) of each sampled turn of one episode."""
-    return [len(encode(tokenizer, r)) if (r := turn_reasoning(t)) else 0 for t in turn_texts]
 
 
 def judge_rewards(rollout, harnesses: Sequence[Any], tokenizer: Any,
@@ -41,7 +29,7 @@ def judge_rewards(rollout, harnesses: Sequence[Any], tokenizer: Any,
 
     Args:
         rollout: a `RolloutBatch` (group_ids index `harnesses`). harnesses: one per task.
-        tokenizer: counts reasoning tokens. config: the CoT penalty shape.
+        tokenizer: counts reasoning tokens (`hat_jax.rollout.turns.reasoning_tokens`). config: the CoT penalty shape.
     Returns:
         ({component: float32 [N]} in `COMPONENTS` order, reasoning tokens per sampled turn of each episode).
     """
@@ -49,7 +37,7 @@ def judge_rewards(rollout, harnesses: Sequence[Any], tokenizer: Any,
     counts = []
     for n, episode in enumerate(rollout.episodes):
         harness = harnesses[int(rollout.group_ids[n])]
-        turns = reasoning_counts(rollout.turn_texts[n], tokenizer)
+        turns = [reasoning_tokens(tokenizer, text) for text in rollout.turn_texts[n]]
         values = reward_components(judge_episode(episode, harness), turns, config)
         for k in COMPONENTS:
             comps[k][n] = values[k]

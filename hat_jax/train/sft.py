@@ -51,14 +51,17 @@ from hat_jax.data.packing import PackedBatches, refuse_packed_state
 from hat_jax.data.pipeline import SFTDataConfig, sft_batches, sft_dataset
 from hat_jax.data.world_data import PRODUCTION, WorldDataConfig, cache_root, sft_records
 from hat_jax.model.config import get_config
+from hat_jax.model.params import COMPUTE_DTYPES
+from hat_jax.model.sharding import default_mesh
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
+from hat_jax.rollout.checkpoint import tokenizer_from_checkpoint
 from hat_jax.train.losses import masked_token_ce_sum, masked_token_ce_sum_chunked
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
-from hat_jax.train.stage import (COMPUTE_DTYPES, StageRun, add_out_steps, add_resume_force, add_set_progress,
+from hat_jax.train.stage import (StageRun, add_out_steps, add_resume_force, add_set_progress,
                                  apply_overrides, check_dtypes, check_model_options, check_run_fields, cli, config_json,
                                  finish_main, model_options, parse_stage_args, resolved_optim, run_options,
                                  stage_parser, stage_section)
-from hat_jax.train.trainer import (LoopConfig, TrainState, default_mesh, make_train_step, moe_aux, place_batch,
+from hat_jax.train.trainer import (LoopConfig, TrainState, make_train_step, moe_aux, place_batch,
                                    split_micro_batches)
 
 log = logging.getLogger(__name__)
@@ -162,17 +165,6 @@ def _render_record(record: dict) -> str:
 
     h = production_harness()
     return render_chat(render_messages(h, record["messages"]), h.openai_tools())
-
-
-def tokenizer_from_checkpoint(init: str | None) -> Path | None:
-    """The tokenizer folder that comes with a checkpoint (`<ckpt>/tokenizer` or its parent's), or None."""
-    if init is None:
-        return None
-    root = Path(init)
-    for folder in (root / "tokenizer", root.parent / "tokenizer"):
-        if (folder / "tokenizer.json").is_file():
-            return folder
-    return None
 
 
 def bpe_tokenizer_dir(vocab_size: int, tokenizer_texts: int, world: WorldDataConfig,
@@ -283,7 +275,8 @@ def load_init_params(path: str | Path, model_config, what: str = "SFT init", mes
         IncompatibleCheckpointError: unreadable params, another shape (names the first bad leaf), another model
             config (lists the differing fields), a mesh that cannot shard a parameter (names it).
     """
-    from hat_jax.train.sharded_init import cast_params, restore_params
+    from hat_jax.model.params import cast_params
+    from hat_jax.train.sharded_init import restore_params
 
     params = restore_params(path, model_config, mesh, what)
     return params if dtype is None else cast_params(params, model_config, COMPUTE_DTYPES[dtype], mesh)

@@ -12,21 +12,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from hat_jax.model.params import params_logical_axes, params_shapes
-from hat_jax.model.sharding import logical_to_mesh
+from hat_jax.model.params import params_shapes, params_shardings
 from hat_jax.train import checkpoints as ckpt
 from hat_jax.train.trainer import TrainState, init_train_state
-
-
-def params_shardings(model_config, mesh):
-    """NamedShardings of the model's params on `mesh` (`hat_jax.model.sharding` rules), or None (no mesh).
-
-    Raises:
-        ValueError: a parameter the mesh cannot shard (names the parameter, its shape and the mesh).
-    """
-    if mesh is None:
-        return None
-    return logical_to_mesh(params_logical_axes(model_config), params_shapes(model_config), mesh)
 
 
 def restore_params(path: str | Path, model_config, mesh, what: str) -> dict:
@@ -57,16 +45,6 @@ def restore_params(path: str | Path, model_config, mesh, what: str) -> dict:
         raise ckpt.IncompatibleCheckpointError(f"{what} checkpoint {str(path)!r} has another model config: "
                                                + "; ".join(diff[:8]))
     return params
-
-
-def cast_params(params: dict, model_config, dtype, mesh) -> dict:
-    """`params` cast to the model's param dtypes at `dtype` (float32 / bfloat16), inside `jit` with
-    out_shardings on `mesh` (or the default device): each device casts its own shards. `params` is donated."""
-    target = params_shapes(model_config, dtype)
-    shardings = params_shardings(model_config, mesh)
-    fn = jax.jit(lambda p: jax.tree_util.tree_map(lambda x, t: x.astype(t.dtype), p, target),
-                 out_shardings=shardings, donate_argnums=0)
-    return fn(params)
 
 
 def init_state(params: dict, optimizer: optax.GradientTransformation, rng: jax.Array, param_dtype,

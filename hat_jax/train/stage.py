@@ -38,9 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
-from hat_jax.model.params import params_shapes
+from hat_jax.model.params import COMPUTE_DTYPES, params_shapes
 from hat_jax.model.sharding import mesh_context
 from hat_jax.train import checkpoints as ckpt
 from hat_jax.train.metrics import MetricsWriter
@@ -48,7 +47,6 @@ from hat_jax.train.optim import OptimConfig
 from hat_jax.train.trainer import (LoopConfig, NonFiniteLossError, TrainState, init_train_state, place_state,
                                    run_stage, state_shardings)
 
-COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 CLI_ERRORS = (NonFiniteLossError, ckpt.ConfigMismatchError, ckpt.IncompatibleCheckpointError,
               ckpt.DamagedCheckpointError, FileExistsError,
               FileNotFoundError, ValueError)

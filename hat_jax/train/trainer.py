@@ -28,9 +28,9 @@ buffers donated.
 Precision: params stay in their dtype (fp32 by default); a stage asking for bf16 compute builds its model
 with `dtype=bfloat16`, so activations are bf16 and gradients/optimizer state fp32.
 
-Sharding: with `mesh` given (`default_mesh()` when `jax.device_count() > 1`: fsdp x expert), params and the
-optimizer moments are placed by `hat_jax.model.sharding` rules, step/rng replicated, and batches split over
-('data', 'fsdp') on their micro-batch axis; GSPMD inserts the collectives.
+Sharding: with `mesh` given (`hat_jax.model.sharding.default_mesh()` when `jax.device_count() > 1`: fsdp x
+expert), params and the optimizer moments are placed by `hat_jax.model.sharding` rules, step/rng replicated,
+and batches split over ('data', 'fsdp') on their micro-batch axis; GSPMD inserts the collectives.
 
 `run_stage`: the loop with a tqdm progress bar (rate, ETA), metrics every `log_every` steps, a checkpoint
 every `ckpt_every` steps and at the end. Every step's metrics carry `finite` (`finite_flag`: one fused
@@ -59,7 +59,7 @@ from tqdm.auto import tqdm
 
 from hat_jax.model.moe import load_balancing_loss
 from hat_jax.model.params import params_logical_axes
-from hat_jax.model.sharding import fitted_spec, fully_sharded_shape, logical_to_mesh, make_mesh, spec_for
+from hat_jax.model.sharding import fitted_spec, logical_to_mesh, spec_for
 
 log = logging.getLogger(__name__)
 
@@ -244,16 +244,6 @@ def split_micro_batches(batch: Mapping[str, np.ndarray], accum_steps: int, keys=
 
 
 # ---------------------------------------------------------------------------------------------- sharding
-
-def default_mesh(shape: tuple[int, int, int, int] | None = None, num_experts: int = 1) -> Mesh | None:
-    """None on one device; else `make_mesh(*shape)` ((data, fsdp, expert, tensor)); without a shape, fully
-    sharded over every device (`hat_jax.model.sharding.fully_sharded_shape`: fsdp x expert)."""
-    if shape is None:
-        if jax.device_count() == 1:
-            return None
-        shape = fully_sharded_shape(jax.device_count(), num_experts)
-    return make_mesh(*shape)
-
 
 def state_shardings(state: TrainState, optimizer: optax.GradientTransformation, model_config, mesh: Mesh) -> TrainState:
     """NamedShardings for a TrainState (or its abstract shapes): params by the logical-axis rules, optimizer

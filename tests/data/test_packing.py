@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from hat_jax.data import packing as K
-from hat_jax.train.losses import (masked_token_ce_sum, masked_token_ce_sum_chunked, same_document_targets,
-                                  token_logprobs)
+from hat_jax.rollout.logprobs import token_logprobs
+from hat_jax.train.losses import masked_token_ce_sum, masked_token_ce_sum_chunked, same_document_targets
 
 LENGTHS = (3, 5, 2, 4, 6, 1, 3)
 

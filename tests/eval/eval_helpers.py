@@ -1,12 +1,10 @@
-"""Shared pieces of the eval tests: a micro-sized tokenizer that covers the eval prompts, a scripted sampler."""
+"""Shared pieces of the eval tests: a micro-sized tokenizer that covers the eval prompts."""
 
 from __future__ import annotations
 
 import json
-import types
 from pathlib import Path
 
-import numpy as np
 
 from hat_jax.data.general import general_prompts
 from hat_jax.data.suites import SUITES, item_harness
@@ -34,28 +32,8 @@ def eval_tokenizer(out_dir: Path, vocab_size: int = 4096, world: WorldDataConfig
     return train_bpe_tokenizer(texts * 2, vocab_size, out_dir / "bpe")
 
 
-def scripted_generate(tokenizer, text_for):
-    """A `generate` stand-in: row r gets the tokens of text_for(decoded prompt r) (+ eos), logprob -1."""
-    eos = int(tokenizer.eos_token_id)
-
-    def fake(params, config, ids, mask, rng, sampling, dtype=None, moe_impl=None, return_expert_ids=False):
-        b, n = ids.shape[0], sampling.max_new_tokens
-        tokens, lengths, finished = np.zeros((b, n), np.int32), np.zeros((b,), np.int32), np.zeros((b,), bool)
-        for r in range(b):
-            prompt = tokenizer.decode([int(t) for t in np.asarray(ids[r])[np.asarray(mask[r])]],
-                                      skip_special_tokens=False)
-            out = tokenizer(text_for(prompt), add_special_tokens=False)["input_ids"] + [eos]
-            finished[r] = len(out) <= n
-            out = out[:n]
-            tokens[r, :len(out)], lengths[r] = out, len(out)
-        lp = np.where(np.arange(n)[None] < lengths[:, None], -1.0, 0.0).astype(np.float32)
-        return types.SimpleNamespace(tokens=tokens, logprobs=lp, lengths=lengths, finished=finished)
-
-    return fake
-
-
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
 
 
-__all__ = ["SHARED_IFEVAL", "TINY_WORLD", "eval_tokenizer", "scripted_generate", "read_jsonl", "world_for"]
+__all__ = ["SHARED_IFEVAL", "TINY_WORLD", "eval_tokenizer", "read_jsonl", "world_for"]

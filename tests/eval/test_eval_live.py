@@ -1,20 +1,20 @@
-"""Live-stream suites: AVG and the metrics on hand-computed judgements, the per-task `env_configs` option of
-`rollout_batch`, and a suite run with a scripted sampler (each item under its own harness and faults)."""
+"""Live-stream suites: AVG and the metrics on hand-computed judgements, and a suite run with a scripted sampler
+(each item under its own harness and faults)."""
 
 from __future__ import annotations
 
-import jax
 import pytest
-from eval_helpers import TINY_WORLD, eval_tokenizer, scripted_generate
+from eval_helpers import eval_tokenizer
+from policy_helpers import recording_envs, scripted_generate
 
-import hat_jax.train.rollout as rollout_module
 from hat_jax.data.suites import item_env_config, item_harness
 from hat_jax.data.world_data import WorldDataConfig, eval_items, world_for
 from hat_jax.eval.live import run_live_suite, sample_scores, suite_keys, suite_scores
 from hat_jax.judges.rules import Judgement, judge_episode
 from hat_jax.model import get_config
 from hat_jax.model.sampler import SamplingConfig
-from hat_jax.sim.env import EnvConfig, LiveStreamEnv
+from hat_jax.rollout import JaxSampler, RolloutConfig
+from hat_jax.rollout.turns import encode
 from hat_jax.sim.world_harness import production_harness
 
 REPLY = "ok\n</think>\n\n您好，这款商品我帮您确认一下。"
@@ -64,40 +64,7 @@ def tokenizer(cache, tmp_path_factory):
 
 @pytest.fixture
 def recorded_envs(monkeypatch):
-    """The EnvConfig of every LiveStreamEnv that rollout_batch creates, in creation order."""
-    seen = []
-
-    class Recording(LiveStreamEnv):
-        def __init__(self, world, config=None, tool_runner=None):
-            super().__init__(world, config, tool_runner)
-            seen.append(config)
-
-    monkeypatch.setattr(rollout_module, "LiveStreamEnv", Recording)
-    return seen
-
-
-def test_rollout_batch_env_configs(tokenizer, recorded_envs):
-    world, harness = world_for(0, 240), production_harness()
-    items = eval_items("live_qa", TINY_WORLD)
-    tasks = [it.task for it in items]
-    configs = [EnvConfig(fault_rates={"error": 1.0}), EnvConfig(max_tool_rounds=2)]
-    config = get_config("micro", vocab_size=4096)
-    fake = scripted_generate(tokenizer, lambda prompt: REPLY)
-    sampling = SamplingConfig(max_new_tokens=64)
-    batch = rollout_module.rollout_batch(None, config, tokenizer, world, tasks, [harness] * 2, None, sampling, 2,
-                                         jax.random.key(0), max_turns=2, generate_fn=fake, env_configs=configs)
-    assert recorded_envs == [configs[0], configs[0], configs[1], configs[1]]  # task-major, G = 2
-    assert len(batch.episodes) == 4 and batch.group_ids.tolist() == [0, 0, 1, 1]
-    recorded_envs.clear()
-    rollout_module.rollout_batch(None, config, tokenizer, world, tasks, [harness] * 2, configs[1], sampling, 1,
-                                 jax.random.key(0), max_turns=2, generate_fn=fake)
-    assert recorded_envs == [configs[1], configs[1]]  # the single env_config: unchanged behaviour
-    with pytest.raises(ValueError, match="not both"):
-        rollout_module.rollout_batch(None, config, tokenizer, world, tasks, [harness] * 2, configs[0], sampling, 1,
-                                     jax.random.key(0), env_configs=configs)
-    with pytest.raises(ValueError, match=r"env_configs: expected one per task \(2\), got 1"):
-        rollout_module.rollout_batch(None, config, tokenizer, world, tasks, [harness] * 2, None, sampling, 1,
-                                     jax.random.key(0), env_configs=configs[:1])
+    return recording_envs(monkeypatch)
 
 
 def test_suite_items_run_under_their_harness_and_faults(tokenizer, recorded_envs):
@@ -106,29 +73,32 @@ def test_suite_items_run_under_their_harness_and_faults(tokenizer, recorded_envs
     assert [it.perturbation for it in items] == ["tool_failure", "schema_variant", "distractor_tools"]
     world, original = world_for(0, 240), production_harness()
     config = get_config("micro", vocab_size=4096)
-    fake = scripted_generate(tokenizer, lambda prompt: REPLY)
-    res = run_live_suite(None, config, tokenizer, "tool_robustness", items, world=world, original=original,
-                         max_new_tokens=64, max_turns=3, seq_len=3000, batch_size=2, bucket=256, generate_fn=fake)
+    sampler = JaxSampler(None, config, tokenizer, bucket=256,
+                         generate_fn=scripted_generate(tokenizer, lambda prompt: REPLY, append_eos=True))
+    episodes = RolloutConfig(SamplingConfig(max_new_tokens=64), max_turns=3, seq_len=3000)
+    res = run_live_suite(sampler, "tool_robustness", items, episodes, world=world, original=original, batch_size=2)
     assert [c.fault_rates for c in recorded_envs] == [item_env_config(it).fault_rates for it in items]
     assert recorded_envs[0].fault_rates == {"error": 0.25, "timeout": 0.15, "empty": 0.1}
     harnesses = [item_harness(it, original) for it in items]
     assert [r["episode"]["harness_version"] for r in res.records] == [h.version for h in harnesses]
     assert len({h.version for h in harnesses}) == 3
-    judgements = [judge_episode(rollout_module_episode(r), h) for r, h in zip(res.records, harnesses)]
+    judgements = [judge_episode(recorded_episode(r), h) for r, h in zip(res.records, harnesses)]
     assert res.scores == pytest.approx(suite_scores("tool_robustness", judgements))
     assert set(res.scores) == {"adr", "rc", "tc", "avg"} and all(0 <= v <= 100 for v in res.scores.values())
     assert [r["item"]["item_id"] for r in res.records] == [it.item_id for it in items]
     assert all(r["turn_texts"][0] == REPLY + "<|im_end|>" for r in res.records)
     ex = res.extra
     assert ex["episodes"] == 3 and ex["turns"] >= 1 and ex["truncated_pct"] == 0.0
-    assert ex["reasoning_tokens"] == len(tokenizer("ok\n", add_special_tokens=False)["input_ids"])
+    assert ex["reasoning_tokens"] == len(encode(tokenizer, "ok"))  # `hat_jax.rollout.turns.reasoning_tokens`
     assert ex["wall_s"] > 0 and ex["episodes_per_s"] > 0
     with pytest.raises(ValueError, match="items of another suite"):
-        run_live_suite(None, config, tokenizer, "live_qa", items, world=world, original=original, max_new_tokens=8,
-                       max_turns=1, seq_len=3000, batch_size=2, bucket=256, generate_fn=fake)
+        run_live_suite(sampler, "live_qa", items, episodes, world=world, original=original, batch_size=2)
+    with pytest.raises(ValueError, match="group_size must be 1"):
+        run_live_suite(sampler, "tool_robustness", items, RolloutConfig(SamplingConfig(max_new_tokens=8), group_size=2),
+                       world=world, original=original, batch_size=2)
 
 
-def rollout_module_episode(record):
+def recorded_episode(record):
     from hat_jax.sim.types import episode_from_dict
 
     return episode_from_dict(record["episode"])

@@ -55,7 +55,7 @@ def config():
 def results(model, config, tmp_path_factory):
     model_config, params, tok = model
     out = tmp_path_factory.mktemp("eval-out")
-    return evaluate(params, model_config, tok, config, out_dir=out, progress=False), out
+    return evaluate(config.sampler(params, model_config, tok), config, out_dir=out, progress=False), out
 
 
 def _in_range(d):

@@ -36,13 +36,13 @@ import pytest
 from hat_jax.data.world_data import rl_tasks
 from hat_jax.model import Qwen3_5MoeForCausalLM, get_config, init_params
 from hat_jax.model.checkpoint_io import load_model_checkpoint, save_model_checkpoint
+from hat_jax.rollout.turns import decode
 from hat_jax.train.checkpoints import latest_step
 from hat_jax.train.metrics import check_tag, read_metrics
 from hat_jax.train.opd import apply_opd_overrides, main, run_opd
 from hat_jax.train.opd_batches import EXACT_KEYS, LiveTasks, OPDBatches, live_pool
 from hat_jax.train.opd_loss import opd_loss_fn
 from hat_jax.train.rl import RLConfig, step_harnesses, step_task_indices
-from hat_jax.train.rollout_tokens import decode
 from hat_jax.train.stage import stage_section
 
 VOCAB = 4096
@@ -112,11 +112,10 @@ def live(ckpts, *sets, steps=2):
     return dataclasses.replace(config, steps=steps)
 
 
-def batch_source(loaded, config, pool=None, generate_fn=None):
+def batch_source(loaded, config, pool=None):
     model_config, _, teacher_config, teacher, tokenizer = loaded
     pool = pool if pool is not None else live_pool(config, tokenizer)
-    return OPDBatches(config, model_config, tokenizer, pool, teacher, Qwen3_5MoeForCausalLM(teacher_config),
-                      generate_fn)
+    return OPDBatches(config, model_config, tokenizer, pool, teacher, Qwen3_5MoeForCausalLM(teacher_config))
 
 
 def at_step(params, step):
@@ -168,7 +167,7 @@ def test_action_mask_is_the_sampled_turns_only(ckpts, loaded, world, harness, or
     table = {}
     for e in plain:
         table.update(_canonical_turns(source.tokenizer, harness, e))
-    source.extra = {"generate_fn": _scripted(source.tokenizer, table)}
+    source.sampler = dataclasses.replace(source.sampler, generate_fn=_scripted(source.tokenizer, table))
     host = source(at_step(None, 0))
     rollout = host["rollout"]
     assert not rollout.truncated.any() and rollout.stats["outcomes"] == {"replied": 2}

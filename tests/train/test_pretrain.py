@@ -271,8 +271,9 @@ def test_import_hf_base(tmp_path):
     from hat_jax.model import init_params
     from hat_jax.model.config import get_config
     from hat_jax.model.hf_io import save_hf_checkpoint
+    from hat_jax.rollout import tokenizer_from_checkpoint
     from hat_jax.tokenizer import train_bpe_tokenizer
-    from hat_jax.train.sft import load_init_params, tokenizer_from_checkpoint
+    from hat_jax.train.sft import load_init_params
 
     config = get_config("micro")
     params = init_params(config, jax.random.key(0))

@@ -2,7 +2,7 @@
 
 The init checkpoint is the micro architecture with a 4,096-token vocabulary and a BPE trained on the
 production harness and oracle episodes (production prompt ~880 tokens, so rows of 1,024 tokens hold two
-16-token turns), eos-biased as in tests/train/test_train_rollout.py so that turns end with `<|im_end|>` now and
+16-token turns), eos-biased as in tests/rollout/conftest.py so that turns end with `<|im_end|>` now and
 then. The CoT penalty is made steep (free 2, -1 at 40 tokens) so rewards vary inside groups and the
 advantages are not all 0.
 

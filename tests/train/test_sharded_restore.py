@@ -80,9 +80,9 @@ def worker(out_path: str) -> None:
     from hat_jax.train import checkpoints as ckpt
     from hat_jax.train.opd import load_checkpoint
     from hat_jax.train.optim import OptimConfig, make_optimizer
+    from hat_jax.model.sharding import default_mesh
     from hat_jax.train.sft import load_init_params
     from hat_jax.train.stage import StageRun, stage_section
-    from hat_jax.train.trainer import default_mesh
 
     assert jax.device_count() == NUM_DEVICES
     targets: list = []  # every leaf target handed to an Orbax restore

@@ -148,8 +148,8 @@ def test_bf16_compute_keeps_fp32_grads():
 # ------------------------------------------------------------------------------ 8 simulated devices
 
 def _sharded_worker(path: str) -> None:
-    from hat_jax.model.sharding import mesh_context
-    from hat_jax.train.trainer import default_mesh, place_batch, state_shardings
+    from hat_jax.model.sharding import default_mesh, mesh_context
+    from hat_jax.train.trainer import place_batch, state_shardings
 
     assert jax.device_count() == 8
     config = get_config("micro")
