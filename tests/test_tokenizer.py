@@ -1,6 +1,5 @@
 """Tests for hat_jax.tokenizer: the tiny byte-level BPE, the Qwen3.5-format chat template, tool-call parsing."""
 
-import json
 import random
 
 import pytest

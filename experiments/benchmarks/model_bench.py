@@ -211,7 +211,7 @@ def jax_worker(args, res: _Results) -> None:
                "xla_argument_bytes": int(mem.argument_size_in_bytes), "xla_output_bytes": int(mem.output_size_in_bytes),
                "xla_temp_bytes": int(mem.temp_size_in_bytes), "xla_alias_bytes": int(mem.alias_size_in_bytes),
                "maxrss": _maxrss_bytes()}
-        del holder, compiled
+        holder.clear()  # free the train state before the next phase (the closure `one` holds `holder`)
         return out
 
     with _Watchdog(args.phase_timeout):
@@ -304,7 +304,6 @@ def jax_worker(args, res: _Results) -> None:
 def _jax_profile(args, config, rng) -> dict:
     import jax
     import jax.numpy as jnp
-    import numpy as np
 
     from hat_jax.model.attention import GatedAttention
     from hat_jax.model.deltanet import GatedDeltaNet, chunk_gated_delta_rule, l2_normalize
@@ -463,7 +462,6 @@ def _big_model(args) -> dict:
 # torch worker
 # ==================================================================================================
 def torch_worker(args, res: _Results) -> None:
-    import numpy as np
     import torch
     import transformers
 
@@ -499,7 +497,7 @@ def torch_worker(args, res: _Results) -> None:
         res.put("train", {"warmup_s": warm, "step_s": times, "median_s": _median(times),
                           "tokens_per_s": b * t / _median(times), "final_loss": float(one().detach()),
                           "maxrss": _maxrss_bytes()})
-        del opt
+        opt.state.clear()  # free the Adam moments before the next phase
         model.zero_grad(set_to_none=True)
 
     model.eval()

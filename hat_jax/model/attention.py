@@ -29,7 +29,6 @@ import functools
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from hat_jax.model.config import Qwen3_5MoeTextConfig
 from hat_jax.model.linear import Linear

@@ -10,9 +10,9 @@ Two equal forms (tested against each other):
 - `recurrent_gated_delta_rule`: one step per token (`lax.scan`), used for one-token decoding.
 - `chunk_gated_delta_rule`: chunks of C tokens; inside a chunk the delta-rule updates are condensed by
   the UT transform (the inverse of a unit lower-triangular matrix, by recursive block inversion), across
-  chunks a `lax.scan` carries S. Used for training and prefill. C = 64 (transformers' and FLA's choice) on
-  accelerators; 16 on CPU, where the small-matrix work inside a chunk costs more than the extra scan
-  steps (about 1.5x faster at the tiny preset's shapes; experiments/benchmarks/cpu_profile.py).
+  chunks a `lax.scan` carries S. Used for training and prefill. C = 64 (transformers' and FLA's choice)
+  when compiling for an accelerator; 16 for the CPU, where the small-matrix work inside a chunk costs more
+  than the extra scan steps (about 1.5x faster at the tiny preset's shapes; experiments/benchmarks/cpu_profile.py).
 Everything inside the kernels is float32 (the checkpoint's `mamba_ssm_dtype`).
 
 Packed rows (`hat_jax.model.segments`): an optional `reset` [B, T] marks each document's first token, where
@@ -36,16 +36,17 @@ from hat_jax.model.config import Qwen3_5MoeTextConfig
 from hat_jax.model.linear import Linear
 from hat_jax.model.norms import GatedRMSNorm
 from hat_jax.model.segments import segment_starts
-from hat_jax.model.sharding import param_with_axes
+from hat_jax.model.sharding import param_with_axes, target_platform
 
 CHUNK_SIZE = 64
 CPU_CHUNK_SIZE = 16
 
 
 def default_chunk_size() -> int:
-    """The chunk size `GatedDeltaNet` uses: CPU_CHUNK_SIZE on the CPU backend, else CHUNK_SIZE. Any power of
-    two gives the same result up to float rounding."""
-    return CPU_CHUNK_SIZE if jax.default_backend() == "cpu" else CHUNK_SIZE
+    """The chunk size `GatedDeltaNet` uses: CPU_CHUNK_SIZE when compiling for the CPU, else CHUNK_SIZE (the
+    platform of the mesh in context, `target_platform`: an AOT compile for TPU from a CPU host gets 64). Any
+    power of two gives the same result up to float rounding."""
+    return CPU_CHUNK_SIZE if target_platform() == "cpu" else CHUNK_SIZE
 
 
 def l2_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:

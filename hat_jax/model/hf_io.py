@@ -249,7 +249,6 @@ def stream_hf_params(directory: str | os.PathLike, config: Qwen3_5MoeTextConfig,
     params: dict = {}
     for path, value in iter_hf_params(tensors, config, layout):
         _set(params, path, jax.make_array_from_callback(value.shape, shardings[path], lambda index: value[index]))
-        del value
     return params, layout
 
 

@@ -157,7 +157,7 @@ def test_a_damaged_newest_step_is_named_never_skipped_silently(tmp_path, caplog,
         state, data_state, _ = restore_latest(tmp_path, abstract())
     assert int(state.step) == 2 and data_state == {"step": 2}
     warning = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert len(warning) == 1 and f"newer step(s) 3 incomplete or unreadable (step 3: " in warning[0]
+    assert len(warning) == 1 and "newer step(s) 3 incomplete or unreadable (step 3: " in warning[0]
     assert "using step 2. To resume from step 2, move the damaged step out of the run dir" in warning[0]
     assert f"restored step 2 of {tmp_path}" in caplog.text
     # a writer refuses to resume over it: it would write step 3 again
