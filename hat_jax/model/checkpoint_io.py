@@ -31,7 +31,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from hat_jax.model.checkpoint_steps import DamagedCheckpointError, first_line, recovery_hint, scan_steps
+from hat_jax.model.checkpoint_steps import (DamagedCheckpointError, first_line, recovery_hint, scan_steps,
+                                          silence_abandoned_reads)
 from hat_jax.model.config import Qwen3_5MoeTextConfig
 from hat_jax.model.hf_io import read_hf_config
 from hat_jax.model.params import params_shapes
@@ -140,6 +141,7 @@ def load_model_checkpoint(directory: str | Path, *, mesh=None, host: bool = Fals
     item, config_path = resolve_checkpoint(directory)
     config = read_hf_config(config_path)
     checkpointer = ocp.Checkpointer(ocp.StandardCheckpointHandler())  # synchronous: nothing to overlap
+    silence_abandoned_reads()
     failure = None
     try:
         stored = checkpointer.metadata(item).item_metadata

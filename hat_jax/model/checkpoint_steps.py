@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -72,6 +73,39 @@ def recovery_hint(root: Path, bad_step: int, fallback: int | None) -> str:
                 f"the same command (--resume for a stage's own CLI); nothing else is lost")
     return (f"No older complete step exists: restore {root / str(bad_step)} from a backup, or move it out of the "
             f"run dir ({aside}) and rerun to retrain the stage from its start")
+
+
+def _is_closed_loop_callback(unraisable) -> bool:
+    """True for the RuntimeError a TensorStore read raises when it completes after Orbax closed its event loop."""
+    frames = []
+    tb = unraisable.exc_traceback
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    return (unraisable.exc_type is RuntimeError and str(unraisable.exc_value) == "Event loop is closed"
+            and "call_soon_threadsafe" in frames)
+
+
+def silence_abandoned_reads() -> None:
+    """Drops the late callbacks of the reads a failed Orbax restore abandoned; every other unraisable exception
+    still reaches the previous `sys.unraisablehook`.
+
+    When one array of a restore fails to read, Orbax (0.12.8, `asyncio_utils.run_sync`) closes its event loop
+    while the other TensorStore reads are still in flight; each of them then fails to post its result
+    (`call_soon_threadsafe` on a closed loop) and Python prints one traceback per array, after our error
+    message. The results are discarded anyway, so those tracebacks say nothing. Installed once per process, by
+    the callers that turn a failed restore into `DamagedCheckpointError`, before they restore.
+    """
+    previous = sys.unraisablehook
+    if getattr(previous, "_hat_jax_filter", False):
+        return
+
+    def hook(unraisable):
+        if not _is_closed_loop_callback(unraisable):
+            previous(unraisable)
+
+    hook._hat_jax_filter = True
+    sys.unraisablehook = hook
 
 
 def first_line(err: BaseException) -> str:

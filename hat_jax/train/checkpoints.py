@@ -42,7 +42,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from hat_jax.model.checkpoint_io import CONFIG_FILE, PARAMS_ITEM
-from hat_jax.model.checkpoint_steps import DamagedCheckpointError, first_line, recovery_hint, scan_steps
+from hat_jax.model.checkpoint_steps import (DamagedCheckpointError, first_line, recovery_hint, scan_steps,
+                                          silence_abandoned_reads)
 from hat_jax.train.trainer import TrainState
 
 ITEMS = (PARAMS_ITEM, "opt_state", "rng", "meta", "data_state", "config")
@@ -248,6 +249,7 @@ def restore_latest(directory: str | Path, abstract_state: TrainState, *, config:
                                 + f" (steps: {list(scan.complete) or 'none'})")
     where = str(root / str(step))
     manager = _manager(root, None, False, read_only=True)
+    silence_abandoned_reads()
     failure = None
     try:
         try:
