@@ -17,6 +17,11 @@ Dispatch is dropless and its compute is proportional to the *active* experts:
   choice: its backward stays proportional to the active experts.
 - `dense`: every expert on every token, then the chosen k gathered (compute not proportional to the
   active experts; a reference and an option for few experts and few tokens, not faster on CPU here).
+- `ep_ragged_dot`, `ep_megablox`: expert parallelism (`hat_jax.model.expert_parallel`): under a mesh with an
+  'expert' axis > 1, tokens go by ragged all-to-all to the devices holding their experts, which run that
+  grouped matmul on their own experts only; without one, the token-local `ragged_dot` / `megablox`.
+The `EXPERT_IMPLS` dispatches are token-local (`token_local_experts`): each device sorts and multiplies its
+own rows against all experts' weights, all-gathered.
 
 Routing replay (R3, for RL): `forced_expert_ids` replaces the top-k choice while the weights still come
 from the live router probabilities at those ids (renormalised).
@@ -31,11 +36,12 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from hat_jax.model.config import Qwen3_5MoeTextConfig
+from hat_jax.model.expert_parallel import check_expert_axis, expert_parallel_ffn
+from hat_jax.model.expert_sort import sorted_assignments
 from hat_jax.model.linear import Linear
-from hat_jax.model.sharding import constrain, map_row_shards, param_with_axes, target_platform
+from hat_jax.model.sharding import active_mesh_shape, constrain, map_row_shards, param_with_axes, target_platform
 
 
 def route(logits: jax.Array, top_k: int, forced_expert_ids: jax.Array | None = None):
@@ -103,49 +109,18 @@ def blocked_expert_ffn(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, 
     return out.reshape(n, k, -1)
 
 
-@jax.custom_vjp
-def permute_rows(x: jax.Array, perm: jax.Array, inverse: jax.Array) -> jax.Array:
-    """x[perm] for a permutation `perm` of x's rows (`inverse` = argsort(perm)), whose gradient is the
-    inverse gather g[inverse] instead of autodiff's scatter-add (TPU scatters of bf16 rows cost several
-    [M, H] u32 buffers each: 1 GiB per 131,072 x 2,048 assignment rows, measured in the AOT memory report).
+def ragged_grouped_ffn(rows: jax.Array, sizes: jax.Array, gate_up: jax.Array, down: jax.Array) -> jax.Array:
+    """SwiGLU experts on expert-sorted rows via `jax.lax.ragged_dot`.
 
     Args:
-        x: [M, ...]. perm, inverse: [M] int32, inverse[perm[i]] = i.
+        rows: [M, H] sorted by expert (compute dtype). sizes: [E] int32 rows per expert (sum <= M; rows past
+        the sum belong to no expert and come out as zeros). gate_up: [E, H, 2I]. down: [E, I, H].
     Returns:
-        [M, ...] x[perm].
+        [M, H] in the rows' order.
     """
-    return x[perm]
-
-
-def _permute_fwd(x, perm, inverse):
-    return x[perm], (perm, inverse)
-
-
-def _permute_bwd(res, g):
-    perm, inverse = res
-    zero = lambda a: np.zeros(a.shape, jax.dtypes.float0)
-    return g[inverse], zero(perm), zero(inverse)
-
-
-permute_rows.defvjp(_permute_fwd, _permute_bwd)
-
-
-def sorted_assignments(x: jax.Array, expert_ids: jax.Array):
-    """The expert-sorted layout of a grouped matmul, without scatters: (rows [N*k, H] = token of each
-    assignment in expert order, group sizes [E] int32, unsort: [N*k, H'] -> [N, k, H'] back in token order).
-    Each token is repeated k times (gradient: a sum over its k copies), then rows are permuted by a stable
-    sort of the expert ids (`permute_rows`, gradient by the inverse permutation).
-
-    Args:
-        x: [N, H]. expert_ids: [N, k] int32 in [0, E) (E from the caller's weights: `num_experts`).
-    """
-    n, k = expert_ids.shape
-    flat = expert_ids.reshape(n * k)
-    order = jnp.argsort(flat, stable=True).astype(jnp.int32)
-    inverse = jnp.argsort(order).astype(jnp.int32)
-    rows = permute_rows(jnp.repeat(x, k, axis=0), order, inverse)
-    unsort = lambda y: permute_rows(y, inverse, order).reshape(n, k, -1)
-    return rows, flat, unsort
+    h = jax.lax.ragged_dot(rows, gate_up.astype(rows.dtype), sizes)
+    g, u = jnp.split(h, 2, axis=-1)
+    return jax.lax.ragged_dot(jax.nn.silu(g) * u, down.astype(rows.dtype), sizes)
 
 
 def ragged_expert_ffn(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down: jax.Array) -> jax.Array:
@@ -153,12 +128,28 @@ def ragged_expert_ffn(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, d
     e = gate_up.shape[0]
     rows, flat, unsort = sorted_assignments(x, expert_ids)
     sizes = jnp.bincount(flat, length=e).astype(jnp.int32)
-    h = jax.lax.ragged_dot(rows, gate_up.astype(x.dtype), sizes)
-    g, u = jnp.split(h, 2, axis=-1)
-    return unsort(jax.lax.ragged_dot(jax.nn.silu(g) * u, down.astype(x.dtype), sizes))
+    return unsort(ragged_grouped_ffn(rows, sizes, gate_up, down))
 
 
 MEGABLOX_TILING = (128, 128, 128)  # (rows, contraction, output) tile; megablox's default, untuned (no TPU here)
+
+
+def megablox_grouped_ffn(rows: jax.Array, sizes: jax.Array, gate_up: jax.Array, down: jax.Array) -> jax.Array:
+    """SwiGLU experts on expert-sorted rows via megablox `gmm` (see `megablox_expert_ffn`). Only the row tiles
+    that hold a group are computed, so rows past sum(sizes) are left undefined: the caller masks them.
+
+    Args:
+        rows: [M, H] sorted by expert, M a multiple of MEGABLOX_TILING[0]. sizes: [E] int32 (sum <= M).
+        gate_up: [E, H, 2I]. down: [E, I, H].
+    Returns:
+        [M, H] in the rows' order.
+    """
+    from jax.experimental.pallas.ops.tpu.megablox import gmm
+
+    kw = dict(preferred_element_type=rows.dtype, tiling=MEGABLOX_TILING, interpret=target_platform() != "tpu")
+    h = gmm(rows, gate_up.astype(rows.dtype), sizes, **kw)
+    g, u = jnp.split(h, 2, axis=-1)
+    return gmm(jax.nn.silu(g) * u, down.astype(rows.dtype), sizes, **kw)
 
 
 def megablox_expert_ffn(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down: jax.Array) -> jax.Array:
@@ -169,18 +160,13 @@ def megablox_expert_ffn(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array,
     masked product over all E experts (E/k times the active FLOPs, measured by the AOT check). A Mosaic
     kernel: under a mesh it must run inside `shard_map` (`token_local_experts` does). Off TPU the kernel runs
     in Pallas interpret mode (tests only: slow)."""
-    from jax.experimental.pallas.ops.tpu.megablox import gmm
-
     e = gate_up.shape[0]
     m = expert_ids.size
     pad = -m % MEGABLOX_TILING[0]
     rows, flat, unsort = sorted_assignments(x, expert_ids)
     sizes = jnp.bincount(flat, length=e).astype(jnp.int32).at[e - 1].add(pad)
     rows = jnp.pad(rows, ((0, pad), (0, 0)))
-    kw = dict(preferred_element_type=x.dtype, tiling=MEGABLOX_TILING, interpret=target_platform() != "tpu")
-    h = gmm(rows, gate_up.astype(x.dtype), sizes, **kw)
-    g, u = jnp.split(h, 2, axis=-1)
-    return unsort(gmm(jax.nn.silu(g) * u, down.astype(x.dtype), sizes, **kw)[:m])
+    return unsort(megablox_grouped_ffn(rows, sizes, gate_up, down)[:m])
 
 
 def dense_expert_ffn(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down: jax.Array) -> jax.Array:
@@ -217,6 +203,35 @@ def token_local_experts(impl: str, x: jax.Array, expert_ids: jax.Array, gate_up:
     return map_row_shards(EXPERT_IMPLS[impl], (x, expert_ids), (gate_up.astype(x.dtype), down.astype(x.dtype)))
 
 
+# Expert-parallel dispatches: moe_impl -> (the local grouped matmul, its row multiple, the token-local impl of
+# the same matmul, used without a mesh or when the mesh's 'expert' axis is 1 and so computing the same).
+EP_IMPLS = {"ep_ragged_dot": (ragged_grouped_ffn, 1, "ragged_dot"),
+            "ep_megablox": (megablox_grouped_ffn, MEGABLOX_TILING[0], "megablox")}
+MOE_IMPLS = (*EXPERT_IMPLS, *EP_IMPLS)  # every valid `moe_impl`
+
+
+def expert_dispatch(impl: str, x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down: jax.Array):
+    """The routed experts' outputs by `impl`: an `EXPERT_IMPLS` key runs token-local (`token_local_experts`);
+    an `EP_IMPLS` key runs expert-parallel (`hat_jax.model.expert_parallel.expert_parallel_ffn`) when the mesh
+    in context has an 'expert' axis > 1, else its token-local grouped matmul (the same computation).
+
+    Args:
+        impl: a `MOE_IMPLS` name. x: [N, H]. expert_ids: [N, k] int32. gate_up: [E, H, 2I]. down: [E, I, H].
+    Returns:
+        [N, k, H] unweighted expert outputs.
+    Raises:
+        ValueError: an unknown impl; an 'expert' axis that does not divide E (expert-parallel impls).
+    """
+    if impl in EXPERT_IMPLS:
+        return token_local_experts(impl, x, expert_ids, gate_up, down)
+    if impl not in EP_IMPLS:
+        raise ValueError(f"moe impl {impl!r}: expected one of {sorted(MOE_IMPLS)}")
+    grouped, row_multiple, local = EP_IMPLS[impl]
+    if check_expert_axis(gate_up.shape[0], active_mesh_shape()) == 1:
+        return token_local_experts(local, x, expert_ids, gate_up, down)
+    return expert_parallel_ffn(grouped, x, expert_ids, gate_up, down, row_multiple)
+
+
 class SparseMoeBlock(nn.Module):
     """Params: gate.kernel [H, E], experts.{gate_up_proj [E, H, 2I], down_proj [E, I, H]},
     shared_expert.{gate_proj, up_proj, down_proj}, shared_expert_gate.kernel [H, 1]."""
@@ -235,15 +250,15 @@ class SparseMoeBlock(nn.Module):
             (y [B, T, H], router_logits [B*T, E] float32, expert_ids [B*T, k] int32).
         """
         c = self.config
-        if self.impl not in EXPERT_IMPLS:
-            raise ValueError(f"moe impl {self.impl!r}: expected one of {sorted(EXPERT_IMPLS)}")
+        if self.impl not in MOE_IMPLS:
+            raise ValueError(f"moe impl {self.impl!r}: expected one of {sorted(MOE_IMPLS)}")
         b, t, hdim = x.shape
         xf = constrain(x.reshape(b * t, hdim), ("batch", None))
         dense = lambda n, feats, axes: Linear(feats, axes, self.dtype, self.param_dtype, c.initializer_range, name=n)
         logits = dense("gate", c.num_experts, ("embed", "router"))(xf)
         weights, ids = route(logits, c.num_experts_per_tok, forced_expert_ids)
         gate_up, down = Experts(c, self.param_dtype, name="experts")()
-        expert_out = token_local_experts(self.impl, xf, ids, gate_up, down)         # [N, k, H]
+        expert_out = expert_dispatch(self.impl, xf, ids, gate_up, down)             # [N, k, H]
         routed = jnp.einsum("nkh,nk->nh", expert_out, weights.astype(self.dtype))
         s = c.shared_expert_intermediate_size
         shared = SwiGLU(s, self.dtype, self.param_dtype, c.initializer_range, name="shared_expert")(xf)

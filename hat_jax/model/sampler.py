@@ -45,7 +45,7 @@ import numpy as np
 
 from hat_jax.model.cache import init_cache
 from hat_jax.model.config import Qwen3_5MoeTextConfig
-from hat_jax.model.moe import EXPERT_IMPLS
+from hat_jax.model.moe import MOE_IMPLS
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 
 
@@ -275,7 +275,7 @@ def generate(params: dict, config: Qwen3_5MoeTextConfig, prompt_ids, prompt_mask
         prompt_ids: [B, P] int32, LEFT-padded (`left_pad`). prompt_mask: [B, P] bool, True on real tokens.
         rng: a PRNG key (unused when greedy). sampling: a SamplingConfig.
         dtype: compute dtype (float32 or bfloat16); the cache uses it too.
-        moe_impl: a key of `hat_jax.model.moe.EXPERT_IMPLS` ('blocked', 'ragged_dot', 'dense').
+        moe_impl: a `hat_jax.model.moe.MOE_IMPLS` name ('blocked', 'ragged_dot', 'dense', 'ep_megablox', ...).
         return_expert_ids: also return the routing of every token at sampling time (routing replay; see
             the module docstring).
     Returns:
@@ -306,8 +306,8 @@ def generate(params: dict, config: Qwen3_5MoeTextConfig, prompt_ids, prompt_mask
     if total > config.max_position_embeddings:
         raise ValueError(f"prompt length + max_new_tokens = {total} exceeds config.max_position_embeddings="
                          f"{config.max_position_embeddings}")
-    if moe_impl not in EXPERT_IMPLS:
-        raise ValueError(f"generate: moe_impl {moe_impl!r}: expected one of {sorted(EXPERT_IMPLS)}")
+    if moe_impl not in MOE_IMPLS:
+        raise ValueError(f"generate: moe_impl {moe_impl!r}: expected one of {sorted(MOE_IMPLS)}")
     return _decode_jit(params, prompt_ids.astype(jnp.int32), prompt_mask.astype(bool), rng,
                        _Sampling.from_config(sampling), config=config, dtype=jnp.dtype(dtype), moe_impl=moe_impl,
                        return_expert_ids=bool(return_expert_ids))

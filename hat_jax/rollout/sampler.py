@@ -114,7 +114,7 @@ class JaxSampler:
       params: the model params (any float dtype; computed in `dtype`). model_config: their config.
       tokenizer: a fast tokenizer with the Qwen chat template (`hat_jax.tokenizer`).
       dtype: compute dtype of the decode (jnp.float32 or jnp.bfloat16; the cache uses it too).
-      moe_impl: expert dispatch, a key of `hat_jax.model.moe.EXPERT_IMPLS`.
+      moe_impl: expert dispatch, a `hat_jax.model.moe.MOE_IMPLS` name.
       bucket: prompt padding bucket (columns; module docstring).
       generate_fn: the decode function, `hat_jax.model.sampler.generate`'s signature (a scripted one in tests).
     """

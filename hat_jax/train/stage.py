@@ -61,12 +61,12 @@ def check_dtypes(owner: str, **fields) -> None:
 
 def check_model_options(owner: str, config) -> None:
     """Raises ValueError naming `owner.<field>` when remat_policy is not a `REMAT_POLICIES` key, attention_impl
-    not an `ATTENTION_IMPLS` name or moe_impl not an `EXPERT_IMPLS` key (listing the valid ones)."""
+    not an `ATTENTION_IMPLS` name or moe_impl not a `MOE_IMPLS` name (listing the valid ones)."""
     from hat_jax.model.attention import ATTENTION_IMPLS
-    from hat_jax.model.moe import EXPERT_IMPLS
+    from hat_jax.model.moe import MOE_IMPLS
     from hat_jax.model.transformer import check_remat_policy
     check_remat_policy(config.remat_policy, f"{owner}.remat_policy")
-    for field, valid in (("attention_impl", ATTENTION_IMPLS), ("moe_impl", EXPERT_IMPLS)):
+    for field, valid in (("attention_impl", ATTENTION_IMPLS), ("moe_impl", MOE_IMPLS)):
         if getattr(config, field) not in valid:
             raise ValueError(f"{owner}.{field} = {getattr(config, field)!r}: expected one of {sorted(valid)}")
 
