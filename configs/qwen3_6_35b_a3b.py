@@ -25,9 +25,10 @@ PRESET = "qwen3_6_35b_a3b"
 def get_config() -> Scale:
     # The trained model at scale: a scan over the 4-layer blocks (compile time flat in depth), each layer
     # rematerialised (only its input is kept for the backward pass), the vocabulary (248,320) in 8,192-wide
-    # chunks, so no [B, T, V] array exists, and the experts through megablox's grouped matmul (TPU; on a GPU host
-    # set moe_impl=ragged_dot); attention_impl "auto" is splash on TPU (figures: docs/real_scale.md).
-    fits = dict(scan_layers=True, remat_policy="full", vocab_chunk=8192, moe_impl="megablox")
+    # chunks, so no [B, T, V] array exists, and the experts by expert parallelism: tokens sent by ragged
+    # all-to-all to the devices holding their experts, megablox's grouped matmul there (TPU; on a GPU host set
+    # moe_impl=ep_ragged_dot); attention_impl "auto" is splash on TPU (figures: docs/real_scale.md).
+    fits = dict(scan_layers=True, remat_policy="full", vocab_chunk=8192, moe_impl="ep_megablox")
     sft = SFTConfig(**fits, preset=PRESET,
                     data=SFTDataConfig(seq_len=16384, batch_size=64, p_hsa=0.5, num_epochs=None),
                     optim=OptimConfig(lr=1e-5, warmup_steps=50, weight_decay=0.01), steps=2000,
