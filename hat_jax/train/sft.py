@@ -86,7 +86,7 @@ class SFTConfig:
         rematerialised in the backward pass (`hat_jax.model.transformer.REMAT_POLICIES`; "none", "full", ...).
         scan_layers: scan over the repeating layer block (compile time flat in depth; same results).
         attention_impl: `hat_jax.model.attention.ATTENTION_IMPLS` ("auto": splash on TPU, cuDNN on GPU, XLA on
-        CPU); moe_impl: the expert matmuls (`hat_jax.model.moe.EXPERT_IMPLS`; "megablox" on TPU, "ragged_dot" on GPU). Both
+        CPU); moe_impl: the expert dispatch (`hat_jax.model.moe.MOE_IMPLS`; "ep_megablox" on TPU, "ep_ragged_dot" on GPU). Both
         compute the same math: like the mesh, they are not part of the config hash.
         vocab_chunk: None = full [B, T, V] logits; else the cross-entropy over vocabulary chunks of this size.
       log_every, ckpt_every, max_to_keep: metrics/checkpoint intervals and checkpoints kept.
