@@ -10,7 +10,7 @@ passes the HSA-SFT(+OPD) run as --init and a stronger model with the same tokeni
     python -m hat_jax.train.opd --preset micro|tiny --live --init CKPT --teacher CKPT --out DIR
         [--set harness_mode=hsa ...]        (the scale's opd_live section: live-stream episodes)
 
-Objective (issue 4 point 3; the HAT report, arXiv 2608.15763 (TaoLive, 2026), "Training, three stages",
+Objective (the HAT report, arXiv 2608.15763 (TaoLive, 2026), "Training, three stages",
 stage 2): GKD with lambda = 1 and the reverse-KL end (Agarwal et al. 2024, arXiv 2306.13649),
 KL_t = KL(pi_s(.|c_t) || pi_T(.|c_t)) on the student's sampled completions, by the "sampled" (Thinking
 Machines' OPD, K. Lu 2025) or the "exact" (NeMo-RL's "full") estimator of `hat_jax.train.kl`.

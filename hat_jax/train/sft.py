@@ -5,8 +5,8 @@ Run (from a fresh init, or from a checkpoint with --init, e.g. the base or a pre
     python -m hat_jax.train.sft --preset micro --out runs/sft --steps 20 [--hsa on|off] [--init CKPT]
         [--resume [--force]] [--set data.seq_len=3072 --set optim.lr=1e-3 ...]
 
-Objective (the HAT report, arXiv 2608.15763 (TaoLive, 2026), "Training, three stages", stage 1 HSA-SFT; issue 4
-point 2): per micro-batch `masked_token_ce_sum(logits, input_ids,
+Objective (the HAT report, arXiv 2608.15763 (TaoLive, 2026), "Training, three stages", stage 1 HSA-SFT):
+per micro-batch `masked_token_ce_sum(logits, input_ids,
 loss_mask)` (`hat_jax.train.losses`; loss_mask = 1 on assistant-generated tokens only, as
 `hat_jax.harness.render.render_tokens` marks them), summed over the accumulated micro-batches and divided by
 the total number of loss tokens (`hat_jax.train.trainer`), plus lb_coef x the MoE load-balancing loss
