@@ -7,7 +7,7 @@ Run (from a stage's run dir or a model checkpoint that has a `tokenizer/` folder
 
 One RL step (a batch function for `hat_jax.train.trainer.run_stage`, called with the current state):
 1. Tasks: `tasks_per_step` distinct tasks of `rl_tasks(config.world)` drawn by numpy's generator seeded
-   with (seed, step). Harness (the stage switch, issue point 5): "original" = the production harness;
+   with (seed, step). Harness (the stage switch): "original" = the production harness;
    "hsa" = `compose(production, random.Random(s), config.hsa, "train")` per task, s derived from
    (seed, step, task index) (`numpy.random.SeedSequence`); the env runs and the judges score under it.
 2. Rollouts: `hat_jax.rollout.rollout_episodes` with the *current* params (pi_old = the sampler),

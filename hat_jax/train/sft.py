@@ -16,8 +16,8 @@ Data: `hat_jax.data.world_data.sft_records(config.world)` (rejection-sampled ora
 production harness) through `hat_jax.data.pipeline.sft_dataset`: trajectories truncated to `data.seq_len`
 and packed several per row (`data.pack`, on by default; `hat_jax.data.packing`), the model run with their
 segment ids so no attention, Gated DeltaNet state or conv crosses documents, and no target crosses them
-(`sft_loss_fn`); `data.pack=false` gives one trajectory per row, right-padded. The stage
-switch of issue point 5 is `data.p_hsa`: "original" harness = 0 (`--hsa off`), "hsa" = p > 0 (`--hsa on`
+(`sft_loss_fn`); `data.pack=false` gives one trajectory per row, right-padded. The stage's
+harness switch is `data.p_hsa`: "original" harness = 0 (`--hsa off`), "hsa" = p > 0 (`--hsa on`
 sets the config's mixing probability; the paper mixes original and augmented harnesses).
 
 Tokenizer: the --init checkpoint's `tokenizer/` folder when it has one; otherwise a byte-level BPE of the
