@@ -31,8 +31,9 @@ from hat_jax.model.checkpoint_io import load_model_checkpoint
 from hat_jax.train import pretrain
 from hat_jax.train.losses import masked_token_ce_sum
 from hat_jax.data.packing import DataStateFormatError, PackedBatches
-from hat_jax.train.pretrain import (PretrainBatches, PretrainConfig, base_checkpoint, chat_order, import_hf_base,
-                                    pretraining_batches, pretraining_rows)
+from hat_jax.train.hf_base import import_hf_base
+from hat_jax.train.pretrain import (PretrainBatches, PretrainConfig, base_checkpoint, chat_order, pretraining_batches,
+                                    pretraining_rows)
 from hat_jax.train.stage import apply_overrides, stage_section
 
 
