@@ -68,8 +68,8 @@ def temp_sibling_dir(target: str | Path, *, clear_stale: bool = False) -> Iterat
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     prefix = f".{target.name}.partial-"
-    if clear_stale:
-        for stale in target.parent.glob(prefix + "*"):
+    if clear_stale:  # also `.<name>.partial`, the name earlier versions used
+        for stale in target.parent.glob(f".{target.name}.partial*"):
             shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=prefix))
     try:
