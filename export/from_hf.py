@@ -5,12 +5,12 @@
 Reads config.json + safetensors (text or VL layout, fused or per-expert experts, `mtp.*`; pickle weight
 files are refused), writes `hat_jax.model.checkpoint_io.save_model_checkpoint(out, params, config)` and
 copies the tokenizer files to `<out>/tokenizer/`. `--dtype keep` (default) keeps the on-disk dtypes.
-Logic: `hat_jax.export_cli.import_hf`.
+Logic: `hat_jax.export.cli.import_hf`.
 """
 
 import sys
 
-from hat_jax.export_cli import from_hf_main
+from hat_jax.export.cli import from_hf_main
 
 if __name__ == "__main__":
     sys.exit(from_hf_main())

@@ -75,8 +75,8 @@ def measure(ckpt, hf_dir: Path, prompts: list[str], max_new_tokens: int, seed: i
     import torch
     import transformers
 
-    from hat_jax.export_cli import PROVENANCE_FILE, export_hf
-    from hat_jax.export_sources import resolve_export_source
+    from hat_jax.export.cli import PROVENANCE_FILE, export_hf
+    from hat_jax.export.sources import resolve_export_source
 
     source = resolve_export_source(ckpt, seed=seed, allow_unfinished=allow_unfinished)
     print(f"greedy_parity: {source.describe()}", file=sys.stderr)

@@ -17,12 +17,12 @@ Always writes the MTP block, tokenizer files (from `<ckpt>/tokenizer/`, else the
 `generation_config.json` with the paper's deployment sampling (do_sample, temperature 1.0, top_p 0.95)
 plus eos/pad ids, and `hat_export.json` (source checkpoint, step, experiment/stage, export time, hat-jax
 commit, `policy_version`). Prints one line per file written with its size; refuses a non-empty `--out`
-without `--force`. Logic: `hat_jax.export_cli`.
+without `--force`. Logic: `hat_jax.export.cli`.
 """
 
 import sys
 
-from hat_jax.export_cli import to_hf_main
+from hat_jax.export.cli import to_hf_main
 
 if __name__ == "__main__":
     sys.exit(to_hf_main())

@@ -1,6 +1,6 @@
 """The world's datasets, generated from seeds and cached on disk by the hash of their config.
 
-What each stage reads (issue 3 point 8; the HAT report, arXiv 2608.15763 (TaoLive, 2026),
+What each stage reads (the HAT report, arXiv 2608.15763 (TaoLive, 2026),
 "Training, three stages"):
 - `sft_records`: HSA-SFT trajectories. The noisy oracle (`DEFAULT_NOISE`) rolls out training tasks
   under the original harness with a few injected tool faults; rejection sampling keeps an episode

@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import random
 import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from hat_jax.cache import atomic_dir
 
 IF_SCORE_KEYS: tuple[str, ...] = ("prompt_strict", "inst_strict", "prompt_loose", "inst_loose")
 PUNKT_FILES: tuple[str, ...] = ("abbrev_types.txt", "sent_starters.txt", "collocations.tab", "ortho_context.tab")
@@ -69,25 +69,16 @@ def ensure_punkt_tab(cache_dir: Path | None = None) -> Path:
     root = Path(cache_dir)
     target = root / "tokenizers" / "punkt_tab" / "english"
     if not all((target / name).is_file() for name in PUNKT_FILES):
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".english."))
+        shutil.rmtree(target, ignore_errors=True)  # a partial folder in the way
         texts = {
             "abbrev_types.txt": "\n".join(sorted(english.ABBREV_TYPES)),
             "sent_starters.txt": "\n".join(sorted(english.SENT_STARTERS)),
             "collocations.tab": "\n".join("\t".join(pair) for pair in sorted(english.COLLOCATIONS)),
             "ortho_context.tab": "\n".join(f"{w}\t{int(v)}" for w, v in sorted(english.ORTHO_CONTEXT.items())),
         }
-        for name, text in texts.items():
-            (tmp / name).write_text(text + "\n", encoding="utf-8")
-        os.chmod(tmp, 0o755)
-        try:
-            os.rename(tmp, target)
-        except OSError:  # another process wrote it first (or a partial folder is in the way)
-            if not all((target / name).is_file() for name in PUNKT_FILES):
-                shutil.rmtree(target, ignore_errors=True)
-                os.rename(tmp, target)
-            else:
-                shutil.rmtree(tmp, ignore_errors=True)
+        with atomic_dir(target) as tmp:  # another process may write it first: then its folder is kept
+            for name, text in texts.items():
+                (tmp / name).write_text(text + "\n", encoding="utf-8")
     if str(root) not in nltk.data.path:
         nltk.data.path.insert(0, str(root))
     return root

@@ -25,16 +25,13 @@ that its config hash matches. The tiny base lives in the global cache (`hat_jax.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
+from hat_jax.cache import digest, write_json_atomic
 from hat_jax.experiments.declarations import StageSpec
 from hat_jax.experiments.scales import Scale
 from hat_jax.experiments.stage_kinds import STAGE_KINDS, assignments, load_attr
@@ -44,22 +41,6 @@ log = logging.getLogger(__name__)
 DONE_FILE = checkpoint_steps.DONE_FILE
 # mesh, attention_impl, moe_impl: where and with which kernels a stage runs, not what it computes
 _NOT_HASHED = ("init", "teacher", "ref", "seed", "mesh", "attention_impl", "moe_impl")
-
-def digest(data: Any, n: int = 10) -> str:
-    """First `n` hex digits of the SHA-256 of `data` as canonical JSON."""
-    text = json.dumps(data, sort_keys=True, default=str, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:n]
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Writes JSON to `path` through a temporary file and `os.replace` (no half-written file survives a kill)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, sort_keys=True, default=str)
-        f.write("\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
 
 
 def _config_identity(config) -> dict:
@@ -201,7 +182,7 @@ def ensure_base(scale: Scale, out_root: Path, progress: bool = True) -> tuple[Pa
         if not scale.base.hf_path:
             raise ValueError(f"preset {scale.name!r} imports its base: pass --set base.hf_path=/path/to/hf_folder "
                              "(safetensors + config.json + tokenizer files)")
-        from hat_jax.train.pretrain import import_hf_base
+        from hat_jax.train.hf_base import import_hf_base
 
         path = out_root / "stages" / f"base-{base_key(scale)}"
         trained = not (path / DONE_FILE).is_file()

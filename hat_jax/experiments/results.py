@@ -1,6 +1,6 @@
 """results.json and results.md of an experiment, and a group's table beside the paper's.
 
-results.json (issue 5 point 6; every metric on the paper's 0-100 scale):
+results.json (every metric on the paper's 0-100 scale):
 
     {"experiment", "preset", "seeds", "wall_s",
      "stages": [{"name", "harness", "steps", "wall_s", ...}],

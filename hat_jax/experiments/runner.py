@@ -23,7 +23,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hat_jax.experiments.chain import evaluate_cached, run_chain, stage_template, write_json_atomic
+from hat_jax.cache import write_json_atomic
+from hat_jax.experiments.chain import evaluate_cached, run_chain, stage_template
 from hat_jax.experiments.declarations import SUITE_KEYS, Experiment
 from hat_jax.experiments.results import aggregate, check_results, experiment_markdown
 from hat_jax.experiments.scales import Scale, describe

@@ -12,7 +12,7 @@ Variant implemented and why:
   (the tokenizer's own template, not a copy of it); tokens come from `hat_jax.tokenizer.chat_encoding`, so
   chat control strings inside the system prompt, viewer messages, tool results or tool calls are ordinary
   text, never control ids.
-- Loss mask (issue 3 point 2: 1 exactly on assistant-generated tokens): at inference the prompt ends with the
+- Loss mask (1 exactly on assistant-generated tokens): at inference the prompt ends with the
   generation prompt `<|im_start|>assistant\\n<think>\\n`, so for each assistant turn rendered with its
   reasoning block the mask is 1 on every token after `<|im_start|>assistant\\n<think>\\n` up to and
   including `<|im_end|>`, and 0 on the newline after it and everywhere else. Assistant turns the

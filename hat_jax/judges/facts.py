@@ -26,7 +26,7 @@ Variant (documented so that a reader can predict every score):
   right; a material or origin is right when it contains the gold string).
 
 Source: the HAT report, arXiv 2608.15763 (TaoLive, 2026), "Release gates and guardrails" ("Product,
-price, stock and promotion facts must come from the matching tool result") and issue 3 point 7.
+price, stock and promotion facts must come from the matching tool result").
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ are imported from `hat_jax.harness.hooks` and re-exported, so that the hook and 
 Sources: the HAT report, arXiv 2608.15763 (TaoLive, 2026), "Release gates and guardrails" (claiming
 a real human drives the avatar, unsupported shop/product claims) and "Evaluation sets and metrics"
 (false promise, over-claimed capability);
-issue 3 point 7; `hat_jax.sim.types.Behaviour` for the behaviours.
+`hat_jax.sim.types.Behaviour` for the behaviours.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ sum, so a length term kept as its own component is not folded into accuracy befo
 `reward_components` therefore returns the five components separately, and `weighted_reward` is the
 GRPO (DeepSeekMath, arXiv 2402.03300) sum-then-normalise reward R = sum_k w_k r_k.
 
-CoT length penalty (issue 3 point 7): 0 up to `free` reasoning tokens, linear to -1 at `zero_at`,
+CoT length penalty: 0 up to `free` reasoning tokens, linear to -1 at `zero_at`,
 -1 beyond; the shape of DAPO's overlong reward shaping (Yu et al., arXiv 2503.14476: R_len = 0 up to
 L_max - L_c, linear to -1 at L_max; here L_max - L_c = free and L_max = zero_at). With one count per assistant turn (the paper
 reports tool-call CoT and reply CoT separately) the component is the mean of the per-turn penalties

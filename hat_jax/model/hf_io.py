@@ -28,7 +28,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -38,6 +37,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from hat_jax.cache import temp_sibling_dir
 from hat_jax.model.config import Qwen3_5MoeTextConfig
 from hat_jax.model.params import params_shapes
 
@@ -507,12 +507,8 @@ def save_hf_checkpoint(params: dict, config: Qwen3_5MoeTextConfig, out_dir: str 
         tensors.update({n: source_tensors[n] for n in source_tensors if n.startswith(VISUAL_PREFIX)})
     else:
         tensors = params_to_hf(params, config, HFLayout("model.", expert_layout, "per_expert"), dtype)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    partial_prefix = f".{out_dir.name}.partial-"
-    for stale in out_dir.parent.glob(partial_prefix + "*"):   # left by an export that was killed
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=partial_prefix, dir=out_dir.parent))
-    try:
+    # clear_stale: the partial folders an export that was killed left
+    with temp_sibling_dir(out_dir, clear_stale=True) as tmp:
         written = write_safetensors(tensors, tmp, max_shard_bytes)
         if layout == "dropin":
             shutil.copyfile(source / "config.json", tmp / "config.json")
@@ -538,6 +534,4 @@ def save_hf_checkpoint(params: dict, config: Qwen3_5MoeTextConfig, out_dir: str 
                 old.unlink()
         for name in written:
             os.replace(tmp / name, out_dir / name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return written

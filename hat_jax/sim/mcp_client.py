@@ -1,6 +1,6 @@
 """A tool client over MCP with a per-call timeout that never raises on a tool failure.
 
-The deployed agent loop (issue 6) calls the world's tools through this client: the first tool call
+The deployed agent loop (`hat_jax.deploy.agent`) calls the world's tools through this client: the first tool call
 with a 3 s timeout, later ones with 2 s (the HAT report, arXiv 2608.15763 (TaoLive, 2026), "Release
 gates and guardrails", fallback), and turns any non-ok outcome into
 a fallback. So `ToolClient.call_tool` returns a `ToolCallOutcome` for every way a call can end:

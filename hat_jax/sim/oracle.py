@@ -364,7 +364,7 @@ class OracleTeacher:
             names.append(tool.name)
         reasoning = ""
         if self.config.reasoning == "short":
-            reasoning = replies.tool_reasoning(task, harness, todo, names, retry=retry, rng=rng)
+            reasoning = replies.tool_reasoning(task, todo, names, retry=retry, rng=rng)
         return {"role": "assistant", "content": "", "reasoning_content": reasoning, "tool_calls": tool_calls}
 
     def _reply(self, task: Task, harness: HarnessState, calls: Sequence[_Call], rng: random.Random,

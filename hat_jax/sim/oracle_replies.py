@@ -334,8 +334,8 @@ def compose_reply(task: Task, harness: HarnessState, ok: Sequence[Any], noise: M
     return text, note
 
 
-def tool_reasoning(task: Task, harness: HarnessState, todo: Sequence[tuple], names: Sequence[str], *,
-                   retry: bool, rng: random.Random) -> str:
+def tool_reasoning(task: Task, todo: Sequence[tuple], names: Sequence[str], *, retry: bool,
+                   rng: random.Random) -> str:
     """1-2 short sentences before a tool turn (intent and skill first, then what each call is for)."""
     impls = [t[0] for t in todo]
     if retry:

@@ -433,7 +433,7 @@ _DISTRACTOR_PAYLOADS = (
 )
 
 
-def distractor_result(impl: str, canonical_args: Mapping[str, Any] | None = None) -> dict:
+def distractor_result(impl: str) -> dict:
     """A plausible result no task needs, deterministic in the distractor's name (`impl` = "distractor:<name>")."""
     name = impl[len(DISTRACTOR_PREFIX) :] if impl.startswith(DISTRACTOR_PREFIX) else impl
     h = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big")
@@ -465,7 +465,7 @@ def call_world_function(world: World, impl: str, canonical_args: Mapping[str, An
       KeyError: `impl` is neither a world function nor a distractor.
     """
     if impl.startswith(DISTRACTOR_PREFIX):
-        return distractor_result(impl, canonical_args)
+        return distractor_result(impl)
     if impl not in WORLD_FUNCTIONS:
         raise KeyError(f"unknown world function {impl!r}; known: {sorted(WORLD_FUNCTIONS)}")
     errors = sorted(_VALIDATORS[impl].iter_errors(dict(canonical_args)), key=lambda e: list(e.absolute_path))

@@ -106,7 +106,7 @@ def masked_nll_sum(logprobs: jax.Array, loss_mask: jax.Array,
 
 def masked_token_ce_sum(logits: jax.Array, input_ids: jax.Array, loss_mask: jax.Array,
                         segment_ids: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-    """Summed token cross-entropy over `loss_mask` and the token count (SFT, issue point 2).
+    """Summed token cross-entropy over `loss_mask` and the token count (SFT).
 
     Token-mean across micro-batches: sum the first value over micro-batches and divide by the sum of
     the second (never average per-micro-batch means; DAPO's token-mean, arXiv 2503.14476, over the global batch as

@@ -3,28 +3,7 @@
 One run directory per (experiment, stage, seed): `run_dir(root, experiment, stage, seed)` =
 `<root>/<experiment>/<stage>/seed<seed>`, so `tensorboard --logdir <root>` overlays the ablation rows of a
 table with the same tag in one chart. Every stage writes the same tags (unknown tags are an error, so a
-typo cannot split a curve):
-
-| tag | meaning |
-|---|---|
-| train/loss | stage objective's main term: token-mean over the batch (SFT: masked CE on assistant tokens) |
-| train/lb_loss | MoE load-balancing loss (transformers' `load_balancing_loss_func`), before its coefficient |
-| train/total_loss | loss + lb_coef * lb_loss (what the gradient is taken of) |
-| train/grad_norm | global L2 norm of the gradient before clipping |
-| train/lr | learning rate used by the step |
-| train/loss_tokens | tokens the loss is normalised by (per step) |
-| train/tokens_per_s | real tokens (attention_mask = 1; packed rows: segment id > 0) per second over the log window (compilation excluded) |
-| moe/expert_load_cv | coefficient of variation of the experts' top-k load (0 = balanced) |
-| data/hsa_share | share of the rows (packed: of the trajectories) whose harness was HSA-perturbed |
-| data/documents | documents (trajectories, chats) per step in packed rows |
-| data/invalid_samples | RL samples dropped from the update (a NaN/inf reward component), per step |
-| eval/<name> | evaluation scalars |
-| reward/<component> | RL reward components (raw and `reward/<component>_norm` after normalisation) |
-| adv/<stat> | advantages (mean, std, abs_mean, zero_group_frac, ...) |
-| kl/<name> | KL estimates (k3 to the reference, OPD reverse KL) |
-| policy/clip_frac, policy/entropy, policy/ratio_mean | policy-gradient diagnostics |
-| rollout/reasoning_len, rollout/<stat> | rollout statistics (tokens, turns, seconds) |
-| time/<phase> | seconds per step spent in a phase (generation, environment, training) |
+typo cannot split a curve); `TAGS` is the list the writer accepts, docs/metrics.md says what each tag means.
 
 Metric values are averaged over the steps of each log window. `metrics.jsonl` in the run directory gets one
 line per write: {"step": int, "time": unix seconds, "<tag>": float, ...}. On resume from step k, JSONL lines
@@ -39,6 +18,8 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
+
+from hat_jax.cache import write_text_atomic
 
 TAGS: tuple[str, ...] = (
     "train/loss", "train/lb_loss", "train/total_loss", "train/grad_norm", "train/lr", "train/loss_tokens",
@@ -82,9 +63,7 @@ class MetricsWriter:
         if resume_step is not None and self.jsonl.exists():
             kept = [line for line in self.jsonl.read_text(encoding="utf-8").splitlines()
                     if line.strip() and _step_of(line) <= resume_step]
-            tmp = self.jsonl.with_suffix(".jsonl.partial")
-            tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-            os.replace(tmp, self.jsonl)
+            write_text_atomic(self.jsonl, "".join(line + "\n" for line in kept))
         self.tb = None
         if tensorboard:
             from tensorboardX import SummaryWriter

@@ -10,7 +10,7 @@ passes the HSA-SFT(+OPD) run as --init and a stronger model with the same tokeni
     python -m hat_jax.train.opd --preset micro|tiny --live --init CKPT --teacher CKPT --out DIR
         [--set harness_mode=hsa ...]        (the scale's opd_live section: live-stream episodes)
 
-Objective (issue 4 point 3; the HAT report, arXiv 2608.15763 (TaoLive, 2026), "Training, three stages",
+Objective (the HAT report, arXiv 2608.15763 (TaoLive, 2026), "Training, three stages",
 stage 2): GKD with lambda = 1 and the reverse-KL end (Agarwal et al. 2024, arXiv 2306.13649),
 KL_t = KL(pi_s(.|c_t) || pi_T(.|c_t)) on the student's sampled completions, by the "sampled" (Thinking
 Machines' OPD, K. Lu 2025) or the "exact" (NeMo-RL's "full") estimator of `hat_jax.train.kl`.
@@ -25,19 +25,8 @@ The stage is three modules:
 - `hat_jax.train.opd_loss`: the loss function (both estimators, their biases, the aggregation under gradient
   accumulation) and the teacher's forward.
 
-Metrics (tags of `hat_jax.train.metrics`): train/loss (the OPD objective), kl/reverse_k1 and kl/reverse_k3
-(token means of the k1 and k3 estimates of KL(pi_old || pi_T) on the sampled tokens, both losses),
-kl/reverse_exact ("exact": the exact KL under the current params), policy/clip_frac (0 for "exact"),
-policy/ratio_mean, policy/entropy (exact entropy of the student's next-token distribution at the sampled
-positions), rollout/completion_len, rollout/finished_frac (ended with <|im_end|>), rollout/gen_tokens_per_s,
-time/generation_s, time/teacher_s, time/train_s (the first step includes compilation). For "live"
-(the RL stage's names, so `tensorboard` overlays the two arms): rollout/completion_len is the sampled tokens
-per episode and rollout/finished_frac the share of episodes not cut (`RolloutBatch.truncated`), plus
-reward/<component> (mean over episodes of `hat_jax.judges.rewards.COMPONENTS`: accuracy, effectiveness,
-tool_rationality, skill_selection, cot_length) and reward/total (weighted by `reward.weights`),
-rollout/turns, rollout/truncated_frac, rollout/reasoning_len (reasoning tokens per sampled turn),
-rollout/tokens, rollout/seq_len, rollout/outcome_<name> (`OUTCOMES`), time/env_s (environment + judges),
-time/tokenize_s, time/rollout_s.
+Logged: the OPD loss, k1/k3/exact reverse KL, policy and rollout statistics, and for "live" the RL stage's
+reward and rollout tags (docs/metrics.md, "OPD").
 
 Models and tokenizer: the student's architecture is the --init checkpoint's (model_config.json), the
 teacher's its own; the two must share the vocabulary (same vocab_size, and the same tokens when the teacher
@@ -51,9 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -61,6 +48,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from hat_jax.cache import atomic_dir
 from hat_jax.data.world_data import WorldDataConfig
 from hat_jax.harness.hsa import HSAConfig
 from hat_jax.judges.rewards import RewardConfig
@@ -272,9 +260,8 @@ def opd_tokenizer(config: OPDConfig, vocab_size: int, out_dir: Path):
         raise FileNotFoundError(f"OPD student init checkpoint {config.init!r} has no tokenizer/ folder (nor its "
                                 "parent): OPD renders chat prompts with the student's tokenizer")
     if source != target:
-        tmp = Path(tempfile.mkdtemp(dir=out_dir, prefix=".tokenizer."))
-        shutil.copytree(source, tmp, dirs_exist_ok=True)
-        os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
+        with atomic_dir(target) as tmp:
+            shutil.copytree(source, tmp, dirs_exist_ok=True)
     tok = load_tokenizer(target)
     if len(tok) > vocab_size:
         raise ckpt.IncompatibleCheckpointError(f"tokenizer {str(source)!r} has {len(tok)} tokens, more than the "

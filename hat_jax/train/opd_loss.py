@@ -1,7 +1,7 @@
 """The OPD stage's losses (`hat_jax.train.opd`): the reverse-KL loss function of the student, the entropy of its
 next-token distribution (a metric), and the frozen teacher's forward that gives the batch its teacher columns.
 
-Objective (issue 4 point 3; the HAT report, arXiv 2608.15763 (TaoLive, 2026), "Training, three stages",
+Objective (the HAT report, arXiv 2608.15763 (TaoLive, 2026), "Training, three stages",
 stage 2): GKD with lambda = 1 and the reverse-KL end (Agarwal et al. 2024, arXiv 2306.13649),
 KL_t = KL(pi_s(.|c_t) || pi_T(.|c_t)) on the student's sampled completions, as
 `hat_jax.train.kl` implements it (its docstring states both estimators, their sources and their biases):

@@ -6,11 +6,9 @@ OPD or RL as --init):
     python -m hat_jax.train.pretrain --preset micro|tiny [--steps N] [--set optim.lr=3e-3 --set n_chats=2048 ...]
         [--cache-dir DIR] [--no-progress]
 
-Why: the HAT report (arXiv 2608.15763, "Training, three stages") starts from a pretrained Qwen3.6-35B-A3B.
-At tiny scale there is no such model, so hat-jax pretrains one from scratch, on data with no live-stream
-content (`hat_jax.data.corpus`: the base must learn to read a tool list and copy a name from it, which
-SFT then builds on). For the real preset the base is imported from a local Hugging Face folder
-(`import_hf_base`).
+The HAT report (arXiv 2608.15763, "Training, three stages") starts from a pretrained Qwen3.6-35B-A3B; at tiny
+scale the base is pretrained here, on data with no live-stream content (`hat_jax.data.corpus`; why:
+docs/tuning.md, "Base pretraining"). The real preset imports its base (`hat_jax.train.hf_base`).
 
 1. Tokenizer first: `hat_jax.train.sft.bpe_tokenizer_dir`, the very cached BPE the SFT stage trains for
    the same (vocab_size, tokenizer_texts, world): texts = rendered pretraining chats + the world's rendered
@@ -19,10 +17,7 @@ SFT then builds on). For the real preset the base is imported from a local Huggi
 2. Pretraining objective: token-mean cross-entropy on EVERY non-pad token (loss_mask = attention_mask with
    position 0 zeroed, as it has no context) + lb_coef x the MoE load-balancing loss, through the shared
    trainer (`hat_jax.train.trainer`, the SFT loss function `sft_loss_fn`). Every token, not only the
-   assistant's as in SFT, because this is language-model pretraining: a base model sees whole documents;
-   the prompt tokens (the tool listing the name must be copied from, the user turn, the template) are
-   text to model, and at this budget they are most of the signal per row. SFT then restricts the loss to
-   assistant tokens.
+   assistant's as in SFT: this is language-model pretraining (docs/tuning.md).
 3. Rows, packed (`pack=True`, the default): each chat is one document (loss_mask 1 on every token but its
    first), cut to seq_len when longer (counted in the data state and base_report.json, logged once; with
    `truncate=False` an error naming the chat), and the documents are packed first-fit into rows of seq_len
@@ -58,16 +53,13 @@ argmax (equivalently, greedy decoding copies the name exactly, in the tokenizer'
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import functools
 import json
 import logging
 import os
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -78,6 +70,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hat_jax.cache import atomic_dir, exclusive_lock, write_text_atomic
 from hat_jax.data.corpus import pretraining_chats, recall_probe, render_chat
 from hat_jax.data.packing import PackedBatches, fit_document, pack_documents, refuse_packed_state
 from hat_jax.data.world_data import WorldDataConfig, cache_root
@@ -94,7 +87,6 @@ from hat_jax.train.stage import (StageRun, add_set_progress, apply_overrides, cl
 
 log = logging.getLogger(__name__)
 REPORT = "base_report.json"
-IMPORT_REPORT = "import_report.json"
 PROBE_SEED = 0  # one probe set for every base, so bases of different configs are compared on the same items
 
 
@@ -383,10 +375,8 @@ def _base_tokenizer(config: PretrainConfig, out: Path):
     vocab = config.model_config().vocab_size
     target = out / "tokenizer"
     if not target.is_dir():
-        tmp = out / ".tokenizer.partial"
-        shutil.rmtree(tmp, ignore_errors=True)  # a copy a killed run left half-done
-        shutil.copytree(bpe_tokenizer_dir(vocab, config.tokenizer_texts, config.world), tmp)
-        os.rename(tmp, target)
+        with atomic_dir(target, clear_stale=True) as tmp:  # clear_stale: a copy a killed run left half-done
+            shutil.copytree(bpe_tokenizer_dir(vocab, config.tokenizer_texts, config.world), tmp, dirs_exist_ok=True)
     tok = load_tokenizer(target)
     if len(tok) > vocab:
         raise ValueError(f"tokenizer {str(target)!r} has {len(tok)} tokens, more than the model's vocab_size {vocab}")
@@ -443,30 +433,13 @@ def train_base(config: PretrainConfig, out_dir: str | Path, *, progress: bool = 
         writer.scalars(step, {"eval/recall_exact": probe["exact"], "eval/recall_first_token": probe["first_token"],
                               "eval/recall_name_nll": probe["name_nll"]})
         writer.text("eval/recall_probe", "```\n" + json.dumps(probe, indent=1) + "\n```", step)
-    tmp = out / f".{REPORT}.partial"
-    tmp.write_text(json.dumps(report, indent=1) + "\n")
-    os.replace(tmp, out / REPORT)
+    write_text_atomic(out / REPORT, json.dumps(report, indent=1) + "\n")
     log.info("base %s: %d steps, loss %.3f (step %s) -> %.3f (step %s), %.0f s (train %.0f s, %s tok/s); recall "
              "probe (n=%d; near 0 at the tiny presets' budgets): exact %.3f, first token %.3f, name NLL %.3f",
              out.name.removesuffix(".partial"), step, report["loss_first"] or 0,
              report["loss_first_step"], report["loss_final"] or 0, report["loss_final_step"], report["wall_s"],
              train_s, report["tokens_per_s"], probe["n"], probe["exact"], probe["first_token"], probe["name_nll"])
     return report
-
-
-@contextlib.contextmanager
-def _exclusive_lock(path: Path):
-    """An exclusive `flock` on `path` (created), held for the block; released by the OS if the process dies."""
-    with open(path, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.info("another process holds %s; waiting for it", path)
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _finished(final: Path) -> bool:
@@ -494,7 +467,7 @@ def base_checkpoint(config: PretrainConfig, *, cache_dir: str | Path | None = No
         log.info("cached base %s", final)
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive_lock(final.with_name(final.name + ".lock")):
+    with exclusive_lock(final.with_name(final.name + ".lock")):
         if _finished(final):  # built by the process we waited for
             log.info("cached base %s (built by another process)", final)
             return final
@@ -502,79 +475,6 @@ def base_checkpoint(config: PretrainConfig, *, cache_dir: str | Path | None = No
         train_base(config, partial, progress=progress)
         os.rename(partial, final)
     return final
-
-
-# ---------------------------------------------------------------------------------------------- real preset
-
-def import_hf_base(hf_path: str | Path, out_dir: str | Path) -> Path:
-    """A local Hugging Face qwen3_5_moe folder -> a base checkpoint folder for --init.
-
-    Output (written to a temporary sibling and renamed into place): `<out>/params` (Orbax) +
-    `<out>/model_config.json` (`save_model_checkpoint`), `<out>/tokenizer/` (the folder's tokenizer files,
-    copied byte for byte) and `<out>/import_report.json`. Parameters keep their on-disk dtypes (the stages
-    cast to fp32 when they load them). With several devices they are streamed one tensor at a time into the
-    default mesh's shardings and written shard by shard (`hat_jax.model.hf_io.stream_hf_params`; host RAM
-    about one tensor, not the model). A folder that already holds a finished import is returned as it is.
-
-    Raises:
-        FileNotFoundError: hf_path is not a folder, or lacks config.json, *.safetensors weights or
-            tokenizer.json (the message lists everything missing).
-        FileExistsError: out_dir exists, is not empty and is not a finished import.
-        CheckpointError (a ValueError): bad config.json or tensors (from `hat_jax.model.hf_io`).
-        ValueError: the tokenizer has more tokens than the config's vocab_size.
-    """
-    from hat_jax.model.checkpoint_io import save_model_checkpoint
-    from hat_jax.model.hf_io import TOKENIZER_FILES, load_hf_checkpoint, read_hf_config, stream_hf_params
-    from hat_jax.model.sharding import default_mesh
-    from hat_jax.tokenizer import load_tokenizer
-
-    src, out = Path(hf_path).resolve(), Path(out_dir).resolve()
-    if not src.is_dir():
-        what = "is not a folder" if src.exists() else "does not exist"
-        raise FileNotFoundError(f"HF base folder {str(src)!r} {what}")
-    missing = [what for what, ok in (
-        ("config.json (the model config)", (src / "config.json").is_file()),
-        ("*.safetensors weights (model.safetensors, or shards + model.safetensors.index.json)",
-         any(src.glob("*.safetensors"))),
-        ("tokenizer.json (the tokenizer)", (src / "tokenizer.json").is_file())) if not ok]
-    if missing:
-        raise FileNotFoundError(f"HF base folder {str(src)!r} lacks: " + "; ".join(missing))
-    if (out / IMPORT_REPORT).is_file():
-        log.info("HF base already imported at %s", out)
-        return out
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise FileExistsError(f"{str(out)!r} exists and is not an empty folder or a finished import; choose another "
-                              "out_dir")
-    t0 = time.perf_counter()
-    config = read_hf_config(src / "config.json")
-    mesh = default_mesh(None, config.num_experts)
-    if mesh is None:
-        config, params, layout = load_hf_checkpoint(src)
-    else:  # several devices: one tensor at a time into the mesh's shards; every process writes its own shards
-        params, layout = stream_hf_params(src, config, mesh)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
-    try:
-        save_model_checkpoint(tmp, params, config)
-        (tmp / "tokenizer").mkdir()
-        copied = [name for name in TOKENIZER_FILES if (src / name).is_file()]
-        for name in copied:
-            shutil.copyfile(src / name, tmp / "tokenizer" / name)
-        tokens = len(load_tokenizer(tmp / "tokenizer"))
-        if tokens > config.vocab_size:
-            raise ValueError(f"HF base folder {str(src)!r}: the tokenizer has {tokens} tokens, more than config.json's "
-                             f"vocab_size {config.vocab_size}")
-        report = {"source": str(src), "layout": dataclasses.asdict(layout), "vocab_size": config.vocab_size,
-                  "tokenizer_tokens": tokens, "tokenizer_files": copied, "wall_s": round(time.perf_counter() - t0, 2)}
-        (tmp / IMPORT_REPORT).write_text(json.dumps(report, indent=1) + "\n")
-        if out.exists():
-            out.rmdir()  # empty (checked above)
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    log.info("imported HF base %s -> %s (%.0f s)", src, out, report["wall_s"])
-    return out
 
 
 # ---------------------------------------------------------------------------------------------- CLI

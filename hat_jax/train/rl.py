@@ -7,7 +7,7 @@ Run (from a stage's run dir or a model checkpoint that has a `tokenizer/` folder
 
 One RL step (a batch function for `hat_jax.train.trainer.run_stage`, called with the current state):
 1. Tasks: `tasks_per_step` distinct tasks of `rl_tasks(config.world)` drawn by numpy's generator seeded
-   with (seed, step). Harness (the stage switch, issue point 5): "original" = the production harness;
+   with (seed, step). Harness (the stage switch): "original" = the production harness;
    "hsa" = `compose(production, random.Random(s), config.hsa, "train")` per task, s derived from
    (seed, step, task index) (`numpy.random.SeedSequence`); the env runs and the judges score under it.
 2. Rollouts: `hat_jax.rollout.rollout_episodes` with the *current* params (pi_old = the sampler),
@@ -45,18 +45,7 @@ One RL step (a batch function for `hat_jax.train.trainer.run_stage`, called with
    the learning-rate schedule counts updates: it ends at steps x epochs x minibatches (`RLConfig.updates`)
    unless optim.total_steps is set.
 
-Logged every step (tags fixed across runs, `hat_jax.train.metrics`): reward/<component> (raw mean over
-valid samples) and reward/<component>_norm (std over valid samples of the component after per-group
-normalisation with the estimator's eps, or the centring alone for dr_grpo: 0 when the component never
-varies inside a group; for GDPO it is what enters the sum), reward/total and reward/total_norm (the same
-for the weighted total, i.e. GRPO's advantage), adv/mean, adv/std, adv/abs_max, adv/zero_frac (valid
-samples with advantage exactly 0), rollout/reasoning_len (mean reasoning tokens per sampled turn),
-rollout/tokens (sampled tokens in the step), rollout/tokens_per_s (generation rate), rollout/turns,
-rollout/truncated_frac, rollout/seq_len, rollout/outcome_<name> (shares of `OUTCOMES`), time/generation_s,
-time/env_s (environment + judges + rewards), time/tokenize_s, time/ref_s, time/rollout_s, time/train_s
-(the jitted update, compilation included on a process's first step), data/invalid_samples, and from the
-loss: train/loss etc., policy/clip_frac(_low/_high), policy/ratio_mean, policy/ratio_max, policy/entropy,
-kl/approx, kl/k3 (beta > 0), moe/expert_load_cv.
+Logged every step: reward, advantage, rollout, time, policy and KL tags (docs/metrics.md, "RL").
 
 The model config and the tokenizer come from --init (`<init>/tokenizer` or its parent's, copied to
 `<out>/tokenizer`); `--out` is the `StageCheckpointer` root and TensorBoard run directory, as for SFT.

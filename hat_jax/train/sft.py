@@ -5,8 +5,8 @@ Run (from a fresh init, or from a checkpoint with --init, e.g. the base or a pre
     python -m hat_jax.train.sft --preset micro --out runs/sft --steps 20 [--hsa on|off] [--init CKPT]
         [--resume [--force]] [--set data.seq_len=3072 --set optim.lr=1e-3 ...]
 
-Objective (the HAT report, arXiv 2608.15763 (TaoLive, 2026), "Training, three stages", stage 1 HSA-SFT; issue 4
-point 2): per micro-batch `masked_token_ce_sum(logits, input_ids,
+Objective (the HAT report, arXiv 2608.15763 (TaoLive, 2026), "Training, three stages", stage 1 HSA-SFT):
+per micro-batch `masked_token_ce_sum(logits, input_ids,
 loss_mask)` (`hat_jax.train.losses`; loss_mask = 1 on assistant-generated tokens only, as
 `hat_jax.harness.render.render_tokens` marks them), summed over the accumulated micro-batches and divided by
 the total number of loss tokens (`hat_jax.train.trainer`), plus lb_coef x the MoE load-balancing loss
@@ -16,8 +16,8 @@ Data: `hat_jax.data.world_data.sft_records(config.world)` (rejection-sampled ora
 production harness) through `hat_jax.data.pipeline.sft_dataset`: trajectories truncated to `data.seq_len`
 and packed several per row (`data.pack`, on by default; `hat_jax.data.packing`), the model run with their
 segment ids so no attention, Gated DeltaNet state or conv crosses documents, and no target crosses them
-(`sft_loss_fn`); `data.pack=false` gives one trajectory per row, right-padded. The stage
-switch of issue point 5 is `data.p_hsa`: "original" harness = 0 (`--hsa off`), "hsa" = p > 0 (`--hsa on`
+(`sft_loss_fn`); `data.pack=false` gives one trajectory per row, right-padded. The stage's
+harness switch is `data.p_hsa`: "original" harness = 0 (`--hsa off`), "hsa" = p > 0 (`--hsa on`
 sets the config's mixing probability; the paper mixes original and augmented harnesses).
 
 Tokenizer: the --init checkpoint's `tokenizer/` folder when it has one; otherwise a byte-level BPE of the

@@ -8,7 +8,7 @@ where `loss_sum` is the *sum* of the per-token (or per-sequence) losses of the m
 count it is normalised by (independent of params) and `aux` a dict of scalars; `aux["lb_loss"]`, when
 present, is the micro-batch's MoE load-balancing loss (`moe_aux`).
 
-Gradient accumulation (issue 4 point 1): a step's batch has leading dims [accum, micro, ...]; a
+Gradient accumulation: a step's batch has leading dims [accum, micro, ...]; a
 `jax.lax.scan` over the accum micro-batches sums the gradients of
 
     loss_sum_i + lb_coef * n_i * lb_i

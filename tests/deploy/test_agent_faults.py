@@ -1,7 +1,7 @@
 """The agent loop and the replay against a scripted chat server and the real MCP tool server.
 
-Happy paths (tool call as text or server-parsed, hooks as in the simulator) and every fault of the
-issue: server down at start, server dying mid-run, a malformed or stalled stream, a tool timing out,
+Happy paths (tool call as text or server-parsed, hooks as in the simulator) and every fault the
+loop must survive: server down at start, server dying mid-run, a malformed or stalled stream, a tool timing out,
 a wrong URL or model name, a malformed harness. Each request is recorded as failed or fallen back,
 the replay finishes and writes its report, nothing raises.
 """

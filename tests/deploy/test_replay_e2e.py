@@ -1,7 +1,7 @@
 """CPU end to end: a `micro` checkpoint exported to HF, served by `transformers serve`, replayed through the agent.
 
 The module builds one random-init `micro` checkpoint with a BPE tokenizer (our chat template), exports it
-with `hat_jax.export_cli.export_hf` (what `export/to_hf.py` runs), serves the folder with the real
+with `hat_jax.export.cli.export_hf` (what `export/to_hf.py` runs), serves the folder with the real
 OpenAI-compatible `transformers serve --device cpu` on loopback (offline), and runs
 `python -m hat_jax.deploy.replay` against it with the MCP tool server at concurrency 1 and 2. A random
 model's turns run into `max_tokens`, so requests fall back ("truncated"); the test checks that the
@@ -21,7 +21,7 @@ import pytest
 from local_servers import free_port, stop_process, wait_for_port
 
 from hat_jax.deploy.chat_stream import ChatStreamClient, EndpointError
-from hat_jax.export_cli import export_hf
+from hat_jax.export.cli import export_hf
 from hat_jax.harness.render import render_system_prompt
 from hat_jax.model import get_config, init_params
 from hat_jax.model.checkpoint_io import save_model_checkpoint

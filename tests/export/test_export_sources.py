@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from export_helpers import CONFIG, RL, SFT, random_params, write_stage
 
-from hat_jax.export_sources import UnfinishedStageError, resolve_export_source
+from hat_jax.export.sources import UnfinishedStageError, resolve_export_source
 from hat_jax.model.checkpoint_io import save_model_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]

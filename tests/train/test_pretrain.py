@@ -31,8 +31,10 @@ from hat_jax.model.checkpoint_io import load_model_checkpoint
 from hat_jax.train import pretrain
 from hat_jax.train.losses import masked_token_ce_sum
 from hat_jax.data.packing import DataStateFormatError, PackedBatches
-from hat_jax.train.pretrain import (PretrainBatches, PretrainConfig, base_checkpoint, chat_order, import_hf_base,
-                                    pretraining_batches, pretraining_rows)
+from hat_jax.cache import exclusive_lock
+from hat_jax.train.hf_base import import_hf_base
+from hat_jax.train.pretrain import (PretrainBatches, PretrainConfig, base_checkpoint, chat_order, pretraining_batches,
+                                    pretraining_rows)
 from hat_jax.train.stage import apply_overrides, stage_section
 
 
@@ -243,7 +245,7 @@ def test_concurrent_caller_waits_for_the_lock_then_finds_the_base(base, tmp_path
     monkeypatch.setattr(pretrain, "train_base", lambda *a, **k: pytest.fail("the waiting caller trained"))
     final = tmp_path / base.name
     result = {}
-    with pretrain._exclusive_lock(tmp_path / (base.name + ".lock")):  # another process building the base
+    with exclusive_lock(tmp_path / (base.name + ".lock")):  # another process building the base
         thread = threading.Thread(target=lambda: result.setdefault(
             "path", base_checkpoint(micro_base(), cache_dir=tmp_path, progress=False)))
         thread.start()

@@ -3,7 +3,7 @@
 - `import_hf`: a `qwen3_5_moe` safetensors folder (text or VL layout, either expert layout, `mtp.*`
   included) -> a `hat_jax.model.checkpoint_io` checkpoint; tokenizer files go to `<out>/tokenizer/`.
   Tensors keep their on-disk dtypes unless a dtype is given.
-- `--ckpt` is resolved by `hat_jax.export_sources.resolve_export_source` (a checkpoint, a training run dir,
+- `--ckpt` is resolved by `hat_jax.export.sources.resolve_export_source` (a checkpoint, a training run dir,
   an experiment stage dir or an experiment dir).
 - `export_hf`: that checkpoint -> a servable folder via `hf_io.save_hf_checkpoint`: text layout
   (`Qwen3_5MoeForCausalLM`) or the drop-in layout of a source folder (its config.json and vision tower
@@ -23,7 +23,6 @@ import argparse
 import datetime
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -32,7 +31,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from hat_jax.export_sources import ExportSource, resolve_export_source
+from hat_jax.cache import atomic_dir, write_text_atomic
+from hat_jax.export.sources import ExportSource, resolve_export_source
 from hat_jax.model.checkpoint_io import load_model_checkpoint, save_model_checkpoint
 from hat_jax.model.config import Qwen3_5MoeTextConfig
 from hat_jax.model.hf_io import (INDEX_FILE, TOKENIZER_FILES, CheckpointError, architecture_differences,
@@ -68,20 +68,15 @@ def import_hf(hf_dir: str | Path, out_dir: str | Path, dtype: str | None = None)
     params = jax.tree_util.tree_map(cast, params)
     # Written into a sibling partial folder, renamed into place when complete (a killed import leaves no
     # half checkpoint at `out_dir`; the next import into the same place removes the partial folder).
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    partial = out_dir.parent / f".{out_dir.name}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    save_model_checkpoint(partial, params, config)
-    written = ["params", "model_config.json"]
-    tokenizer = [n for n in TOKENIZER_FILES if (hf_dir / n).is_file()]
-    if tokenizer:
-        (partial / TOKENIZER_SUBDIR).mkdir()
-        for name in tokenizer:
-            shutil.copyfile(hf_dir / name, partial / TOKENIZER_SUBDIR / name)
-        written += [f"{TOKENIZER_SUBDIR}/{n}" for n in tokenizer]
-    if out_dir.exists():
-        out_dir.rmdir()  # empty (checked above)
-    os.replace(partial, out_dir)
+    with atomic_dir(out_dir, clear_stale=True) as partial:
+        save_model_checkpoint(partial, params, config)
+        written = ["params", "model_config.json"]
+        tokenizer = [n for n in TOKENIZER_FILES if (hf_dir / n).is_file()]
+        if tokenizer:
+            (partial / TOKENIZER_SUBDIR).mkdir()
+            for name in tokenizer:
+                shutil.copyfile(hf_dir / name, partial / TOKENIZER_SUBDIR / name)
+            written += [f"{TOKENIZER_SUBDIR}/{n}" for n in tokenizer]
     return _file_lines(out_dir, written)
 
 
@@ -115,7 +110,7 @@ def policy_version(hf_dir: str | Path, names) -> str:
 
 def _git_commit() -> tuple[str | None, bool | None]:
     """(commit, has uncommitted changes to tracked files) of the hat-jax checkout, or (None, None)."""
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     if not (repo / ".git").exists():
         return None, None
     try:
@@ -194,10 +189,7 @@ def export_hf(ckpt: str | Path | ExportSource, out_dir: str | Path, *, layout: s
                         dtype=dtype, expert_layout=expert_layout,
                         tokenizer=tokenizer_dir or (Path(source) if source and any(
                             (Path(source) / n).is_file() for n in TOKENIZER_FILES) else None))
-    tmp = out_dir / f".{PROVENANCE_FILE}.partial"
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, out_dir / PROVENANCE_FILE)
+    write_text_atomic(out_dir / PROVENANCE_FILE, json.dumps(record, indent=1, sort_keys=True) + "\n")
     return _file_lines(out_dir, written + [PROVENANCE_FILE])
 
 
