@@ -215,7 +215,7 @@ class TextModel(nn.Module):
 
         all_logits, all_ids = [], []
         if n_blocks:
-            stacked = [jax.tree_util.tree_map(lambda *a: jnp.stack(a),
+            stacked = [jax.tree_util.tree_map(lambda *a: _stack_for_compute(a, self.dtype),
                                               *[params[f"layers_{b * p + j}"] for b in range(n_blocks)])
                        for j in range(p)]
             forced = None
@@ -230,6 +230,14 @@ class TextModel(nn.Module):
             all_logits.append(lg[None])
             all_ids.append(ei[None])
         return x, jnp.concatenate(all_logits), jnp.concatenate(all_ids)
+
+
+def _stack_for_compute(leaves, dtype) -> jax.Array:
+    """The scan's [n_blocks, ...] copy of one parameter across blocks. Matrices (ndim >= 2: every kernel, the
+    experts, the conv) are cast to the compute dtype first, as each layer casts them at use anyway: the same
+    values, but the stacked copy and its gradient take half the bytes in bf16. Vectors (norm weights, A_log,
+    dt_bias, used in float32) keep their dtype."""
+    return jnp.stack([a.astype(dtype) if a.ndim >= 2 else a for a in leaves])
 
 
 class MultiTokenPredictor(nn.Module):

@@ -100,3 +100,34 @@ def test_unknown_remat_policy_lists_the_valid_ones(micro):
     with pytest.raises(ValueError, match="sft.remat_policy"):
         check_remat_policy("x", "sft.remat_policy")
     assert "none" in REMAT_POLICIES and "full" in REMAT_POLICIES
+
+
+def test_scan_in_bf16_stacks_the_matrices_in_bf16_and_keeps_the_loops_values():
+    config = get_config("micro", num_hidden_layers=8)  # two blocks: each parameter stacked twice
+    params = init_params(config, jax.random.key(3))
+    ids = _ids(2, (2, 16), config.vocab_size)
+
+    def model(scan):
+        return Qwen3_5MoeForCausalLM(config, dtype=jnp.bfloat16, scan_layers=scan, remat_policy="none")
+
+    def run(scan):
+        def loss(p):
+            out = model(scan).apply({"params": p}, ids)
+            return jnp.mean(jax.nn.logsumexp(out.logits.astype(jnp.float32), -1)), out.logits
+
+        return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+
+    jaxpr = jax.make_jaxpr(lambda p: model(True).apply({"params": p}, ids).logits)(params).jaxpr
+    (scan_eqn,) = [e for e in jaxpr.eqns if e.primitive.name == "scan"]
+    stacked = [v.aval for v in scan_eqn.invars[scan_eqn.params["num_consts"] + scan_eqn.params["num_carry"]:]]
+    assert {a.dtype for a in stacked if a.ndim >= 3} == {jnp.dtype(jnp.bfloat16)}   # the kernels' [2, ...] copies
+    assert {a.dtype for a in stacked if a.ndim == 2} == {jnp.dtype(jnp.float32)}    # norm weights, A_log, dt_bias
+
+    (value_scan, logits_scan), grads_scan = run(True)
+    (value_loop, logits_loop), grads_loop = run(False)
+    # bf16 rounding differs between the two programs' fusions (as it did before the cast moved to the stack)
+    np.testing.assert_allclose(np.asarray(logits_scan, np.float32), np.asarray(logits_loop, np.float32), atol=8e-3)
+    np.testing.assert_allclose(float(value_scan), float(value_loop), atol=1e-4)
+    for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(grads_scan), jax.tree_util.tree_leaves(grads_loop)):
+        assert x.dtype == y.dtype == jnp.float32, jax.tree_util.keystr(path)   # gradients in the params' dtype
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=5e-4, err_msg=jax.tree_util.keystr(path))
