@@ -27,8 +27,10 @@ def get_config() -> Scale:
     # rematerialised (only its input is kept for the backward pass), the vocabulary (248,320) in 8,192-wide
     # chunks, so no [B, T, V] array exists, and the experts by expert parallelism: tokens sent by ragged
     # all-to-all to the devices holding their experts, megablox's grouped matmul there (TPU; on a GPU host set
-    # moe_impl=ep_ragged_dot); attention_impl "auto" is splash on TPU (figures: docs/real_scale.md).
-    fits = dict(scan_layers=True, remat_policy="full", vocab_chunk=8192, moe_impl="ep_megablox")
+    # moe_impl=ep_ragged_dot), each device's 16,384 tokens in chunks of 4,096 (moe_token_chunk: the MoE's
+    # assignment and receive buffers a quarter the size); attention_impl "auto" is splash on TPU (figures:
+    # docs/real_scale.md).
+    fits = dict(scan_layers=True, remat_policy="full", vocab_chunk=8192, moe_impl="ep_megablox", moe_token_chunk=4096)
     sft = SFTConfig(**fits, preset=PRESET,
                     data=SFTDataConfig(seq_len=16384, batch_size=64, p_hsa=0.5, num_epochs=None),
                     optim=OptimConfig(lr=1e-5, warmup_steps=50, weight_decay=0.01), steps=2000,

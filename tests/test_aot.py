@@ -122,7 +122,7 @@ def test_flops_check_assignments_remove_what_the_cost_model_cannot_count():
 
     sft = apply_scale_overrides(get_scale("qwen3_6_35b_a3b"), flops_check_assignments("sft", 32)).sft
     assert (sft.data.batch_size, sft.data.seq_len, sft.accum_steps) == (32, 4096, 1)
-    assert (sft.remat_policy, sft.vocab_chunk, sft.attention_impl) == ("none", None, "xla")
+    assert (sft.remat_policy, sft.vocab_chunk, sft.attention_impl, sft.moe_token_chunk) == ("none", None, "xla", None)
     assert sft.moe_impl == "ep_megablox" and sft.scan_layers  # the real step's dispatch and layer scan
     with pytest.raises(ValueError, match="--flops-check: the sft stage only"):
         flops_check_assignments("rl", 32)

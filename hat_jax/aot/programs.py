@@ -253,8 +253,8 @@ def stage_programs(stage: str, scale, model_config, mesh: Mesh) -> list[Program]
 
 def flops_check_assignments(stage: str, batch_devices: int, seq_len: int = 4096) -> list[str]:
     """`--set` assignments that turn the SFT step into its FLOPs check: one row per batch device of `seq_len`
-    tokens, no accumulation, no remat, full logits and the 'xla' attention. The XLA cost model counts a loop
-    body once (the vocabulary-chunk scan, the accumulation scan) and Pallas kernels only by their own estimate
+    tokens, no accumulation, no remat, full logits, the 'xla' attention and no MoE token chunks. The XLA cost
+    model counts a loop body once (the vocabulary-chunk scan, the accumulation scan, the MoE token-chunk scan) and Pallas kernels only by their own estimate
     (splash gives none); this program has neither, so its compiled FLOPs are comparable with the analytic
     count (6 x active matmul params x tokens + attention), on the same mesh and partitioning as the real step.
 
@@ -264,7 +264,7 @@ def flops_check_assignments(stage: str, batch_devices: int, seq_len: int = 4096)
     if stage != "sft":
         raise ValueError(f"--flops-check: the sft stage only (the other stages run the same model), got {stage!r}")
     return [f"sft.data.batch_size={batch_devices}", f"sft.data.seq_len={seq_len}", "sft.accum_steps=1",
-            "sft.remat_policy=none", "sft.vocab_chunk=null", "sft.attention_impl=xla"]
+            "sft.remat_policy=none", "sft.vocab_chunk=null", "sft.attention_impl=xla", "sft.moe_token_chunk=null"]
 
 
 def stage_model_config(stage: str, scale, model_overrides: Sequence[tuple[str, Any]] = ()):

@@ -39,8 +39,8 @@ from hat_jax.model import checkpoint_steps
 
 log = logging.getLogger(__name__)
 DONE_FILE = checkpoint_steps.DONE_FILE
-# mesh, attention_impl, moe_impl: where and with which kernels a stage runs, not what it computes
-_NOT_HASHED = ("init", "teacher", "ref", "seed", "mesh", "attention_impl", "moe_impl")
+# mesh, attention_impl, moe_impl, moe_token_chunk: where and with which kernels a stage runs, not what it computes
+_NOT_HASHED = ("init", "teacher", "ref", "seed", "mesh", "attention_impl", "moe_impl", "moe_token_chunk")
 
 
 def _config_identity(config) -> dict:

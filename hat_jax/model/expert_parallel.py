@@ -17,7 +17,9 @@ token rows (the batch axes 'data', 'fsdp', 'expert'). `expert_parallel_ffn` runs
 The expert weights enter sharded on 'expert' (and on 'fsdp'/'tensor' as stored); only their fsdp/tensor parts
 are all-gathered inside (the FSDP gather, whose transpose is a reduce-scatter), so no device gathers another
 device's experts and the weight gradients come out sharded. Dropless: the receive buffer holds the worst case
-(all P devices' N*k rows on one device), so no token is dropped whatever the routing.
+(all P devices' N*k rows on one device), so no token is dropped whatever the routing. With a `token_chunk`, each
+device runs steps 1-5 (and the weighted sum over each token's k slots) on chunks of its rows in a
+rematerialised scan, so those buffers are sized by the chunk (P * token_chunk * k rows), not by all its rows.
 
 This is GShard's expert-parallel dispatch (Lepikhin et al. 2020) with DeepSpeed-MoE's (Rajbhandari et al. 2022)
 and MegaBlocks' dropless grouped matmul, organised as MaxText's `moe.py` shard_map + `ragged_all_to_all` path
@@ -36,7 +38,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from hat_jax.model.expert_sort import permute_rows, sorted_assignments
+from hat_jax.model.expert_sort import permute_rows, scan_row_chunks, sorted_assignments
 from hat_jax.model.sharding import active_mesh_shape, fitted_spec, target_platform
 
 EXPERT_AXIS = "expert"
@@ -163,10 +165,9 @@ def _gather_weight(w: jax.Array, spec) -> jax.Array:
     return w
 
 
-def _expert_shard(grouped_ffn, row_multiple, gate_up_spec, down_spec, x, expert_ids, gate_up, down):
-    """One device's part of `expert_parallel_ffn` (inside shard_map): x [n, H], expert_ids [n, k] (global ids),
-    gate_up [El, H/f, 2I/t], down [El, I/t, H/f] (this device's experts) -> [n, k, H]."""
-    gate_up, down = _gather_weight(gate_up, gate_up_spec), _gather_weight(down, down_spec)
+def _exchange_ffn(grouped_ffn, row_multiple, x, expert_ids, gate_up, down):
+    """Steps 1-5 on one device's rows (inside shard_map): x [n, H], expert_ids [n, k] (global ids), gate_up
+    [El, H, 2I], down [El, I, H] (this device's experts, gathered over fsdp/tensor) -> [n, k, H]."""
     p = jax.lax.axis_size(EXPERT_AXIS)
     me = jax.lax.axis_index(EXPERT_AXIS)
     el = gate_up.shape[0]
@@ -185,6 +186,27 @@ def _expert_shard(grouped_ffn, row_multiple, gate_up_spec, down_spec, x, expert_
     return unsort(back)
 
 
+def _expert_shard(grouped_ffn, row_multiple, gate_up_spec, down_spec, x, expert_ids, gate_up, down):
+    """One device's part of `expert_parallel_ffn` (inside shard_map): x [n, H], expert_ids [n, k] (global ids),
+    gate_up [El, H/f, 2I/t], down [El, I/t, H/f] (this device's experts) -> [n, k, H]."""
+    gate_up, down = _gather_weight(gate_up, gate_up_spec), _gather_weight(down, down_spec)
+    return _exchange_ffn(grouped_ffn, row_multiple, x, expert_ids, gate_up, down)
+
+
+def _combined_exchange_ffn(grouped_ffn, row_multiple, x, expert_ids, weights, gate_up, down):
+    """`_exchange_ffn` with each token's k outputs summed by its routing weights [n, k] -> [n, H]."""
+    return jnp.einsum("nkh,nk->nh", _exchange_ffn(grouped_ffn, row_multiple, x, expert_ids, gate_up, down), weights)
+
+
+def _chunked_expert_shard(grouped_ffn, row_multiple, token_chunk, gate_up_spec, down_spec, x, expert_ids, weights,
+                          gate_up, down):
+    """One device's part of `expert_parallel_ffn` with `token_chunk`: the weights gathered once, then steps 1-5
+    and the weighted sum over the k slots per chunk of `token_chunk` rows (`scan_row_chunks`) -> [n, H]."""
+    gate_up, down = _gather_weight(gate_up, gate_up_spec), _gather_weight(down, down_spec)
+    return scan_row_chunks(partial(_combined_exchange_ffn, grouped_ffn, row_multiple), token_chunk,
+                           (x, expert_ids, weights), (gate_up, down))
+
+
 def check_expert_axis(num_experts: int, mesh_shape: dict[str, int]) -> int:
     """The 'expert' axis size P of a mesh shape ({axis: size}; 1 without the axis).
 
@@ -199,7 +221,8 @@ def check_expert_axis(num_experts: int, mesh_shape: dict[str, int]) -> int:
 
 
 def expert_parallel_ffn(grouped_ffn, x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down: jax.Array,
-                        row_multiple: int = 1) -> jax.Array:
+                        row_multiple: int = 1, weights: jax.Array | None = None,
+                        token_chunk: int | None = None) -> jax.Array:
     """SwiGLU experts by expert parallelism over the mesh in context (module docstring).
 
     Args:
@@ -207,22 +230,34 @@ def expert_parallel_ffn(grouped_ffn, x: jax.Array, expert_ids: jax.Array, gate_u
             -> [R, H]; rows past sum(sizes) may come out undefined (they are masked).
         x: [N, H] compute dtype. expert_ids: [N, k] int32 in [0, E). gate_up: [E, H, 2I]. down: [E, I, H].
         row_multiple: the receive buffer's rows are a multiple of this (megablox: its row tile).
+        weights: optional [N, k] routing weights: the result is then each token's weighted sum over its k slots.
+        token_chunk: with `weights`, each device runs the dispatch on chunks of this many of its own rows in a
+            rematerialised scan (`scan_row_chunks`: exchange buffers of a chunk, P * token_chunk * k rows,
+            instead of P * n * k); None: all its rows at once.
     Returns:
-        [N, k, H]: each (token, slot)'s expert output, unweighted; equal to the single-device dispatch.
+        [N, k, H]: each (token, slot)'s expert output, unweighted, equal to the single-device dispatch; with
+        `weights`, [N, H] = sum_k weights[:, k] * that.
     Raises:
-        ValueError: no mesh with an 'expert' axis of size > 1 in context, or one that does not divide E.
+        ValueError: no mesh with an 'expert' axis of size > 1 in context, or one that does not divide E; a
+            token_chunk without weights.
     """
     mesh_shape = active_mesh_shape()
     if check_expert_axis(gate_up.shape[0], mesh_shape) == 1:
         raise ValueError(f"expert_parallel_ffn needs a mesh with an 'expert' axis > 1 in context, got {mesh_shape}")
+    if token_chunk is not None and weights is None:
+        raise ValueError("expert_parallel_ffn: token_chunk needs the routing weights (the chunks combine their slots)")
     row_axes = tuple(a for a in ROW_AXES if mesh_shape.get(a, 1) > 1)
+    rows = (x, expert_ids) if weights is None else (x, expert_ids, weights)
     n, pad = x.shape[0], -x.shape[0] % math.prod(mesh_shape[a] for a in row_axes)
-    if pad:  # padding rows (routed to expert 0) make the rows split evenly; dropped after
-        x, expert_ids = jnp.pad(x, ((0, pad), (0, 0))), jnp.pad(expert_ids, ((0, pad), (0, 0)))
+    if pad:  # padding rows (routed to expert 0, weight 0) make the rows split evenly; dropped after
+        rows = tuple(jnp.pad(r, ((0, pad), (0, 0))) for r in rows)
     split = jax.sharding.PartitionSpec(row_axes)
     gate_up_spec = fitted_spec(gate_up.shape, ("expert", "expert_embed", "mlp"), mesh_shape)
     down_spec = fitted_spec(down.shape, ("expert", "mlp", "expert_embed"), mesh_shape)
-    body = partial(_expert_shard, grouped_ffn, row_multiple, gate_up_spec, down_spec)
-    out = jax.shard_map(body, in_specs=(split, split, gate_up_spec, down_spec), out_specs=split,
-                        check_vma=False)(x, expert_ids, gate_up.astype(x.dtype), down.astype(x.dtype))
+    if weights is None:
+        body = partial(_expert_shard, grouped_ffn, row_multiple, gate_up_spec, down_spec)
+    else:
+        body = partial(_chunked_expert_shard, grouped_ffn, row_multiple, token_chunk, gate_up_spec, down_spec)
+    out = jax.shard_map(body, in_specs=(split,) * len(rows) + (gate_up_spec, down_spec), out_specs=split,
+                        check_vma=False)(*rows, gate_up.astype(x.dtype), down.astype(x.dtype))
     return out[:n] if pad else out

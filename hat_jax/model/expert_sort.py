@@ -1,6 +1,7 @@
 """The expert-sorted layout of MoE assignments, built from gathers only (no scatters): `permute_rows`, a row
 permutation whose gradient is the inverse gather, and `sorted_assignments`, the tokens repeated once per chosen
-expert and ordered by expert id (the input layout of a grouped matmul). Used by the token-local dispatch
+expert and ordered by expert id (the input layout of a grouped matmul), and `scan_row_chunks`, a row-wise function run over chunks of
+rows in a rematerialised scan (the token-chunked dispatch). Used by the token-local dispatch
 (`hat_jax.model.moe`) and by expert parallelism (`hat_jax.model.expert_parallel`).
 """
 
@@ -54,3 +55,37 @@ def sorted_assignments(x: jax.Array, expert_ids: jax.Array):
     rows = permute_rows(jnp.repeat(x, k, axis=0), order, inverse)
     unsort = lambda y: permute_rows(y, inverse, order).reshape(n, k, -1)
     return rows, flat, unsort
+
+
+def scan_row_chunks(fn, chunk: int | None, rows, shared=()):
+    """`fn(*rows, *shared)` computed `chunk` rows at a time: the rows are zero-padded to a multiple of `chunk`,
+    split into C = ceil(N / chunk) chunks and run through a `jax.lax.scan` whose body is `jax.checkpoint`ed, so
+    fn's intermediates exist for one chunk at a time, in the forward pass and in the backward pass (which
+    recomputes each chunk's forward); the gradients of `shared` are summed over the chunks by the scan's
+    transpose. `fn` must treat rows independently (its result rows depend only on the same input rows; it may
+    use collectives, as long as every device runs the same chunks) and must accept padding rows of zeros.
+    `chunk` None, or >= N: the plain call (same program).
+
+    Args:
+        fn: (*rows [c, ...], *shared) -> [c, ...]. chunk: rows per chunk (> 0) or None.
+        rows: arrays with the same leading dimension N. shared: arrays used by every chunk (weights).
+    Returns:
+        fn's [N, ...] result, equal to the plain call.
+    Raises:
+        ValueError: chunk < 1.
+    """
+    if chunk is not None and chunk < 1:
+        raise ValueError(f"moe_token_chunk = {chunk}: expected a positive number of tokens per chunk, or None")
+    n = rows[0].shape[0]
+    if chunk is None or chunk >= n:
+        return fn(*rows, *shared)
+    num = -(-n // chunk)
+    pad = num * chunk - n
+    stacked = [jnp.pad(r, ((0, pad),) + ((0, 0),) * (r.ndim - 1)).reshape(num, chunk, *r.shape[1:]) for r in rows]
+
+    @jax.checkpoint
+    def step(shared, xs):
+        return fn(*xs, *shared)
+
+    _, out = jax.lax.scan(lambda carry, xs: (carry, step(tuple(shared), xs)), None, stacked)
+    return out.reshape(num * chunk, *out.shape[2:])[:n]

@@ -23,6 +23,10 @@ Dispatch is dropless and its compute is proportional to the *active* experts:
 The `EXPERT_IMPLS` dispatches are token-local (`token_local_experts`): each device sorts and multiplies its
 own rows against all experts' weights, all-gathered.
 
+Token chunking (`routed_experts`' token_chunk, the `moe_token_chunk` option): each device runs the dispatch and
+the weighted sum over the k slots on chunks of its rows in a rematerialised scan, so the MoE's [N*k, H] buffers
+shrink by the number of chunks (same result; the backward recomputes each chunk).
+
 Routing replay (R3, for RL): `forced_expert_ids` replaces the top-k choice while the weights still come
 from the live router probabilities at those ids (renormalised).
 
@@ -33,13 +37,15 @@ Transformer eqs. 4-6 with top-k counts, Fedus et al. 2021), `router_z_loss` is S
 
 from __future__ import annotations
 
+from functools import partial
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from hat_jax.model.config import Qwen3_5MoeTextConfig
 from hat_jax.model.expert_parallel import check_expert_axis, expert_parallel_ffn
-from hat_jax.model.expert_sort import sorted_assignments
+from hat_jax.model.expert_sort import scan_row_chunks, sorted_assignments
 from hat_jax.model.linear import Linear
 from hat_jax.model.sharding import active_mesh_shape, constrain, map_row_shards, param_with_axes, target_platform
 
@@ -232,6 +238,53 @@ def expert_dispatch(impl: str, x: jax.Array, expert_ids: jax.Array, gate_up: jax
     return expert_parallel_ffn(grouped, x, expert_ids, gate_up, down, row_multiple)
 
 
+def _combined(ffn, x, expert_ids, weights, gate_up, down):
+    """ffn's [n, k, H] outputs summed over each token's k slots by its routing weights [n, k] -> [n, H]."""
+    return jnp.einsum("nkh,nk->nh", ffn(x, expert_ids, gate_up, down), weights)
+
+
+def _chunked_local(impl, token_chunk, x, expert_ids, weights, gate_up, down):
+    """One device's rows through `EXPERT_IMPLS[impl]` and the weighted sum, `token_chunk` rows at a time."""
+    return scan_row_chunks(partial(_combined, EXPERT_IMPLS[impl]), token_chunk, (x, expert_ids, weights),
+                           (gate_up, down))
+
+
+def routed_experts(impl: str, x: jax.Array, expert_ids: jax.Array, weights: jax.Array, gate_up: jax.Array,
+                   down: jax.Array, token_chunk: int | None = None) -> jax.Array:
+    """The routed experts' weighted sum per token: sum_k weights[:, k] * `expert_dispatch`(...)[:, k].
+
+    With `token_chunk`, each device (under a mesh: inside the dispatch's shard_map, on its own rows; without:
+    all rows) runs sort -> (exchange) -> grouped matmul -> (exchange back) -> unsort ->
+    weighted sum on chunks of `token_chunk` of its rows in a rematerialised `jax.lax.scan`
+    (`hat_jax.model.expert_sort.scan_row_chunks`): the [n*k, H] assignment buffers (and the expert-parallel
+    receive buffers, P x those) exist for one chunk at a time, in the forward and the backward pass (which
+    recomputes each chunk), and the expert weights' gradients are summed over the chunks. A chunk that does not
+    divide the device's rows is zero-padded (weight 0, dropped). Exact and dropless, like the unchunked call.
+    The router stays outside (its [N, E] logits are returned for the losses anyway). None: `expert_dispatch` and then the weighted sum (the unchunked program).
+
+    Args:
+        impl: a `MOE_IMPLS` name. x: [N, H] compute dtype. expert_ids: [N, k] int32. weights: [N, k] (in
+        the compute dtype). gate_up: [E, H, 2I]. down: [E, I, H]. token_chunk: tokens per chunk per device, or None.
+    Returns:
+        [N, H] (the einsum's promotion of the expert outputs' and the weights' dtypes).
+    Raises:
+        ValueError: as `expert_dispatch`; token_chunk < 1.
+    """
+    if token_chunk is None:
+        return jnp.einsum("nkh,nk->nh", expert_dispatch(impl, x, expert_ids, gate_up, down), weights)
+    if token_chunk < 1:
+        raise ValueError(f"moe_token_chunk = {token_chunk}: expected a positive number of tokens per chunk, or None")
+    if impl not in MOE_IMPLS:
+        raise ValueError(f"moe impl {impl!r}: expected one of {sorted(MOE_IMPLS)}")
+    if impl in EP_IMPLS:
+        grouped, row_multiple, local = EP_IMPLS[impl]
+        if check_expert_axis(gate_up.shape[0], active_mesh_shape()) > 1:
+            return expert_parallel_ffn(grouped, x, expert_ids, gate_up, down, row_multiple, weights, token_chunk)
+        impl = local
+    return map_row_shards(partial(_chunked_local, impl, token_chunk), (x, expert_ids, weights),
+                          (gate_up.astype(x.dtype), down.astype(x.dtype)))
+
+
 class SparseMoeBlock(nn.Module):
     """Params: gate.kernel [H, E], experts.{gate_up_proj [E, H, 2I], down_proj [E, I, H]},
     shared_expert.{gate_proj, up_proj, down_proj}, shared_expert_gate.kernel [H, 1]."""
@@ -240,6 +293,7 @@ class SparseMoeBlock(nn.Module):
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
     impl: str = "blocked"
+    token_chunk: int | None = None  # `routed_experts`: tokens per chunk per device (None: unchunked)
 
     @nn.compact
     def __call__(self, x, forced_expert_ids=None):
@@ -258,8 +312,8 @@ class SparseMoeBlock(nn.Module):
         logits = dense("gate", c.num_experts, ("embed", "router"))(xf)
         weights, ids = route(logits, c.num_experts_per_tok, forced_expert_ids)
         gate_up, down = Experts(c, self.param_dtype, name="experts")()
-        expert_out = expert_dispatch(self.impl, xf, ids, gate_up, down)             # [N, k, H]
-        routed = jnp.einsum("nkh,nk->nh", expert_out, weights.astype(self.dtype))
+        routed = routed_experts(self.impl, xf, ids, weights.astype(self.dtype), gate_up, down,
+                                self.token_chunk)                                    # [N, H]
         s = c.shared_expert_intermediate_size
         shared = SwiGLU(s, self.dtype, self.param_dtype, c.initializer_range, name="shared_expert")(xf)
         shared_gate = jax.nn.sigmoid(dense("shared_expert_gate", 1, ("embed", None))(xf))

@@ -69,6 +69,7 @@ class DecoderLayer(nn.Module):
     param_dtype: jnp.dtype = jnp.float32
     moe_impl: str = "blocked"
     attention_impl: str = "xla"
+    moe_token_chunk: int | None = None
 
     @nn.compact
     def __call__(self, x, cos, sin, token_mask, q_segment_ids, kv_segment_ids, segment_ids=None, cache=None,
@@ -95,7 +96,8 @@ class DecoderLayer(nn.Module):
                 h, cos, sin, q_segment_ids, kv_segment_ids, cache, index, packed=segment_ids is not None)
         x = x + constrain(h, ACTIVATION)
         h = RMSNorm(c.rms_norm_eps, self.param_dtype, name="post_attention_layernorm")(x)
-        h, router_logits, expert_ids = SparseMoeBlock(c, self.dtype, self.param_dtype, self.moe_impl, name="mlp")(
+        h, router_logits, expert_ids = SparseMoeBlock(c, self.dtype, self.param_dtype, self.moe_impl,
+                                                       self.moe_token_chunk, name="mlp")(
             h, forced_expert_ids)
         return constrain(x + h, ACTIVATION), new_cache, router_logits, expert_ids
 
@@ -144,6 +146,7 @@ class TextModel(nn.Module):
     remat_policy: str = "none"
     scan_layers: bool = False
     attention_impl: str = "xla"
+    moe_token_chunk: int | None = None
 
     def setup(self):
         c = self.config
@@ -156,7 +159,7 @@ class TextModel(nn.Module):
             layer_cls = nn.remat(DecoderLayer, static_argnums=(), prevent_cse=not self.scan_layers,
                                  policy=REMAT_POLICIES[self.remat_policy])
         self.layers = [layer_cls(c, t, self.dtype, self.param_dtype, self.moe_impl, self.attention_impl,
-                                 name=f"layers_{i}")
+                                 self.moe_token_chunk, name=f"layers_{i}")
                        for i, t in enumerate(c.layer_types)]
         self.norm = RMSNorm(c.rms_norm_eps, self.param_dtype)
 
@@ -193,7 +196,7 @@ class TextModel(nn.Module):
 
         def layer_fn(layer_type):
             module = DecoderLayer(c, layer_type, self.dtype, self.param_dtype, self.moe_impl, self.attention_impl,
-                                  parent=None)
+                                  self.moe_token_chunk, parent=None)
 
             def run(lp, h, forced):
                 out, _, logits, ids = module.apply({"params": lp}, h, cos, sin, token_mask, q_seg, kv_seg,
@@ -248,6 +251,7 @@ class MultiTokenPredictor(nn.Module):
     param_dtype: jnp.dtype = jnp.float32
     moe_impl: str = "blocked"
     attention_impl: str = "xla"
+    moe_token_chunk: int | None = None
 
     @nn.compact
     def __call__(self, next_embeds, hidden, cos, sin, token_mask, q_segment_ids, kv_segment_ids, packed=True):
@@ -258,7 +262,7 @@ class MultiTokenPredictor(nn.Module):
                    name="fc")(jnp.concatenate([e, h], axis=-1))
         # segment_ids stands in for "packed" only (the full-attention layer has no Gated DeltaNet)
         x, _, router_logits, _ = DecoderLayer(c, FULL_ATTENTION, self.dtype, self.param_dtype, self.moe_impl,
-                                              self.attention_impl, name="layers_0")(
+                                              self.attention_impl, self.moe_token_chunk, name="layers_0")(
             x, cos, sin, token_mask, q_segment_ids, kv_segment_ids, q_segment_ids if packed else None)
         return RMSNorm(c.rms_norm_eps, self.param_dtype, name="norm")(x), router_logits
 
@@ -269,7 +273,9 @@ class Qwen3_5MoeForCausalLM(nn.Module):
     (`hat_jax.model.moe`). `remat_policy`: a `REMAT_POLICIES` key, how each decoder layer is rematerialised
     in the backward pass ("none": not at all). `scan_layers`: uncached forwards scan over the blocks of the
     repeating layer pattern (`TextModel`; compile time flat in depth); same results as the loop.
-    `attention_impl`: 'xla', 'splash', 'cudnn' or 'auto' (`hat_jax.model.attention.attention`)."""
+    `attention_impl`: 'xla', 'splash', 'cudnn' or 'auto' (`hat_jax.model.attention.attention`).
+    `moe_token_chunk`: None, or the MoE dispatch run on chunks of this many tokens per device in a
+    rematerialised scan (`hat_jax.model.moe.routed_experts`; smaller MoE buffers, same results)."""
 
     config: Qwen3_5MoeTextConfig
     dtype: jnp.dtype = jnp.float32
@@ -278,14 +284,16 @@ class Qwen3_5MoeForCausalLM(nn.Module):
     remat_policy: str = "none"
     scan_layers: bool = False
     attention_impl: str = "xla"
+    moe_token_chunk: int | None = None
 
     def setup(self):
         c = self.config
         self.model = TextModel(c, self.dtype, self.param_dtype, self.moe_impl, self.remat_policy, self.scan_layers,
-                               self.attention_impl)
+                               self.attention_impl, self.moe_token_chunk)
         self.lm_head = Linear(c.vocab_size, ("embed", "vocab"), self.dtype, self.param_dtype, c.initializer_range)
         if c.mtp_num_hidden_layers:
-            self.mtp = MultiTokenPredictor(c, self.dtype, self.param_dtype, self.moe_impl, self.attention_impl)
+            self.mtp = MultiTokenPredictor(c, self.dtype, self.param_dtype, self.moe_impl, self.attention_impl,
+                                           self.moe_token_chunk)
 
     def __call__(self, input_ids, attention_mask=None, positions=None, cache=None, forced_expert_ids=None,
                  return_logits: bool = True, with_mtp: bool = False, segment_ids=None) -> ModelOutput:

@@ -99,7 +99,7 @@ class OPDConfig:
       clip_eps: PPO clip of the sampled loss (None = no clip). kl_coef: scale of the KL (advantage or loss).
       aggregation: `hat_jax.train.losses.AGGREGATIONS`. vocab_chunk: None = full logits; else the
         vocabulary chunk of the chunked logprob/KL/entropy computations.
-      optim, accum_steps, lb_coef, compute_dtype, param_dtype, mu_dtype, remat_policy, scan_layers, attention_impl, moe_impl, steps, log_every, ckpt_every,
+      optim, accum_steps, lb_coef, compute_dtype, param_dtype, mu_dtype, remat_policy, scan_layers, attention_impl, moe_impl, moe_token_chunk, steps, log_every, ckpt_every,
         max_to_keep, seed, mesh: as SFT. The frozen teacher is held in compute_dtype.
     """
 
@@ -139,6 +139,7 @@ class OPDConfig:
     scan_layers: bool = False
     attention_impl: str = "auto"
     moe_impl: str = "blocked"
+    moe_token_chunk: int | None = None
     steps: int = 100
     log_every: int = 10
     ckpt_every: int = 50

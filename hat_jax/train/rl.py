@@ -116,7 +116,8 @@ class RLConfig:
       routing_replay: force sampling-time expert ids in the update. optim: AdamW + schedule.
       lb_coef: MoE load-balancing coefficient. ppo_epochs, ppo_minibatches: updates per rollout batch.
       accum_steps: micro-batches per minibatch. compute_dtype: "float32" | "bfloat16" (rollouts and update;
-        the frozen reference is held in it). param_dtype, mu_dtype, remat_policy, scan_layers, attention_impl, moe_impl, vocab_chunk: as `SFTConfig`
+        the frozen reference is held in it). param_dtype, mu_dtype, remat_policy, scan_layers, attention_impl, moe_impl, moe_token_chunk, vocab_chunk: as
+        `SFTConfig`
         (vocab_chunk: the policy's and the reference's logprobs and entropy).
       log_every, ckpt_every, max_to_keep, seed, mesh: as `SFTConfig`.
     """
@@ -156,6 +157,7 @@ class RLConfig:
     scan_layers: bool = False
     attention_impl: str = "auto"
     moe_impl: str = "blocked"
+    moe_token_chunk: int | None = None
     vocab_chunk: int | None = None
     log_every: int = 1
     ckpt_every: int = 10

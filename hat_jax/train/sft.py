@@ -87,7 +87,9 @@ class SFTConfig:
         scan_layers: scan over the repeating layer block (compile time flat in depth; same results).
         attention_impl: `hat_jax.model.attention.ATTENTION_IMPLS` ("auto": splash on TPU, cuDNN on GPU, XLA on
         CPU); moe_impl: the expert dispatch (`hat_jax.model.moe.MOE_IMPLS`; "ep_megablox" on TPU, "ep_ragged_dot" on GPU). Both
-        compute the same math: like the mesh, they are not part of the config hash.
+        compute the same math: like the mesh, they are not part of the config hash. moe_token_chunk: None, or
+        the MoE dispatch run on chunks of this many tokens per device in a rematerialised scan (MoE buffers
+        smaller by the number of chunks, same results; not hashed either; `hat_jax.model.moe.routed_experts`).
         vocab_chunk: None = full [B, T, V] logits; else the cross-entropy over vocabulary chunks of this size.
       log_every, ckpt_every, max_to_keep: metrics/checkpoint intervals and checkpoints kept.
       seed: init and step RNG. init: checkpoint to start from (None = fresh init).
@@ -111,6 +113,7 @@ class SFTConfig:
     scan_layers: bool = False
     attention_impl: str = "auto"
     moe_impl: str = "blocked"
+    moe_token_chunk: int | None = None
     vocab_chunk: int | None = None
     log_every: int = 10
     ckpt_every: int = 50

@@ -61,7 +61,8 @@ def check_dtypes(owner: str, **fields) -> None:
 
 def check_model_options(owner: str, config) -> None:
     """Raises ValueError naming `owner.<field>` when remat_policy is not a `REMAT_POLICIES` key, attention_impl
-    not an `ATTENTION_IMPLS` name or moe_impl not a `MOE_IMPLS` name (listing the valid ones)."""
+    not an `ATTENTION_IMPLS` name, moe_impl not a `MOE_IMPLS` name (listing the valid ones) or moe_token_chunk
+    neither None nor a positive int."""
     from hat_jax.model.attention import ATTENTION_IMPLS
     from hat_jax.model.moe import MOE_IMPLS
     from hat_jax.model.transformer import check_remat_policy
@@ -69,16 +70,21 @@ def check_model_options(owner: str, config) -> None:
     for field, valid in (("attention_impl", ATTENTION_IMPLS), ("moe_impl", MOE_IMPLS)):
         if getattr(config, field) not in valid:
             raise ValueError(f"{owner}.{field} = {getattr(config, field)!r}: expected one of {sorted(valid)}")
+    chunk = getattr(config, "moe_token_chunk", None)
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+        raise ValueError(f"{owner}.moe_token_chunk = {chunk!r}: expected None or a positive number of tokens per "
+                         f"chunk per device")
 
 
 def model_options(config, *, train: bool = True) -> dict:
     """The `Qwen3_5MoeForCausalLM` keyword options of a stage config: remat_policy and scan_layers (how the
     trained model runs its layers; the defaults of configs without them: no remat, the Python loop),
-    attention_impl and moe_impl (which kernels compute the same math). `train=False` (a frozen teacher or
-    reference: forward only) leaves remat out."""
+    attention_impl, moe_impl and moe_token_chunk (which kernels, and in what chunks, compute the same math).
+    `train=False` (a frozen teacher or reference: forward only) leaves remat out."""
     out = {"scan_layers": bool(getattr(config, "scan_layers", False)),
            "attention_impl": getattr(config, "attention_impl", "xla"),
-           "moe_impl": getattr(config, "moe_impl", "blocked")}
+           "moe_impl": getattr(config, "moe_impl", "blocked"),
+           "moe_token_chunk": getattr(config, "moe_token_chunk", None)}
     if train:
         out["remat_policy"] = getattr(config, "remat_policy", "none")
     return out
