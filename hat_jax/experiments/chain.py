@@ -52,7 +52,12 @@ def digest(data: Any, n: int = 10) -> str:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Writes JSON to `path` through a temporary file and `os.replace` (no half-written file survives a kill)."""
+    """Writes JSON to `path` through a temporary file and `os.replace` (no half-written file survives a kill).
+    In a multi-process run only process 0 writes (`hat_jax.train.distributed.is_primary`); the others return."""
+    from hat_jax.train.distributed import is_primary
+
+    if not is_primary():
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -228,7 +233,9 @@ def ensure_teacher(scale: Scale, base: Path, out_root: Path, progress: bool = Tr
     from hat_jax.train.sft import with_hsa
 
     out = out_root / "stages" / f"teacher-{teacher_key(scale)}" / "seed0"
-    if not (out / DONE_FILE).is_file() and not (out / "tokenizer" / "tokenizer.json").is_file():
+    from hat_jax.train.distributed import is_primary
+
+    if is_primary() and not (out / DONE_FILE).is_file() and not (out / "tokenizer" / "tokenizer.json").is_file():
         out.mkdir(parents=True, exist_ok=True)
         shutil.copytree(base / "tokenizer", out / "tokenizer", dirs_exist_ok=True)
     config = dataclasses.replace(with_hsa(scale.teacher.sft, True), init=None, seed=0)
