@@ -86,6 +86,7 @@ from hat_jax.model.params import COMPUTE_DTYPES, INIT_SCHEME, init_params
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.rollout.logprobs import token_logprobs
 from hat_jax.train.checkpoints import config_hash
+from hat_jax.train.distributed import is_primary
 from hat_jax.train.metrics import MetricsWriter, read_metrics
 from hat_jax.train.optim import OptimConfig
 from hat_jax.train.sft import bpe_tokenizer_dir, run_masked_ce
@@ -381,13 +382,16 @@ def _base_tokenizer(config: PretrainConfig, out: Path):
     from hat_jax.tokenizer import load_tokenizer
 
     vocab = config.model_config().vocab_size
-    target = out / "tokenizer"
+    target = source = out / "tokenizer"
     if not target.is_dir():
-        tmp = out / ".tokenizer.partial"
-        shutil.rmtree(tmp, ignore_errors=True)  # a copy a killed run left half-done
-        shutil.copytree(bpe_tokenizer_dir(vocab, config.tokenizer_texts, config.world), tmp)
-        os.rename(tmp, target)
-    tok = load_tokenizer(target)
+        source = bpe_tokenizer_dir(vocab, config.tokenizer_texts, config.world)
+        if is_primary():  # the other processes of a multi-process run read the cached BPE itself
+            tmp = out / ".tokenizer.partial"
+            shutil.rmtree(tmp, ignore_errors=True)  # a copy a killed run left half-done
+            shutil.copytree(source, tmp)
+            os.rename(tmp, target)
+            source = target
+    tok = load_tokenizer(source)
     if len(tok) > vocab:
         raise ValueError(f"tokenizer {str(target)!r} has {len(tok)} tokens, more than the model's vocab_size {vocab}")
     return tok
@@ -439,13 +443,14 @@ def train_base(config: PretrainConfig, out_dir: str | Path, *, progress: bool = 
         "truncated_rows": batches.truncated, "rows": batches.batches * config.batch_size,
         "documents": batches.documents, "probe": probe,
     }
-    with MetricsWriter(out) as writer:
-        writer.scalars(step, {"eval/recall_exact": probe["exact"], "eval/recall_first_token": probe["first_token"],
-                              "eval/recall_name_nll": probe["name_nll"]})
-        writer.text("eval/recall_probe", "```\n" + json.dumps(probe, indent=1) + "\n```", step)
-    tmp = out / f".{REPORT}.partial"
-    tmp.write_text(json.dumps(report, indent=1) + "\n")
-    os.replace(tmp, out / REPORT)
+    if is_primary():  # one process writes the run's files
+        with MetricsWriter(out) as writer:
+            writer.scalars(step, {"eval/recall_exact": probe["exact"], "eval/recall_first_token": probe["first_token"],
+                                  "eval/recall_name_nll": probe["name_nll"]})
+            writer.text("eval/recall_probe", "```\n" + json.dumps(probe, indent=1) + "\n```", step)
+        tmp = out / f".{REPORT}.partial"
+        tmp.write_text(json.dumps(report, indent=1) + "\n")
+        os.replace(tmp, out / REPORT)
     log.info("base %s: %d steps, loss %.3f (step %s) -> %.3f (step %s), %.0f s (train %.0f s, %s tok/s); recall "
              "probe (n=%d; near 0 at the tiny presets' budgets): exact %.3f, first token %.3f, name NLL %.3f",
              out.name.removesuffix(".partial"), step, report["loss_first"] or 0,
