@@ -12,9 +12,10 @@ Options: --preset micro|tiny|qwen3_6_35b_a3b (default tiny; the scale config con
 --set section.field=value
 (sections: base, sft, opd, rl, opd_live, teacher, eval; e.g. --set sft.steps=50 --set eval.world.eval_items=100),
 --ifeval-data FILE (the official IFEval input_data.jsonl; default $HAT_IFEVAL_DATA, then the hub, else skipped),
---no-progress. Outputs: DIR/<experiment>/results.json, results.md, eval curves; DIR/stages/ (stage run dirs,
-checkpoints, TensorBoard); `tensorboard --logdir DIR`. Exit status: 0 done, 2 bad input or a failed stage
-(message on stderr), 130 interrupted (rerun with --resume).
+--no-progress; several processes (hosts): --coordinator HOST:PORT --num-processes N --process-id I, or
+--distributed (auto-detected, e.g. on a TPU pod slice), on every host. Outputs: DIR/<experiment>/results.json,
+results.md, eval curves; DIR/stages/ (stage run dirs, checkpoints, TensorBoard); `tensorboard --logdir DIR`.
+Exit status: 0 done, 2 bad input or a failed stage (message on stderr), 130 interrupted (rerun with --resume).
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ablations", default=None, help=argparse.SUPPRESS)  # another declarations dir (tests)
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress bars: one log line per logging window with s/step and ETA (for log files)")
+    from hat_jax.train.distributed import add_distributed_args
+
+    add_distributed_args(parser)  # several processes: every host runs the same command (docs/real_scale.md)
     return parser
 
 
@@ -96,6 +100,9 @@ def main(argv=None) -> int:
                         datefmt="%H:%M:%S", force=True)
     logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax's per-checkpoint INFO lines drown the progress
     logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "Unable to initialize backend 'tpu'"
+    from hat_jax.train.distributed import initialize_from_args
+
+    initialize_from_args(args)  # before anything touches a device; one process: nothing to do
     groups = load_all(args.ablations)
     if args.list:
         print(list_experiments(groups))
@@ -128,7 +135,10 @@ def main(argv=None) -> int:
                           "wall_s": results[row.name]["wall_s"]}))
     if len(rows) > 1:
         table = group_markdown(group, results, scale.name)
-        (out / f"{group.name}.md").write_text(table, encoding="utf-8")
+        from hat_jax.train.distributed import is_primary
+
+        if is_primary():
+            (out / f"{group.name}.md").write_text(table, encoding="utf-8")
         print(table)
     else:
         print((out / rows[0].name / "results.md").read_text(encoding="utf-8"))
@@ -153,11 +163,12 @@ if __name__ == "__main__":
     from hat_jax.experiments.runner import RunConfigMismatchError
     from hat_jax.train.checkpoints import ConfigMismatchError, IncompatibleCheckpointError
     from hat_jax.train.trainer import NonFiniteLossError
+    from hat_jax.train.distributed import DistributedStartError
 
     try:
         sys.exit(main())
     except (KeyError, ValueError, FileExistsError, FileNotFoundError, DeclarationError, RunConfigMismatchError,
-            ConfigMismatchError, IncompatibleCheckpointError, NonFiniteLossError) as err:
+            ConfigMismatchError, IncompatibleCheckpointError, NonFiniteLossError, DistributedStartError) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"error: {type(err).__name__}: {message}", file=sys.stderr)
         sys.exit(2)

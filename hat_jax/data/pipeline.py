@@ -45,6 +45,7 @@ from typing import Any
 import grain
 import numpy as np
 
+from hat_jax.data.host_rows import HostRows, TakeRows
 from hat_jax.data.packing import PackedBatches, fit_document, pack_documents
 from hat_jax.harness import hsa
 from hat_jax.harness.state import HarnessState
@@ -286,6 +287,7 @@ def sft_dataset(
     *,
     reroll: Reroll | None = None,
     render_tokens: Callable | None = None,
+    rows: Sequence[int] | None = None,
 ) -> grain.IterDataset:
     """The SFT pipeline: `hsa_dataset` -> `TokenizeDocument` -> packed rows (or `TokenizeAndPad`, unpacked) ->
     batch(drop_remainder) -> IterDataset.
@@ -295,6 +297,9 @@ def sft_dataset(
       tokenizer: a fast Hugging Face tokenizer with the Qwen-format chat template.
       render_tokens: (tokenizer, harness, messages) -> (ids, loss_mask); default
         `hat_jax.harness.render.render_tokens`.
+      rows: this process's rows of each global batch of config.batch_size (`hat_jax.data.host_rows`; a
+        multi-process run), None for all of them. Unpacked, the process reads only those records; packed, it
+        packs every document (the global row order) and keeps those rows. Batches then have len(rows) rows.
     Returns:
       a `grain.IterDataset` of batches. Packed (config.pack): {"input_ids", "loss_mask", "segment_ids",
       "positions": int32 [B, seq_len], "documents": int32 [B] (trajectories per row), "truncated": int32 [B]
@@ -317,12 +322,16 @@ def sft_dataset(
     options = grain.ReadOptions(num_threads=config.read_threads, prefetch_buffer_size=config.prefetch)
     if not config.pack:
         ds = ds.map(TokenizeAndPad(tokenizer, config.seq_len, render_tokens, config.truncate))
+        if rows is not None:
+            ds = HostRows(ds, config.batch_size, rows)
+            return ds.batch(len(ds.rows), drop_remainder=True).to_iter_dataset(options)
         return ds.batch(config.batch_size, drop_remainder=True).to_iter_dataset(options)
     tokenize = TokenizeDocument(tokenizer, config.seq_len, render_tokens, config.truncate)
     docs = ds.map(tokenize).map(_with_hsa_any).to_iter_dataset(options)
-    rows = pack_documents(docs, config.seq_len, bins=config.pack_bins, pad_id=tokenize.pad_id,
-                          sum_features=("truncated", "hsa_applied", "hsa_any"))
-    return rows.batch(config.batch_size, drop_remainder=True)
+    packed = pack_documents(docs, config.seq_len, bins=config.pack_bins, pad_id=tokenize.pad_id,
+                            sum_features=("truncated", "hsa_applied", "hsa_any"))
+    batches = packed.batch(config.batch_size, drop_remainder=True)
+    return batches if rows is None else batches.map(TakeRows(rows, config.batch_size))
 
 
 def _with_hsa_any(doc: dict) -> dict:

@@ -29,18 +29,28 @@ import json
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 from pathlib import Path
 
-from hat_jax.cache import digest, write_json_atomic
+from hat_jax import cache
+from hat_jax.cache import digest
 from hat_jax.experiments.declarations import StageSpec
 from hat_jax.experiments.scales import Scale
 from hat_jax.experiments.stage_kinds import STAGE_KINDS, assignments, load_attr
 from hat_jax.model import checkpoint_steps
+from hat_jax.train.distributed import is_primary
 
 log = logging.getLogger(__name__)
 DONE_FILE = checkpoint_steps.DONE_FILE
 # mesh, attention_impl, moe_impl, moe_token_chunk: where and with which kernels a stage runs, not what it computes
 _NOT_HASHED = ("init", "teacher", "ref", "seed", "mesh", "attention_impl", "moe_impl", "moe_token_chunk")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """`hat_jax.cache.write_json_atomic` in process 0 only: the other processes of a multi-process run
+    (`hat_jax.train.distributed.is_primary`) return without writing."""
+    if is_primary():
+        cache.write_json_atomic(path, data)
 
 
 def _config_identity(config) -> dict:
@@ -209,7 +219,9 @@ def ensure_teacher(scale: Scale, base: Path, out_root: Path, progress: bool = Tr
     from hat_jax.train.sft import with_hsa
 
     out = out_root / "stages" / f"teacher-{teacher_key(scale)}" / "seed0"
-    if not (out / DONE_FILE).is_file() and not (out / "tokenizer" / "tokenizer.json").is_file():
+    from hat_jax.train.distributed import is_primary
+
+    if is_primary() and not (out / DONE_FILE).is_file() and not (out / "tokenizer" / "tokenizer.json").is_file():
         out.mkdir(parents=True, exist_ok=True)
         shutil.copytree(base / "tokenizer", out / "tokenizer", dirs_exist_ok=True)
     config = dataclasses.replace(with_hsa(scale.teacher.sft, True), init=None, seed=0)

@@ -23,11 +23,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hat_jax.cache import write_json_atomic
-from hat_jax.experiments.chain import evaluate_cached, run_chain, stage_template
+from hat_jax.experiments.chain import evaluate_cached, run_chain, stage_template, write_json_atomic
 from hat_jax.experiments.declarations import SUITE_KEYS, Experiment
 from hat_jax.experiments.results import aggregate, check_results, experiment_markdown
 from hat_jax.experiments.scales import Scale, describe
+from hat_jax.train.distributed import is_primary
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +119,8 @@ def _metrics_only(metrics: Mapping[str, Any]) -> dict:
 def _log_eval_scalars(directory: Path, metrics: Mapping[str, Any], step: int) -> None:
     from hat_jax.train.metrics import MetricsWriter
 
+    if not is_primary():  # one process writes the run's files
+        return
     values = {f"eval/{suite}/{key}": float(v) for suite, block in _metrics_only(metrics).items() if block
               for key, v in block.items()}
     with MetricsWriter(directory) as writer:
@@ -188,6 +190,7 @@ def run_experiment(experiment: Experiment, scale: Scale, seeds: Sequence[int], o
     }
     check_results(results)
     write_json_atomic(results_path, results)
-    (exp_dir / "results.md").write_text(experiment_markdown(results, experiment), encoding="utf-8")
+    if is_primary():
+        (exp_dir / "results.md").write_text(experiment_markdown(results, experiment), encoding="utf-8")
     log.info("%s: results in %s", experiment.name, exp_dir)
     return results

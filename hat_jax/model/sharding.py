@@ -224,3 +224,14 @@ def default_mesh(shape: tuple[int, int, int, int] | None = None, num_experts: in
             return None
         shape = fully_sharded_shape(jax.device_count(), num_experts)
     return make_mesh(*shape)
+
+
+def host_values(tree: Any) -> Any:
+    """`jax.device_get(tree)` as numpy; with several processes each array is first gathered whole
+    (`multihost_utils.process_allgather`: every process gets every row of a global array, as one process
+    would), so host code that reads results (rollouts, reference logprobs) runs the same in every process."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        return multihost_utils.process_allgather(tree, tiled=True)
+    return jax.device_get(tree)

@@ -33,6 +33,7 @@ import numpy as np
 
 from hat_jax.model.config import Qwen3_5MoeTextConfig
 from hat_jax.model.sampler import SamplingConfig, generate, left_pad
+from hat_jax.model.sharding import host_values
 
 DEFAULT_BUCKET = 64
 
@@ -147,8 +148,8 @@ class JaxSampler:
         width = prompt_bucket(max(map(len, batch)), self.model_config, sampling.max_new_tokens, self.bucket)
         ids, mask = left_pad(batch, sampling.pad_token_id, width)
         kwargs = {"return_expert_ids": True} if expert_ids else {}
-        res = jax.device_get(self.generate_fn(self.params, self.model_config, ids, mask, rng, sampling,
-                                              dtype=self.dtype, moe_impl=self.moe_impl, **kwargs))
+        res = host_values(self.generate_fn(self.params, self.model_config, ids, mask, rng, sampling,
+                                           dtype=self.dtype, moe_impl=self.moe_impl, **kwargs))
         routing = (np.asarray(res.expert_ids)[:, :n], np.asarray(res.prompt_expert_ids)[:, :n]) if expert_ids else \
             (None, None)
         return Generation(np.asarray(res.tokens)[:n], np.asarray(res.logprobs)[:n], np.asarray(res.lengths)[:n],

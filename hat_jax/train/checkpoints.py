@@ -108,7 +108,7 @@ class StageCheckpointer:
         self.root.mkdir(parents=True, exist_ok=True)
         self.config = json.loads(json.dumps(config, default=str))
         self.hash = config_hash(self.config)
-        if model_config is not None:
+        if model_config is not None and jax.process_index() == 0:  # Orbax writes the steps from every process
             _write_text_atomic(self.root / CONFIG_FILE,
                                json.dumps(model_config.to_hf_dict(), indent=2, sort_keys=True) + "\n")
         self.manager = _manager(self.root, max_to_keep, async_save)

@@ -58,6 +58,7 @@ from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.rollout.checkpoint import tokenizer_from_checkpoint
 from hat_jax.sim.env import EnvConfig
 from hat_jax.train import checkpoints as ckpt
+from hat_jax.train.distributed import is_primary
 from hat_jax.train.kl import OPD_LOSSES, check_opd_loss
 from hat_jax.train.losses import check_aggregation
 from hat_jax.train.opd_batches import EXACT_KEYS, SAMPLED_KEYS, OPDBatches, live_pool, prompt_pool
@@ -260,10 +261,11 @@ def opd_tokenizer(config: OPDConfig, vocab_size: int, out_dir: Path):
     if source is None:
         raise FileNotFoundError(f"OPD student init checkpoint {config.init!r} has no tokenizer/ folder (nor its "
                                 "parent): OPD renders chat prompts with the student's tokenizer")
-    if source != target:
+    if source != target and is_primary():  # the other processes of a multi-process run read it from its source
         with atomic_dir(target) as tmp:
             shutil.copytree(source, tmp, dirs_exist_ok=True)
-    tok = load_tokenizer(target)
+        source = target
+    tok = load_tokenizer(source)
     if len(tok) > vocab_size:
         raise ckpt.IncompatibleCheckpointError(f"tokenizer {str(source)!r} has {len(tok)} tokens, more than the "
                                                f"student's vocab_size {vocab_size}")

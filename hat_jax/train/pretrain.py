@@ -79,6 +79,7 @@ from hat_jax.model.params import COMPUTE_DTYPES, INIT_SCHEME, init_params
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.rollout.logprobs import token_logprobs
 from hat_jax.train.checkpoints import config_hash
+from hat_jax.train.distributed import is_primary
 from hat_jax.train.metrics import MetricsWriter, read_metrics
 from hat_jax.train.optim import OptimConfig
 from hat_jax.train.sft import bpe_tokenizer_dir, run_masked_ce
@@ -373,11 +374,14 @@ def _base_tokenizer(config: PretrainConfig, out: Path):
     from hat_jax.tokenizer import load_tokenizer
 
     vocab = config.model_config().vocab_size
-    target = out / "tokenizer"
+    target = source = out / "tokenizer"
     if not target.is_dir():
-        with atomic_dir(target, clear_stale=True) as tmp:  # clear_stale: a copy a killed run left half-done
-            shutil.copytree(bpe_tokenizer_dir(vocab, config.tokenizer_texts, config.world), tmp, dirs_exist_ok=True)
-    tok = load_tokenizer(target)
+        source = bpe_tokenizer_dir(vocab, config.tokenizer_texts, config.world)
+        if is_primary():  # the other processes of a multi-process run read the cached BPE itself
+            with atomic_dir(target, clear_stale=True) as tmp:  # clear_stale: a copy a killed run left half-done
+                shutil.copytree(source, tmp, dirs_exist_ok=True)
+            source = target
+    tok = load_tokenizer(source)
     if len(tok) > vocab:
         raise ValueError(f"tokenizer {str(target)!r} has {len(tok)} tokens, more than the model's vocab_size {vocab}")
     return tok
@@ -429,11 +433,12 @@ def train_base(config: PretrainConfig, out_dir: str | Path, *, progress: bool = 
         "truncated_rows": batches.truncated, "rows": batches.batches * config.batch_size,
         "documents": batches.documents, "probe": probe,
     }
-    with MetricsWriter(out) as writer:
-        writer.scalars(step, {"eval/recall_exact": probe["exact"], "eval/recall_first_token": probe["first_token"],
-                              "eval/recall_name_nll": probe["name_nll"]})
-        writer.text("eval/recall_probe", "```\n" + json.dumps(probe, indent=1) + "\n```", step)
-    write_text_atomic(out / REPORT, json.dumps(report, indent=1) + "\n")
+    if is_primary():  # one process writes the run's files
+        with MetricsWriter(out) as writer:
+            writer.scalars(step, {"eval/recall_exact": probe["exact"], "eval/recall_first_token": probe["first_token"],
+                                  "eval/recall_name_nll": probe["name_nll"]})
+            writer.text("eval/recall_probe", "```\n" + json.dumps(probe, indent=1) + "\n```", step)
+        write_text_atomic(out / REPORT, json.dumps(report, indent=1) + "\n")
     log.info("base %s: %d steps, loss %.3f (step %s) -> %.3f (step %s), %.0f s (train %.0f s, %s tok/s); recall "
              "probe (n=%d; near 0 at the tiny presets' budgets): exact %.3f, first token %.3f, name NLL %.3f",
              out.name.removesuffix(".partial"), step, report["loss_first"] or 0,

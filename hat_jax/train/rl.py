@@ -76,6 +76,7 @@ from hat_jax.rollout.checkpoint import tokenizer_from_checkpoint
 from hat_jax.sim.env import EnvConfig
 from hat_jax.train import checkpoints as ckpt
 from hat_jax.train.advantages import get_advantage_estimator
+from hat_jax.train.distributed import is_primary
 from hat_jax.train.losses import check_aggregation
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
 from hat_jax.train.rl_loss import BATCH_KEYS, make_ref_logprobs, make_rl_train_step, rl_loss_fn
@@ -329,7 +330,7 @@ def _init_model_config(init: str | None):
 
 
 def stage_tokenizer(init: str | None, out: Path, vocab_size: int):
-    """`<out>/tokenizer` (a resumed run), else the init checkpoint's copied there; loaded.
+    """`<out>/tokenizer` (a resumed run), else the init checkpoint's copied there (by process 0); loaded.
 
     Raises:
         FileNotFoundError: neither exists (names the init checkpoint).
@@ -337,18 +338,20 @@ def stage_tokenizer(init: str | None, out: Path, vocab_size: int):
     """
     from hat_jax.tokenizer import load_tokenizer
 
-    target = out / "tokenizer"
+    target = source = out / "tokenizer"
     if not (target / "tokenizer.json").is_file():
         source = tokenizer_from_checkpoint(init)
         if source is None:
             raise FileNotFoundError(f"RL init checkpoint {init!r} has no tokenizer (expected <init>/tokenizer or "
                                     f"<init>/../tokenizer with a tokenizer.json)")
-        tmp = Path(tempfile.mkdtemp(dir=out, prefix=".tokenizer."))
-        shutil.copytree(source, tmp, dirs_exist_ok=True)
-        os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
-    tok = load_tokenizer(target)
+        if is_primary():  # the other processes of a multi-process run read it from the init checkpoint
+            tmp = Path(tempfile.mkdtemp(dir=out, prefix=".tokenizer."))
+            shutil.copytree(source, tmp, dirs_exist_ok=True)
+            os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
+            source = target
+    tok = load_tokenizer(source)
     if len(tok) > vocab_size:
-        raise ValueError(f"tokenizer {str(target)!r} has {len(tok)} tokens, more than the model's vocab_size "
+        raise ValueError(f"tokenizer {str(source)!r} has {len(tok)} tokens, more than the model's vocab_size "
                          f"{vocab_size}")
     return tok
 

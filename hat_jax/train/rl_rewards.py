@@ -16,6 +16,7 @@ import numpy as np
 
 from hat_jax.judges.rewards import COMPONENTS, RewardConfig, reward_components
 from hat_jax.judges.rules import judge_episode
+from hat_jax.model.sharding import host_values
 from hat_jax.rollout.sampler import round_up
 from hat_jax.rollout.turns import reasoning_tokens
 from hat_jax.train.advantages import get_advantage_estimator, group_normalise
@@ -103,7 +104,8 @@ def host_batch(rollout, components: Mapping[str, np.ndarray], counts: Sequence[S
     if ref_fn is not None:
         t0 = time.perf_counter()
         rows = n_rows // (config.ppo_minibatches * config.accum_steps)
-        parts = [np.asarray(ref_fn(ref_params, batch["input_ids"][i:i + rows], batch["attention_mask"][i:i + rows]))
+        parts = [np.asarray(host_values(ref_fn(ref_params, batch["input_ids"][i:i + rows],
+                                               batch["attention_mask"][i:i + rows])))
                  for i in range(0, n_rows, rows)]
         batch["ref_logprobs"] = np.concatenate(parts).astype(np.float32)
         t_ref = time.perf_counter() - t0

@@ -45,6 +45,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 from hat_jax.data.packing import PackedBatches, refuse_packed_state
@@ -55,13 +56,14 @@ from hat_jax.model.params import COMPUTE_DTYPES
 from hat_jax.model.sharding import default_mesh
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.rollout.checkpoint import tokenizer_from_checkpoint
+from hat_jax.train.distributed import is_primary
 from hat_jax.train.losses import masked_token_ce_sum, masked_token_ce_sum_chunked
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
 from hat_jax.train.stage import (StageRun, add_out_steps, add_resume_force, add_set_progress,
                                  apply_overrides, check_dtypes, check_model_options, check_run_fields, cli, config_json,
                                  finish_main, model_options, parse_stage_args, resolved_optim, run_options,
                                  stage_parser, stage_section)
-from hat_jax.train.trainer import (LoopConfig, TrainState, make_train_step, moe_aux, place_batch,
+from hat_jax.train.trainer import (LoopConfig, TrainState, make_train_step, moe_aux, place_batch, process_rows,
                                    split_micro_batches)
 
 log = logging.getLogger(__name__)
@@ -206,8 +208,9 @@ def bpe_tokenizer_dir(vocab_size: int, tokenizer_texts: int, world: WorldDataCon
 
 
 def sft_tokenizer(config: SFTConfig, records: Sequence[dict], out_dir: Path):
-    """The stage's tokenizer, also saved to `<out_dir>/tokenizer` (module docstring). Reuses that folder
-    when it exists (a resumed run).
+    """The stage's tokenizer, also saved to `<out_dir>/tokenizer` by process 0 (module docstring; the other
+    processes of a multi-process run load it from where process 0 copies it from). Reuses that folder when it
+    exists (a resumed run).
 
     Raises:
         ValueError: the tokenizer has more tokens than the model's vocab_size.
@@ -219,13 +222,14 @@ def sft_tokenizer(config: SFTConfig, records: Sequence[dict], out_dir: Path):
     source = target if (target / "tokenizer.json").is_file() else tokenizer_from_checkpoint(config.init)
     if source is None:
         source = bpe_tokenizer_dir(vocab, config.tokenizer_texts, config.world, records)
-    if source != target:
+    if source != target and is_primary():  # other processes read the same tokenizer from its source
         tmp = Path(tempfile.mkdtemp(dir=out_dir, prefix=".tokenizer."))
         shutil.copytree(source, tmp, dirs_exist_ok=True)
         os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
-    tok = load_tokenizer(target)
+        source = target
+    tok = load_tokenizer(source)
     if len(tok) > vocab:
-        raise ValueError(f"tokenizer {str(target)!r} has {len(tok)} tokens, more than the model's vocab_size {vocab}")
+        raise ValueError(f"tokenizer {str(source)!r} has {len(tok)} tokens, more than the model's vocab_size {vocab}")
     return tok
 
 
@@ -316,7 +320,8 @@ def run_sft(config: SFTConfig, out_dir: str | Path, *, resume: bool = False, for
     tokenizer = sft_tokenizer(config, records, out)
     from hat_jax.sim.world_harness import production_harness
 
-    dataset = sft_dataset(records, {PRODUCTION: production_harness()}, tokenizer, config.data)
+    rows = host_rows(mesh, config.data.batch_size, config.accum_steps)
+    dataset = sft_dataset(records, {PRODUCTION: production_harness()}, tokenizer, config.data, rows=rows)
     batches = sft_batches(dataset, config.data)
 
     def hsa_share(host):
@@ -328,12 +333,21 @@ def run_sft(config: SFTConfig, out_dir: str | Path, *, resume: bool = False, for
     return run_masked_ce(run, config, model_config, params, batches, desc=f"sft[{config.harness_mode}]",
                          mesh_shape=config.mesh, progress=progress, batch_metrics=hsa_share,
                          param_dtype=config.param_dtype, mu_dtype=config.mu_dtype,
-                         vocab_chunk=config.vocab_chunk)
+                         vocab_chunk=config.vocab_chunk,
+                         global_batch=None if rows is None else config.data.batch_size)
+
+
+def host_rows(mesh, batch_size: int, accum_steps: int):
+    """This process's rows of each global batch (`hat_jax.train.trainer.process_rows`) in a multi-process run,
+    None in a single-process one (the pipeline then yields whole batches)."""
+    if mesh is None or jax.process_count() == 1:
+        return None
+    return process_rows(mesh, accum_steps, batch_size // accum_steps)
 
 
 def run_masked_ce(run: StageRun, config, model_config, params, batches, *, desc: str, mesh_shape=None,
                   progress: bool = True, batch_metrics=None, param_dtype: str = "float32", mu_dtype: str | None = None,
-                  vocab_chunk: int | None = None) -> TrainState:
+                  vocab_chunk: int | None = None, global_batch: int | None = None) -> TrainState:
     """The masked token-CE training loop shared by SFT and the base pretraining (`hat_jax.train.pretrain`): the
     state from `run.start` (restored with the iterator's data state on resume), `sft_loss_fn` + lb_coef x the MoE
     load-balancing loss, `accum_steps` micro-batches of `DEVICE_KEYS`, `run.run` with the config's intervals.
@@ -345,6 +359,8 @@ def run_masked_ce(run: StageRun, config, model_config, params, batches, *, desc:
         `DEVICE_KEYS`, or packed ones with `PACKED_DEVICE_KEYS` (`hat_jax.data.packing.PackedBatches`).
         desc: progress label. mesh_shape: `default_mesh`'s shape. batch_metrics: as `run_stage`.
       param_dtype, mu_dtype, vocab_chunk: as `SFTConfig`; the model options (`model_options`) come from config.
+      global_batch: the host batches hold only this process's rows (`host_rows`) of global batches of this many
+        rows; None: whole batches, of which each process places its rows (`place_batch`).
     Returns:
       the final TrainState.
     Raises:
@@ -365,7 +381,9 @@ def run_masked_ce(run: StageRun, config, model_config, params, batches, *, desc:
 
     def prepare(host):
         keys = PACKED_DEVICE_KEYS if "segment_ids" in host else DEVICE_KEYS
-        return place_batch(split_micro_batches(host, config.accum_steps, keys), mesh)
+        return place_batch(split_micro_batches(host, config.accum_steps, keys), mesh, global_rows=global_rows)
+
+    global_rows = None if global_batch is None else global_batch // config.accum_steps
 
     loop = LoopConfig(config.steps, config.log_every, config.ckpt_every, desc=desc, progress=progress)
     return run.run(loop, state, batches, step_fn, max_to_keep=config.max_to_keep, prepare=prepare,

@@ -42,13 +42,14 @@ import jax
 from hat_jax.model.params import COMPUTE_DTYPES, params_shapes
 from hat_jax.model.sharding import mesh_context
 from hat_jax.train import checkpoints as ckpt
+from hat_jax.train.distributed import DistributedStartError, add_distributed_args, initialize_from_args, is_primary
 from hat_jax.train.metrics import MetricsWriter
 from hat_jax.train.optim import OptimConfig
 from hat_jax.train.trainer import (LoopConfig, NonFiniteLossError, TrainState, init_train_state, place_state,
                                    run_stage, state_shardings)
 
 CLI_ERRORS = (NonFiniteLossError, ckpt.ConfigMismatchError, ckpt.IncompatibleCheckpointError,
-              ckpt.DamagedCheckpointError, FileExistsError,
+              ckpt.DamagedCheckpointError, DistributedStartError, FileExistsError,
               FileNotFoundError, ValueError)
 
 
@@ -165,7 +166,8 @@ class StageRun:
         else:
             state = init_state(params, optimizer, jax.random.fold_in(jax.random.key(seed), 1), dtype, self.shardings)
         state = place_state(state, self.shardings)
-        (self.out / "stage_config.json").write_text(json.dumps(self.cfg_json, indent=1, sort_keys=True) + "\n")
+        if is_primary():
+            (self.out / "stage_config.json").write_text(json.dumps(self.cfg_json, indent=1, sort_keys=True) + "\n")
         return state, data_state
 
     def run(self, loop: LoopConfig, state: TrainState, batches, step_fn, *, max_to_keep: int,
@@ -173,10 +175,12 @@ class StageRun:
             data_state: Callable[[], Any] = lambda: None,
             batch_metrics: Callable[[Mapping[str, Any]], dict] | None = None) -> TrainState:
         """`run_stage` with this run's checkpointer and metrics writer (closed on any exit), inside the mesh given
-        to `start` (`mesh_context`: the steps traced there constrain their activations to it); the final state."""
+        to `start` (`mesh_context`: the steps traced there constrain their activations to it); the final state.
+        With several processes only process 0 writes metrics (`hat_jax.train.distributed.is_primary`); every
+        process saves its part of each checkpoint."""
         checkpointer = ckpt.StageCheckpointer(self.out, self.cfg_json, self.model_config, max_to_keep=max_to_keep)
-        writer = MetricsWriter(self.out, resume_step=self.existing)
-        if self.existing is None:
+        writer = MetricsWriter(self.out, resume_step=self.existing) if is_primary() else None
+        if writer is not None and self.existing is None:
             writer.text(f"config/{self.name}", "```\n" + json.dumps(self.cfg_json, indent=1, sort_keys=True) + "\n```")
         try:
             with mesh_context(self.mesh):
@@ -184,7 +188,8 @@ class StageRun:
                                  data_state=data_state, writer=writer, batch_metrics=batch_metrics)
         finally:
             checkpointer.close()
-            writer.close()
+            if writer is not None:
+                writer.close()
 
 
 def check_run_fields(config, names: Sequence[str] = ("steps", "log_every", "ckpt_every", "max_to_keep")) -> None:
@@ -380,10 +385,17 @@ def add_set_progress(parser: argparse.ArgumentParser, examples: str) -> None:
 
 
 def parse_stage_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
-    """Parsed arguments; logging set up at INFO for the run."""
+    """Parsed arguments (the several-process ones of `hat_jax.train.distributed` added); logging set up at INFO
+    for the run, then the run's processes joined when those arguments (or the environment) ask for several.
+
+    Raises:
+      ValueError / DistributedStartError: as `hat_jax.train.distributed.initialize_from_args`.
+    """
+    add_distributed_args(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", force=True)
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax (absl) set up the root logger first
+    initialize_from_args(args)
     return args
 
 

@@ -263,12 +263,57 @@ def micro_batch_sharding(mesh: Mesh, ndim: int, rows: int | None = None) -> Name
     return NamedSharding(mesh, PartitionSpec(None, *spec))
 
 
-def place_batch(batch: Mapping[str, np.ndarray], mesh: Mesh | None) -> dict[str, jax.Array]:
+def place_batch(batch: Mapping[str, np.ndarray], mesh: Mesh | None, *,
+                global_rows: int | None = None) -> dict[str, jax.Array]:
     """Host batch [accum, micro, ...] -> device arrays (the micro-batch axis sharded over the mesh's batch
-    axes that divide it, when a mesh is given)."""
+    axes that divide it, when a mesh is given).
+
+    With several processes each contributes its rows (`jax.make_array_from_process_local_data`): a host batch
+    of the whole micro-batch (global_rows None) gives this process's rows of it (`process_rows`); with
+    `global_rows` (the global micro-batch size) the host batch already holds only those rows, in order.
+
+    Raises:
+      ValueError: several processes without a mesh; a host batch whose rows are not this process's count.
+    """
     if mesh is None:
+        if jax.process_count() > 1:
+            raise ValueError("place_batch: several processes need a mesh over their devices")
         return {k: jnp.asarray(v) for k, v in batch.items()}
-    return {k: jax.device_put(v, micro_batch_sharding(mesh, np.ndim(v), np.shape(v)[1])) for k, v in batch.items()}
+    if jax.process_count() == 1:
+        return {k: jax.device_put(v, micro_batch_sharding(mesh, np.ndim(v), np.shape(v)[1])) for k, v in batch.items()}
+    out = {}
+    for k, v in batch.items():
+        v = np.asarray(v)
+        accum, micro = v.shape[0], global_rows or v.shape[1]
+        rows = process_rows(mesh, accum, micro)
+        local = rows[rows < micro]  # the within-micro-batch offsets of this process (same for every micro-batch)
+        if global_rows is None:
+            v = v[:, local]
+        elif v.shape[1] != local.size:
+            raise ValueError(f"batch[{k!r}] holds {v.shape[1]} rows per micro-batch; process {jax.process_index()} "
+                             f"holds {local.size} of {micro}")
+        sharding = micro_batch_sharding(mesh, v.ndim, micro)
+        out[k] = jax.make_array_from_process_local_data(sharding, v, (accum, micro) + v.shape[2:])
+    return out
+
+
+def process_rows(mesh: Mesh, accum: int, micro: int) -> np.ndarray:
+    """The rows of a global batch of accum x micro rows (row a * micro + r is row r of micro-batch a, as
+    `split_micro_batches` cuts them) that this process's devices hold under `micro_batch_sharding`: sorted
+    int64 indices, the same offsets r in every micro-batch (all rows in a single-process run; rows shared by
+    several processes when the batch axes that divide `micro` do not span every process).
+
+    Raises:
+      ValueError: accum or micro < 1.
+    """
+    if accum < 1 or micro < 1:
+        raise ValueError(f"process_rows: accum ({accum}) and micro ({micro}) must be >= 1")
+    sharding = micro_batch_sharding(mesh, 2, micro)
+    offsets = set()
+    for index in sharding.addressable_devices_indices_map((accum, micro)).values():
+        offsets.update(range(micro)[index[1]])
+    r = np.asarray(sorted(offsets), np.int64)
+    return (np.arange(accum, dtype=np.int64)[:, None] * micro + r[None, :]).reshape(-1)
 
 
 # ---------------------------------------------------------------------------------------------- the loop
