@@ -86,16 +86,35 @@ def _is_closed_loop_callback(unraisable) -> bool:
             and "call_soon_threadsafe" in frames)
 
 
+class _AbandonedReadErrors(logging.Filter):
+    """Drops asyncio's "Task exception was never retrieved" record for a TensorStore read of an Orbax restore
+    that had already failed on another array (the error is reported once, by the caller); other records pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        text = str(exc).lower() if exc is not None else ""
+        return not (record.getMessage().startswith("Task exception was never retrieved")
+                    and ("ocdbt" in text or "tensorstore" in text))
+
+
+_ABANDONED_READ_ERRORS = _AbandonedReadErrors()
+
+
 def silence_abandoned_reads() -> None:
-    """Drops the late callbacks of the reads a failed Orbax restore abandoned; every other unraisable exception
-    still reaches the previous `sys.unraisablehook`.
+    """Drops the late reports of the reads a failed Orbax restore abandoned; every other unraisable exception
+    still reaches the previous `sys.unraisablehook`, and every other asyncio log record is still logged.
 
     When one array of a restore fails to read, Orbax (0.12.8, `asyncio_utils.run_sync`) closes its event loop
-    while the other TensorStore reads are still in flight; each of them then fails to post its result
-    (`call_soon_threadsafe` on a closed loop) and Python prints one traceback per array, after our error
-    message. The results are discarded anyway, so those tracebacks say nothing. Installed once per process, by
-    the callers that turn a failed restore into `DamagedCheckpointError`, before they restore.
+    while the other TensorStore reads are still in flight. Each of them then either fails to post its result
+    (`call_soon_threadsafe` on a closed loop: an unraisable RuntimeError) or ends with its own read error that
+    no one retrieves (asyncio logs "Task exception was never retrieved" when the task is collected). Python
+    prints a traceback for each, after our error message; the results are discarded anyway, so they say
+    nothing. Installed once per process, by the callers that turn a failed restore into
+    `DamagedCheckpointError`, before they restore.
     """
+    asyncio_log = logging.getLogger("asyncio")
+    if _ABANDONED_READ_ERRORS not in asyncio_log.filters:
+        asyncio_log.addFilter(_ABANDONED_READ_ERRORS)
     previous = sys.unraisablehook
     if getattr(previous, "_hat_jax_filter", False):
         return

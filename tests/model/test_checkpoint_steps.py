@@ -41,3 +41,26 @@ def test_the_closed_loop_callback_is_dropped_and_other_errors_pass():
     _unraisable(RuntimeError("Event loop is closed"), caught)   # same message, not from call_soon_threadsafe
     _unraisable(ValueError("anything else"), caught)
     assert caught == [RuntimeError, ValueError]
+
+
+def test_never_retrieved_read_errors_of_a_failed_restore_are_dropped_and_other_asyncio_records_pass():
+    import logging
+
+    silence_abandoned_reads()
+    caught = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            caught.append(record.getMessage().splitlines()[0])
+
+    log = logging.getLogger("asyncio")
+    handler = Keep()
+    log.addHandler(handler)
+    try:
+        read_error = ValueError('OUT_OF_RANGE: Error reading "lm_head.kernel/0.0" in OCDBT database at local file')
+        log.error("Task exception was never retrieved\nfuture: <Task>", exc_info=(ValueError, read_error, None))
+        log.error("Task exception was never retrieved\nfuture: <Task>", exc_info=(KeyError, KeyError("tool"), None))
+        log.error("Unclosed client session")
+    finally:
+        log.removeHandler(handler)
+    assert caught == ["Task exception was never retrieved", "Unclosed client session"]
