@@ -13,6 +13,8 @@ Two equal forms (tested against each other):
   chunks a `lax.scan` carries S. Used for training and prefill. C = 64 (transformers' and FLA's choice)
   when compiling for an accelerator; 16 for the CPU, where the small-matrix work inside a chunk costs more
   than the extra scan steps (about 1.5x faster at the tiny preset's shapes; experiments/benchmarks/cpu_profile.py).
+  For an accelerator the chunks also go in checkpointed groups of about sqrt(N) (`default_group`): the
+  backward pass then holds one group's fp32 intermediates, not all N chunks' (docs/real_scale.md).
 Everything inside the kernels is float32 (the checkpoint's `mamba_ssm_dtype`).
 
 Packed rows (`hat_jax.model.segments`): an optional `reset` [B, T] marks each document's first token, where
@@ -136,7 +138,8 @@ def _inverse_bwd(x, g):
 unit_lower_triangular_inverse.defvjp(_inverse_fwd, _inverse_bwd)
 
 
-def chunk_gated_delta_rule(q, k, v, g, beta, initial_state, chunk_size: int = CHUNK_SIZE, reset=None):
+def chunk_gated_delta_rule(q, k, v, g, beta, initial_state, chunk_size: int = CHUNK_SIZE, reset=None,
+                           group: int | None = None):
     """Chunked gated delta rule; same arguments and results as `recurrent_gated_delta_rule`.
 
     T is zero-padded to a multiple of `chunk_size` (g = 0, beta = 0 on padding, so the state is unchanged).
@@ -144,24 +147,60 @@ def chunk_gated_delta_rule(q, k, v, g, beta, initial_state, chunk_size: int = CH
     write reaches token i >= j decayed by exp(c_i - c_j). With `reset`, let r be the per-chunk inclusive
     cumsum of resets: the first factor is zero unless r_i = 0 and the second unless r_i = r_j (no reset in
     (j, i]); this is exact for documents that cross chunk boundaries, and `reset=None` skips it.
+
+    group: None, or a number of chunks G: the chunks are processed G at a time by an outer `lax.scan` whose
+    body (the intra-chunk work and the state scan of G chunks) is `jax.checkpoint`ed, so the backward pass
+    keeps one state per group and recomputes a group's fp32 intermediates when it needs them: those exist
+    for G chunks at a time instead of all N (the number of chunks is padded to a multiple of G). The same
+    math; the backward pass recomputes the forward once more. `default_group` picks G for a sequence.
     """
     b, t, h, dk = k.shape
-    pad = (-t) % chunk_size
+    if group is not None and group < 1:
+        raise ValueError(f"chunk_gated_delta_rule: group = {group}: expected None or a positive number of chunks")
+    g_size = group or 1
+    pad = (-t) % (chunk_size * g_size)
     pad_time = lambda a: jnp.pad(a, [(0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 2))
-    q, k, v, g, beta = map(pad_time, (q, k, v, g, beta))
     n = (t + pad) // chunk_size
     # -> [B, H, N, C, ...]
     to_chunks = lambda a: jnp.moveaxis(a, 2, 1).reshape(b, h, n, chunk_size, *a.shape[3:])
-    q, k, v, g, beta = map(to_chunks, (q, k, v, g, beta))
+    chunks = tuple(map(to_chunks, map(pad_time, (q, k, v, g, beta))))
+    if reset is not None:   # per-chunk inclusive cumsum of the resets, [B, 1, N, C]
+        chunks += (jnp.cumsum(pad_time(reset).astype(jnp.int32).reshape(b, 1, n, chunk_size), axis=-1),)
+    if group is None:
+        state, out = _chunk_scan(initial_state, chunks)                  # out [N,B,H,C,Dv]
+    else:   # [B, H, N, ...] -> [N/G, B, H, G, ...]
+        grouped = tuple(jnp.moveaxis(a.reshape(a.shape[:2] + (n // group, group) + a.shape[3:]), 2, 0)
+                        for a in chunks)
+        state, out = jax.lax.scan(jax.checkpoint(_chunk_scan), initial_state, grouped)   # [N/G,G,B,H,C,Dv]
+        out = out.reshape((n,) + out.shape[2:])
+    out = jnp.moveaxis(out, 0, 2).reshape(b, h, n * chunk_size, -1)[:, :, :t]
+    return jnp.moveaxis(out, 1, 2), state
+
+
+def default_group(num_chunks: int) -> int | None:
+    """The `group` of `chunk_gated_delta_rule` that `GatedDeltaNet` uses for `num_chunks` chunks: None (no
+    recomputation) when compiling for the CPU or for fewer than 16 chunks, else the power of two nearest
+    sqrt(num_chunks) (N/G + G states kept instead of N: 32 instead of 256 at 16,384 tokens in chunks of 64)."""
+    if target_platform() == "cpu" or num_chunks < 16:
+        return None
+    return 1 << round(0.5 * (num_chunks.bit_length() - 1))
+
+
+def _chunk_scan(state, chunks):
+    """The intra-chunk (UT transform) work of `chunk_gated_delta_rule` for the chunks [B, H, N, C, ...] of
+    `chunks` = (q, k, v, g, beta[, reset cumsum]), then the scan over them from `state` [B, H, Dk, Dv];
+    returns (final state, out [N, B, H, C, Dv])."""
+    q, k, v, g, beta = chunks[:5]
+    chunk_size = q.shape[3]
     k_beta, v_beta = k * beta[..., None], v * beta[..., None]
     cum = jnp.cumsum(g, axis=-1)                                         # [B,H,N,C]
     causal = jnp.tril(jnp.ones((chunk_size, chunk_size), bool))
-    if reset is None:
+    if len(chunks) == 5:
         connected = causal
         from_state = jnp.exp(cum)                                        # decay from S_0 to token i
         to_end = jnp.exp(cum[..., -1:] - cum)                            # decay from token j to the chunk end
     else:
-        resets = jnp.cumsum(pad_time(reset).astype(jnp.int32).reshape(b, 1, n, chunk_size), axis=-1)
+        resets = chunks[5]
         connected = causal & (resets[..., :, None] == resets[..., None, :])             # [B,1,N,C,C]
         from_state = jnp.where(resets == 0, jnp.exp(cum), 0.0)
         to_end = jnp.where(resets == resets[..., -1:], jnp.exp(cum[..., -1:] - cum), 0.0)
@@ -183,9 +222,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, initial_state, chunk_size: int = CH
         return state, out
 
     xs = tuple(jnp.moveaxis(a, 2, 0) for a in (q, k, new_values, k_cumdecay, intra, chunk_decay))
-    state, out = jax.lax.scan(step, initial_state, xs)                   # out [N,B,H,C,Dv]
-    out = jnp.moveaxis(out, 0, 2).reshape(b, h, n * chunk_size, -1)[:, :, :t]
-    return jnp.moveaxis(out, 1, 2), state
+    return jax.lax.scan(step, state, xs)
 
 
 def causal_depthwise_conv(x: jax.Array, kernel: jax.Array, state: jax.Array,
@@ -310,7 +347,8 @@ class GatedDeltaNet(nn.Module):
         if cache is not None and t == 1:
             o, state = recurrent_gated_delta_rule(q, k, v, g, beta, state0)
         else:
-            o, state = chunk_gated_delta_rule(q, k, v, g, beta, state0, default_chunk_size(), reset)
+            chunk = default_chunk_size()
+            o, state = chunk_gated_delta_rule(q, k, v, g, beta, state0, chunk, reset, default_group(-(-t // chunk)))
         o = GatedRMSNorm(c.rms_norm_eps, self.param_dtype, name="norm")(o.astype(self.dtype), z)
         # Zero-initialised (OUT_PROJ_INIT_STD): the residual branch starts as the identity (`params.INIT_SCHEME`).
         y = Linear(c.hidden_size, ("linear_v", "embed"), self.dtype, self.param_dtype, OUT_PROJ_INIT_STD,

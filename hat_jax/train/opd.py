@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,7 +47,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from hat_jax.cache import atomic_dir
 from hat_jax.data.world_data import WorldDataConfig
 from hat_jax.harness.hsa import HSAConfig
 from hat_jax.judges.rewards import RewardConfig
@@ -58,14 +56,13 @@ from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.rollout.checkpoint import tokenizer_from_checkpoint
 from hat_jax.sim.env import EnvConfig
 from hat_jax.train import checkpoints as ckpt
-from hat_jax.train.distributed import is_primary
 from hat_jax.train.kl import OPD_LOSSES, check_opd_loss
 from hat_jax.train.losses import check_aggregation
 from hat_jax.train.opd_batches import EXACT_KEYS, SAMPLED_KEYS, OPDBatches, live_pool, prompt_pool
 from hat_jax.train.opd_loss import opd_loss_fn
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
 from hat_jax.train.rl import HARNESS_MODES, rl_fault_rates
-from hat_jax.train.stage import (StageRun, add_out_steps, add_resume_force, add_set_progress,
+from hat_jax.train.stage import (StageRun, copy_tokenizer, add_out_steps, add_resume_force, add_set_progress,
                                  apply_overrides, check_dtypes, check_model_options, check_run_fields, cli, config_json,
                                  finish_main, model_options, parse_stage_args, resolved_optim, run_options,
                                  stage_parser, stage_section)
@@ -261,10 +258,7 @@ def opd_tokenizer(config: OPDConfig, vocab_size: int, out_dir: Path):
     if source is None:
         raise FileNotFoundError(f"OPD student init checkpoint {config.init!r} has no tokenizer/ folder (nor its "
                                 "parent): OPD renders chat prompts with the student's tokenizer")
-    if source != target and is_primary():  # the other processes of a multi-process run read it from its source
-        with atomic_dir(target) as tmp:
-            shutil.copytree(source, tmp, dirs_exist_ok=True)
-        source = target
+    source = copy_tokenizer(source, target)
     tok = load_tokenizer(source)
     if len(tok) > vocab_size:
         raise ckpt.IncompatibleCheckpointError(f"tokenizer {str(source)!r} has {len(tok)} tokens, more than the "

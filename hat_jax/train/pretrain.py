@@ -58,7 +58,6 @@ import functools
 import json
 import logging
 import os
-import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -70,7 +69,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hat_jax.cache import atomic_dir, exclusive_lock, write_text_atomic
+from hat_jax.cache import exclusive_lock, write_text_atomic
 from hat_jax.data.corpus import pretraining_chats, recall_probe, render_chat
 from hat_jax.data.packing import PackedBatches, fit_document, pack_documents, refuse_packed_state
 from hat_jax.data.world_data import WorldDataConfig, cache_root
@@ -83,7 +82,7 @@ from hat_jax.train.distributed import is_primary
 from hat_jax.train.metrics import MetricsWriter, read_metrics
 from hat_jax.train.optim import OptimConfig
 from hat_jax.train.sft import bpe_tokenizer_dir, run_masked_ce
-from hat_jax.train.stage import (StageRun, add_set_progress, apply_overrides, cli, config_json,
+from hat_jax.train.stage import (StageRun, copy_tokenizer, add_set_progress, apply_overrides, cli, config_json,
                                  parse_stage_args, stage_parser, stage_section)
 
 log = logging.getLogger(__name__)
@@ -377,10 +376,7 @@ def _base_tokenizer(config: PretrainConfig, out: Path):
     target = source = out / "tokenizer"
     if not target.is_dir():
         source = bpe_tokenizer_dir(vocab, config.tokenizer_texts, config.world)
-        if is_primary():  # the other processes of a multi-process run read the cached BPE itself
-            with atomic_dir(target, clear_stale=True) as tmp:  # clear_stale: a copy a killed run left half-done
-                shutil.copytree(source, tmp, dirs_exist_ok=True)
-            source = target
+        source = copy_tokenizer(source, target)
     tok = load_tokenizer(source)
     if len(tok) > vocab:
         raise ValueError(f"tokenizer {str(target)!r} has {len(tok)} tokens, more than the model's vocab_size {vocab}")

@@ -55,10 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import random
-import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -76,13 +73,12 @@ from hat_jax.rollout.checkpoint import tokenizer_from_checkpoint
 from hat_jax.sim.env import EnvConfig
 from hat_jax.train import checkpoints as ckpt
 from hat_jax.train.advantages import get_advantage_estimator
-from hat_jax.train.distributed import is_primary
 from hat_jax.train.losses import check_aggregation
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
 from hat_jax.train.rl_loss import BATCH_KEYS, make_ref_logprobs, make_rl_train_step, rl_loss_fn
 from hat_jax.train.rl_rewards import host_batch, judge_rewards
 from hat_jax.train.sft import load_init_params
-from hat_jax.train.stage import (StageRun, add_out_steps, add_resume_force, add_set_progress,
+from hat_jax.train.stage import (StageRun, copy_tokenizer, add_out_steps, add_resume_force, add_set_progress,
                                  apply_overrides, check_dtypes, check_model_options, check_run_fields, cli, config_json,
                                  finish_main, model_options, parse_stage_args, resolved_optim, run_options,
                                  stage_parser, stage_section)
@@ -344,11 +340,7 @@ def stage_tokenizer(init: str | None, out: Path, vocab_size: int):
         if source is None:
             raise FileNotFoundError(f"RL init checkpoint {init!r} has no tokenizer (expected <init>/tokenizer or "
                                     f"<init>/../tokenizer with a tokenizer.json)")
-        if is_primary():  # the other processes of a multi-process run read it from the init checkpoint
-            tmp = Path(tempfile.mkdtemp(dir=out, prefix=".tokenizer."))
-            shutil.copytree(source, tmp, dirs_exist_ok=True)
-            os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
-            source = target
+        source = copy_tokenizer(source, target)
     tok = load_tokenizer(source)
     if len(tok) > vocab_size:
         raise ValueError(f"tokenizer {str(source)!r} has {len(tok)} tokens, more than the model's vocab_size "

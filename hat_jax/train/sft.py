@@ -56,10 +56,9 @@ from hat_jax.model.params import COMPUTE_DTYPES
 from hat_jax.model.sharding import default_mesh
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.rollout.checkpoint import tokenizer_from_checkpoint
-from hat_jax.train.distributed import is_primary
 from hat_jax.train.losses import masked_token_ce_sum, masked_token_ce_sum_chunked
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
-from hat_jax.train.stage import (StageRun, add_out_steps, add_resume_force, add_set_progress,
+from hat_jax.train.stage import (StageRun, copy_tokenizer, add_out_steps, add_resume_force, add_set_progress,
                                  apply_overrides, check_dtypes, check_model_options, check_run_fields, cli, config_json,
                                  finish_main, model_options, parse_stage_args, resolved_optim, run_options,
                                  stage_parser, stage_section)
@@ -222,11 +221,7 @@ def sft_tokenizer(config: SFTConfig, records: Sequence[dict], out_dir: Path):
     source = target if (target / "tokenizer.json").is_file() else tokenizer_from_checkpoint(config.init)
     if source is None:
         source = bpe_tokenizer_dir(vocab, config.tokenizer_texts, config.world, records)
-    if source != target and is_primary():  # other processes read the same tokenizer from its source
-        tmp = Path(tempfile.mkdtemp(dir=out_dir, prefix=".tokenizer."))
-        shutil.copytree(source, tmp, dirs_exist_ok=True)
-        os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
-        source = target
+    source = copy_tokenizer(source, target)
     tok = load_tokenizer(source)
     if len(tok) > vocab:
         raise ValueError(f"tokenizer {str(source)!r} has {len(tok)} tokens, more than the model's vocab_size {vocab}")

@@ -32,6 +32,7 @@ import importlib.util
 import json
 import logging
 import math
+import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -39,6 +40,7 @@ from typing import Any
 
 import jax
 
+from hat_jax.cache import atomic_dir
 from hat_jax.model.params import COMPUTE_DTYPES, params_shapes
 from hat_jax.model.sharding import mesh_context
 from hat_jax.train import checkpoints as ckpt
@@ -190,6 +192,19 @@ class StageRun:
             checkpointer.close()
             if writer is not None:
                 writer.close()
+
+
+def copy_tokenizer(source: Path, target: Path) -> Path:
+    """The tokenizer folder a stage loads when `target` (`<out>/tokenizer`) is to hold a copy of `source`: in
+    process 0 `target`, after copying `source` there in one rename (`hat_jax.cache.atomic_dir`: a killed copy
+    never leaves a partial folder where a resumed run would read it; a folder that exists is kept); `source` in
+    the other processes of a multi-process run, which write no run files. `target` itself when source is target.
+    """
+    if Path(source) == Path(target) or not is_primary():
+        return Path(source)
+    with atomic_dir(target, clear_stale=True) as tmp:
+        shutil.copytree(source, tmp, dirs_exist_ok=True)
+    return Path(target)
 
 
 def check_run_fields(config, names: Sequence[str] = ("steps", "log_every", "ckpt_every", "max_to_keep")) -> None:

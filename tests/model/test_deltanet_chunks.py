@@ -1,11 +1,13 @@
-"""The chunked gated delta rule gives the same outputs, final state and gradients at every chunk size; the
-from-scratch dt_bias init."""
+"""The chunked gated delta rule gives the same outputs, final state and gradients at every chunk size and in
+checkpointed groups of chunks; the from-scratch dt_bias init."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hat_jax.model.deltanet import CPU_CHUNK_SIZE, chunk_gated_delta_rule, default_chunk_size
+import pytest
+
+from hat_jax.model.deltanet import CPU_CHUNK_SIZE, chunk_gated_delta_rule, default_chunk_size, default_group
 
 
 def _inputs(b=2, t=77, h=3, dk=8, dv=5):
@@ -29,6 +31,36 @@ def test_chunk_sizes_agree_on_outputs_state_and_gradients():
         np.testing.assert_allclose(state, ref_state, atol=2e-5)
         for g, e in zip(jax.grad(loss(c), argnums=tuple(range(6)))(*args), ref_grads):
             np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("with_resets", [False, True])
+def test_checkpointed_groups_of_chunks_agree_on_outputs_state_and_gradients(with_resets):
+    """77 tokens in chunks of 8 = 10 chunks; groups of 1, 3 (padded to 12 chunks), 4 and 16 (one padded
+    group); documents starting at 0, 5, 8 (a chunk start), 30 and 76 (the last token) when with_resets."""
+    args = _inputs()
+    reset = None
+    if with_resets:
+        reset = jnp.zeros((2, 77), bool).at[:, [0, 5, 8, 30, 76]].set(True).at[1, 41].set(True)
+    run = lambda group: lambda *a: chunk_gated_delta_rule(*a, chunk_size=8, reset=reset, group=group)
+    loss = lambda group: lambda *a: jnp.sum(jnp.sin(run(group)(*a)[0])) + jnp.sum(run(group)(*a)[1] ** 2)
+    ref_out, ref_state = run(None)(*args)
+    ref_grads = jax.grad(loss(None), argnums=tuple(range(6)))(*args)
+    for group in (1, 3, 4, 16):
+        out, state = jax.jit(run(group))(*args)
+        np.testing.assert_allclose(out, ref_out, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(state, ref_state, rtol=1e-6, atol=1e-6)
+        for g, e in zip(jax.jit(jax.grad(loss(group), argnums=tuple(range(6))))(*args), ref_grads):
+            np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+
+
+def test_groups_are_for_accelerators_and_long_sequences(monkeypatch):
+    import hat_jax.model.deltanet as deltanet
+
+    assert deltanet.target_platform() != "cpu" or default_group(256) is None
+    monkeypatch.setattr(deltanet, "target_platform", lambda: "tpu")
+    assert [default_group(n) for n in (8, 15, 16, 64, 255, 256, 1024)] == [None, None, 4, 8, 16, 16, 32]
+    with pytest.raises(ValueError, match="group = 0: expected None or a positive number of chunks"):
+        chunk_gated_delta_rule(*_inputs(), chunk_size=8, group=0)
 
 
 def test_cpu_backend_uses_the_cpu_chunk_size():

@@ -19,9 +19,7 @@ fsdp group), fp32:
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
 
 import jax
@@ -29,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from device_worker import run_device_worker
 from hat_jax.model.expert_parallel import check_expert_axis, received_to_grouped
 
 NUM_DEVICES = 8
@@ -181,14 +180,7 @@ def _worker(out_path: str) -> None:
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("expert_parallel") / "report.json")
-    env = dict(os.environ)
-    flags = [f for f in env.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
-    env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={NUM_DEVICES}"])
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), out], env=env, capture_output=True,
-                          text=True, timeout=900)
-    assert proc.returncode == 0, f"expert-parallel worker failed:\n{proc.stdout}\n{proc.stderr[-6000:]}"
+    run_device_worker(__file__, out, devices=NUM_DEVICES, timeout=900, what="expert-parallel worker")
     with open(out) as f:
         return json.load(f)
 

@@ -14,14 +14,13 @@ unchunked program (same HLO text; the chunks add one loop); the option's validat
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from device_worker import run_device_worker
 
 NUM_DEVICES = 8
 MESH = dict(fsdp=2, expert=4)
@@ -116,14 +115,7 @@ def _worker(out_path: str) -> None:
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("moe_token_chunk") / "report.json")
-    env = dict(os.environ)
-    flags = [f for f in env.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
-    env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={NUM_DEVICES}"])
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), out], env=env, capture_output=True,
-                          text=True, timeout=900)
-    assert proc.returncode == 0, f"token-chunk worker failed:\n{proc.stdout}\n{proc.stderr[-6000:]}"
+    run_device_worker(__file__, out, devices=NUM_DEVICES, timeout=900, what="token-chunk worker")
     with open(out) as f:
         return json.load(f)
 

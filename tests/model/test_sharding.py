@@ -17,8 +17,6 @@ parameter), no PartitionSpec naming a mesh axis twice, and the 35B preset's shar
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 
 import jax
@@ -27,6 +25,7 @@ import numpy as np
 import pytest
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
+from device_worker import run_device_worker
 from hat_jax.model import Qwen3_5MoeForCausalLM, get_config, init_params, params_logical_axes, params_shapes
 from hat_jax.model.sharding import (MESH_AXES, batch_sharding, constrain, fitted_spec, indivisible_dim, logical_to_mesh,
                                    make_mesh, mesh_context, spec_for)
@@ -133,13 +132,7 @@ def _moe_worker() -> dict:
 @pytest.fixture(scope="module")
 def worker_results(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("sharding") / "out.npz")
-    env = dict(os.environ)
-    flags = [f for f in env.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
-    env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={NUM_DEVICES}"])
-    env["JAX_PLATFORMS"] = "cpu"
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), out], env=env, capture_output=True,
-                          text=True, timeout=900)  # ~2 min idle; megablox runs in Pallas interpret mode
-    assert proc.returncode == 0, f"sharding worker failed:\n{proc.stdout}\n{proc.stderr[-6000:]}"
+    run_device_worker(__file__, out, devices=NUM_DEVICES, timeout=900, what="sharding worker")  # ~2 min idle; megablox runs in Pallas interpret mode
     with open(out + ".json") as f:
         report = json.load(f)
     return dict(np.load(out)), report

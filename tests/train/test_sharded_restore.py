@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
+from device_worker import run_device_worker
 
 NUM_DEVICES = 8
 
@@ -161,13 +161,7 @@ def worker(out_path: str) -> None:
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("sharded_restore") / "report.json")
-    env = dict(os.environ)
-    flags = [f for f in env.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
-    env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={NUM_DEVICES}"])
-    env["JAX_PLATFORMS"] = "cpu"
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), out], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, f"worker failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    run_device_worker(__file__, out, devices=NUM_DEVICES, timeout=300, what="worker")
     with open(out) as f:
         return json.load(f)
 
