@@ -31,8 +31,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -41,6 +39,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from hat_jax.cache import write_text_atomic
 from hat_jax.model.checkpoint_io import CONFIG_FILE, PARAMS_ITEM
 from hat_jax.model.checkpoint_steps import (DamagedCheckpointError, StepScan, first_line, recovery_hint, scan_steps,
                                           silence_abandoned_reads)
@@ -76,13 +75,6 @@ def _with_stored_placement(now: Mapping[str, Any], stored: Mapping[str, Any]) ->
     return out
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def _manager(root: Path, max_to_keep: int | None, async_save: bool, read_only: bool = False) -> ocp.CheckpointManager:
     # Readers open the manager with create=False rather than read_only=True (which only logs warnings).
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=not read_only,
@@ -109,8 +101,8 @@ class StageCheckpointer:
         self.config = json.loads(json.dumps(config, default=str))
         self.hash = config_hash(self.config)
         if model_config is not None and jax.process_index() == 0:  # Orbax writes the steps from every process
-            _write_text_atomic(self.root / CONFIG_FILE,
-                               json.dumps(model_config.to_hf_dict(), indent=2, sort_keys=True) + "\n")
+            write_text_atomic(self.root / CONFIG_FILE,
+                              json.dumps(model_config.to_hf_dict(), indent=2, sort_keys=True) + "\n")
         self.manager = _manager(self.root, max_to_keep, async_save)
 
     def latest_step(self) -> int | None:

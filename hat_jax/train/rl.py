@@ -55,10 +55,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import random
 import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -66,6 +64,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from hat_jax.cache import atomic_dir
 from hat_jax.data.world_data import WorldDataConfig, rl_tasks, world_for
 from hat_jax.harness.hsa import HSAConfig, compose
 from hat_jax.judges.rewards import RewardConfig
@@ -345,9 +344,8 @@ def stage_tokenizer(init: str | None, out: Path, vocab_size: int):
             raise FileNotFoundError(f"RL init checkpoint {init!r} has no tokenizer (expected <init>/tokenizer or "
                                     f"<init>/../tokenizer with a tokenizer.json)")
         if is_primary():  # the other processes of a multi-process run read it from the init checkpoint
-            tmp = Path(tempfile.mkdtemp(dir=out, prefix=".tokenizer."))
-            shutil.copytree(source, tmp, dirs_exist_ok=True)
-            os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
+            with atomic_dir(target) as tmp:  # an existing (non-empty) target is kept
+                shutil.copytree(source, tmp, dirs_exist_ok=True)
             source = target
     tok = load_tokenizer(source)
     if len(tok) > vocab_size:
