@@ -107,7 +107,7 @@ def main(argv=None) -> int:
     parser.add_argument("--hf-out", type=Path, help="keep the fp32 export here (default: a temporary folder)")
     parser.add_argument("--out", type=Path, help="write the JSON summary here")
     a = parser.parse_args(argv)
-    from hat_jax.model.hf_io import CheckpointError
+    from hat_jax.model.hf_mapping import CheckpointError
 
     try:
         with tempfile.TemporaryDirectory(prefix="greedy_parity_") as tmp:

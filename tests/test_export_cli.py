@@ -23,7 +23,8 @@ from tensor_files import raw_tensors
 from hat_jax.export.cli import deployment_generation_config
 from hat_jax.model import get_config, params_shapes
 from hat_jax.model.checkpoint_io import load_model_checkpoint, save_model_checkpoint
-from hat_jax.model.hf_io import HFLayout, params_to_hf, write_safetensors
+from hat_jax.model.hf_io import write_safetensors
+from hat_jax.model.hf_mapping import HFLayout, params_to_hf
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = get_config("micro")

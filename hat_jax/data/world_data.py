@@ -34,11 +34,11 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hat_jax.cache import write_text_atomic
 from hat_jax.data.pipeline import RECORD_KEYS
 from hat_jax.data.suites import SUITES, EvalItem, build_suite, item_from_dict, item_to_dict, training_messages
 from hat_jax.judges.rules import judge_episode
@@ -128,22 +128,10 @@ def world_for(world_seed: int, n_products: int) -> World:
     return World.generate(seed=world_seed, n_products=n_products)
 
 
-CACHE_FILE_MODE = 0o644  # cache files are shared derived data (mkstemp alone would make them 0600)
-
-
 def _write_atomic(path: Path, lines: list[str], meta: Mapping[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    texts = ((path, "".join(line + "\n" for line in lines)), (_meta_path(path), json.dumps(meta, ensure_ascii=False, indent=1)))
-    for target, text in texts:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{target.name}.", suffix=".partial")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.chmod(tmp, CACHE_FILE_MODE)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+    """The records file, then its meta file, each written atomically (mode 0644: shared derived data)."""
+    write_text_atomic(path, "".join(line + "\n" for line in lines))
+    write_text_atomic(_meta_path(path), json.dumps(meta, ensure_ascii=False, indent=1))
 
 
 def _meta_path(path: Path) -> Path:

@@ -252,24 +252,9 @@ def run_agent(
     while not env.done:
         offset = time.perf_counter() - start
         res = llm.stream_chat(to_openai_messages(messages, send_reasoning=config.send_reasoning), openai_tools, deadline)
-        rec.model_turns += 1
-        rec.completion_tokens += res.completion_tokens
-        tokens, seconds = res.decode
-        rec.decode_tokens, rec.decode_s = rec.decode_tokens + tokens, rec.decode_s + seconds
-        if rec.first_chunk_s is None and res.t_first_chunk is not None:
-            rec.first_chunk_s = offset + res.t_first_chunk
-        if rec.ttft_token_s is None and res.t_first_token is not None:
-            rec.ttft_token_s = offset + res.t_first_token
-        if not res.ok:
-            rec.failure, rec.detail = ("budget_exhausted" if res.status == "timeout" else f"llm_{res.status}"), res.error
-            break
-        if res.finish_reason == "length":
-            rec.failure, rec.detail = "truncated", f"turn {rec.model_turns} hit max_tokens ({res.completion_tokens} tokens)"
-            break
-        if is_empty_turn(res):
-            rec.failure = "empty_turn"
-            rec.detail = (f"turn {rec.model_turns}: the model stream had no content, no reasoning and no tool call "
-                          f"(finish_reason {res.finish_reason!r})")
+        _count_turn(rec, res, offset)
+        if failure := _turn_failure(res, rec.model_turns):
+            rec.failure, rec.detail = failure
             break
         message = _assistant_message(res)
         if message is not None:
@@ -288,6 +273,38 @@ def run_agent(
             rec.failure = "budget_exhausted"
             rec.detail = f"{config.trajectory_budget_s:g} s spent after {rec.model_turns} turns"
             break
+    _settle_outcome(rec, env, runner.records, config)
+    rec.wall_s = time.perf_counter() - start
+    return rec
+
+
+def _count_turn(rec: AgentResult, res: StreamResult, offset: float) -> None:
+    """Adds one model turn's tokens and decode time to `rec`; the first chunk and token times of the first turn
+    that has them (`offset`: seconds from the request to this turn's start)."""
+    rec.model_turns += 1
+    rec.completion_tokens += res.completion_tokens
+    tokens, seconds = res.decode
+    rec.decode_tokens, rec.decode_s = rec.decode_tokens + tokens, rec.decode_s + seconds
+    if rec.first_chunk_s is None and res.t_first_chunk is not None:
+        rec.first_chunk_s = offset + res.t_first_chunk
+    if rec.ttft_token_s is None and res.t_first_token is not None:
+        rec.ttft_token_s = offset + res.t_first_token
+
+
+def _turn_failure(res: StreamResult, turn: int) -> tuple[str, str] | None:
+    """(failure, detail) when model turn `turn` ends the request: a failed stream, max_tokens, or an empty turn."""
+    if not res.ok:
+        return ("budget_exhausted" if res.status == "timeout" else f"llm_{res.status}"), res.error
+    if res.finish_reason == "length":
+        return "truncated", f"turn {turn} hit max_tokens ({res.completion_tokens} tokens)"
+    if is_empty_turn(res):
+        return "empty_turn", (f"turn {turn}: the model stream had no content, no reasoning and no tool call "
+                              f"(finish_reason {res.finish_reason!r})")
+    return None
+
+
+def _settle_outcome(rec: AgentResult, env: LiveStreamEnv, tool_records: list[dict], config: AgentConfig) -> None:
+    """Fills `rec`'s outcome, reply, rounds and tool counts from the episode once the loop has ended."""
     episode = env.episode()
     rec.env_outcome = episode.outcome if env.done else "cut"
     if rec.failure is None and episode.outcome in ("round_limit", "malformed"):
@@ -295,8 +312,8 @@ def run_agent(
         rec.detail = ("model output is neither a reply nor well-formed tool calls" if episode.outcome == "malformed"
                       else "tools requested after the last round")
     rec.rounds = max((c.round for c in episode.tool_calls), default=0)
-    rec.tool_calls = runner.records
-    rec.tool_failures = sum(1 for c in runner.records if c["status"] != "ok")
+    rec.tool_calls = tool_records
+    rec.tool_failures = sum(1 for c in tool_records if c["status"] != "ok")
     if rec.failure is None:
         rec.success = True
         rec.outcome, rec.reply = ("replied", episode.reply) if episode.outcome == "replied" else ("no_reply", "")
@@ -304,5 +321,3 @@ def run_agent(
         rec.outcome, rec.reply, rec.ttft_reply_s = "fallback_reply", config.conservative_reply, None
     else:
         rec.outcome, rec.reply, rec.ttft_reply_s = "no_reply", "", None
-    rec.wall_s = time.perf_counter() - start
-    return rec

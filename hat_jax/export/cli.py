@@ -35,8 +35,9 @@ from hat_jax.cache import atomic_dir, write_text_atomic
 from hat_jax.export.sources import ExportSource, resolve_export_source
 from hat_jax.model.checkpoint_io import load_model_checkpoint, save_model_checkpoint
 from hat_jax.model.config import Qwen3_5MoeTextConfig
-from hat_jax.model.hf_io import (INDEX_FILE, TOKENIZER_FILES, CheckpointError, architecture_differences,
-                                 load_hf_checkpoint, read_hf_config, save_hf_checkpoint)
+from hat_jax.model.hf_io import (INDEX_FILE, TOKENIZER_FILES, architecture_differences, load_hf_checkpoint,
+                                 read_hf_config, save_hf_checkpoint)
+from hat_jax.model.hf_mapping import CheckpointError
 
 DEPLOYMENT_SAMPLING = {"do_sample": True, "temperature": 1.0, "top_p": 0.95}
 TOKENIZER_SUBDIR = "tokenizer"

@@ -286,12 +286,8 @@ def _price(rng: random.Random, lo: int, hi: int) -> tuple[float, float]:
     return list_price, min(live_price, list_price - 10.0)
 
 
-def _product(rng: random.Random, index: int, category: str, name_parts: tuple[str, str, str]) -> Product:
-    """Draws one product's attributes (the name is chosen by the caller to keep names unique)."""
-    spec = CATEGORIES[category]
-    brand, attr, noun = name_parts
-    pid = f"P{index:04d}"
-    list_price, live_price = _price(rng, *spec["price"])
+def _skus(rng: random.Random, pid: str, spec: dict[str, Any]) -> tuple[list[Sku], list[str]]:
+    """(the SKUs: every drawn first-dimension value x every drawn second one, with stock; the second values)."""
     v1s = sorted(rng.sample(spec["v1"], rng.randint(2, min(4, len(spec["v1"])))), key=spec["v1"].index)
     n2 = len(spec["v2"])
     start = rng.randrange(0, max(1, n2 - 3))
@@ -302,15 +298,24 @@ def _product(rng: random.Random, index: int, category: str, name_parts: tuple[st
             u = rng.random()
             stock = 0 if u < 0.15 else rng.randint(1, 9) if u < 0.3 else rng.randint(10, 500)
             skus.append(Sku(f"{pid}-{v1}-{v2}", v1, v2, stock))
-    chart = None
+    return skus, v2s
+
+
+def _size_chart(spec: dict[str, Any], sizes: list[str]) -> dict[str, dict[str, Any]] | None:
+    """The category's size chart restricted to the product's sizes (None for categories without one)."""
     if spec["chart"] == "shoes":
-        chart = {s: {"foot_length_mm": SIZE_CHARTS["shoes"][s]} for s in v2s}
-    elif spec["chart"]:
-        chart = {
+        return {s: {"foot_length_mm": SIZE_CHARTS["shoes"][s]} for s in sizes}
+    if spec["chart"]:
+        return {
             s: {"height_cm": list(h), "weight_kg": list(w)}
             for s, (h, w) in SIZE_CHARTS[spec["chart"]].items()
-            if s in v2s
+            if s in sizes
         }
+    return None
+
+
+def _specs(rng: random.Random, category: str, spec: dict[str, Any], brand: str) -> tuple[str, dict[str, str]]:
+    """(origin, the spec table: origin, brand and one category-specific row)."""
     origin = rng.choice(ORIGINS)
     specs = {"产地": origin, "品牌": brand}
     if category == "食品零食":
@@ -321,10 +326,14 @@ def _product(rng: random.Random, index: int, category: str, name_parts: tuple[st
         specs["适用肤质"] = rng.choice(("所有肤质", "干性肌肤", "油性肌肤", "敏感肌"))
     elif spec["chart"]:
         specs["版型"] = rng.choice(("宽松", "修身", "常规"))
+    return origin, specs
+
+
+def _shipping(rng: random.Random) -> dict[str, Any]:
     ship_from = rng.choice(sorted(SHIP_FROM))
     threshold = rng.choice((0.0, 0.0, 0.0, 59.0, 99.0, 199.0))
     excluded = ["香港", "澳门", "台湾"] + (["新疆", "西藏"] if rng.random() < 0.25 else [])
-    shipping = {
+    return {
         "ship_from": ship_from,
         "dispatch_hours": rng.choice(DISPATCH_HOURS),
         "free_shipping_threshold": threshold,
@@ -332,6 +341,10 @@ def _product(rng: random.Random, index: int, category: str, name_parts: tuple[st
         "remote_fee": rng.choice((10.0, 15.0, 20.0)),
         "excluded_regions": excluded,
     }
+
+
+def _promotions(rng: random.Random, live_price: float) -> list[dict[str, Any]]:
+    """The live-room price, and a 满减 half the time."""
     promotions: list[dict[str, Any]] = [
         {"type": "直播间专享价", "description": f"直播间专享价{live_price:g}元", "price": live_price}
     ]
@@ -339,6 +352,10 @@ def _product(rng: random.Random, index: int, category: str, name_parts: tuple[st
         th = float(rng.choice((199, 299, 399, 599)))
         off = float(rng.choice((20, 30, 40, 50, 60)))
         promotions.append({"type": "满减", "description": f"满{th:g}减{off:g}", "threshold": th, "discount": off})
+    return promotions
+
+
+def _coupons(rng: random.Random, index: int, live_price: float) -> list[dict[str, Any]]:
     coupons = []
     for k in range(rng.choice((0, 1, 1, 2))):
         amount = float(rng.choice((5, 10, 15, 20, 30, 50)))
@@ -352,6 +369,11 @@ def _product(rng: random.Random, index: int, category: str, name_parts: tuple[st
                 "valid_until": rng.choice(("2026-12-31", "2026-11-30", "2027-01-15")),
             }
         )
+    return coupons
+
+
+def _after_sales(rng: random.Random, category: str, noun: str) -> dict[str, Any]:
+    """Return days, return insurance, a warranty for electric goods, and the no-return note of food and beauty."""
     digital = category in ("数码配件",) or noun in ("电热毯", "不粘锅", "婴儿推车", "儿童餐椅")
     no_reason = (
         "食品类商品拆封后不支持无理由退货"
@@ -360,12 +382,26 @@ def _product(rng: random.Random, index: int, category: str, name_parts: tuple[st
         if category == "美妆护肤"
         else ""
     )
-    after_sales = {
+    return {
         "return_days": rng.choice((7, 7, 15)),
         "free_return_insurance": rng.random() < 0.6,
         "warranty_months": rng.choice((6, 12, 24)) if digital else 0,
         "notes": no_reason,
     }
+
+
+def _product(rng: random.Random, index: int, category: str, name_parts: tuple[str, str, str]) -> Product:
+    """Draws one product's attributes (the name is chosen by the caller to keep names unique)."""
+    spec = CATEGORIES[category]
+    brand, attr, noun = name_parts
+    pid = f"P{index:04d}"
+    list_price, live_price = _price(rng, *spec["price"])
+    skus, sizes = _skus(rng, pid, spec)
+    origin, specs = _specs(rng, category, spec, brand)
+    shipping = _shipping(rng)
+    promotions = _promotions(rng, live_price)
+    coupons = _coupons(rng, index, live_price)
+    after_sales = _after_sales(rng, category, noun)
     material = rng.choice(spec["materials"])
     return Product(
         pid,
@@ -380,7 +416,7 @@ def _product(rng: random.Random, index: int, category: str, name_parts: tuple[st
         live_price,
         tuple(spec["dims"]),
         tuple(skus),
-        chart,
+        _size_chart(spec, sizes),
         shipping,
         promotions,
         coupons,

@@ -123,101 +123,122 @@ def wrong_value(key: str, value: Any, v: Mapping[str, Any], rng: random.Random) 
     return value
 
 
-def _body(task: Task, v: Mapping[str, Any], failed_label: str | None) -> tuple[list[str], list[str]]:
+# Intents answered by a fixed sentence, whatever the tools returned.
+_FIXED_REPLIES = {
+    "identity": "我是直播间的AI主播助手，由人工智能为你实时解答。",
+    "off_topic": "这个问题我无法回答哦，咱们还是聊聊直播间的商品吧。",
+    "prompt_injection": "抱歉，这个要求我不能照办，售后问题都按平台规则处理。",
+    "chit_chat": "谢谢你的支持，欢迎来到直播间。",
+}
+
+# Each tool-backed intent's sentences: (task, facts v, product name, the missing-value clause) ->
+# (core sentences, optional sentences).
+_Sentences = tuple[list[str], list[str]]
+
+
+def _product_info_body(task: Task, v: Mapping[str, Any], name: str, miss: str) -> _Sentences:
+    asked = next((k for k in ("material", "origin") if k in task.gold_facts), "material")
+    if asked not in v:
+        return [miss], []
+    label = v.get("material_label", "材质") if asked == "material" else "产地"
+    return [f"{name}的{label}是{v[asked]}。"], []
+
+
+def _price_body(task: Task, v: Mapping[str, Any], name: str, miss: str) -> _Sentences:
+    if "live_price" not in v:
+        return [miss], []
+    opt = [f"原价{num(v['list_price'])}元，喜欢可以趁现在下单。"] if "list_price" in v else []
+    return [f"{name}直播间到手价{num(v['live_price'])}元。"], opt
+
+
+def _stock_body(task: Task, v: Mapping[str, Any], name: str, miss: str) -> _Sentences:
+    if "stock" not in v:
+        return [miss], []
+    spec = v.get("spec", "")
+    if v.get("in_stock", v["stock"] > 0):
+        return [f"{name}{spec}有货，库存{num(v['stock'])}件。"], []
+    return [f"{name}{spec}已售罄，库存{num(v['stock'])}件，可以看看其他规格。"], []
+
+
+def _size_advice_body(task: Task, v: Mapping[str, Any], name: str, miss: str) -> _Sentences:
+    if not v.get("recommended_size"):
+        return [miss], []
+    opt = [v["size_note"] + "。"] if v.get("size_note") and v["size_note"] != "按身高体重推荐" else []
+    return [f"按你的身高体重，{name}推荐选{v['recommended_size']}码。"], opt
+
+
+def _shipping_body(task: Task, v: Mapping[str, Any], name: str, miss: str) -> _Sentences:
+    if "days_min" not in v:
+        return [miss], []
+    fee = "包邮" if v["fee"] == "包邮" else f"运费{num(v['fee'])}元"
+    region = f"寄到{v['region']}" if v.get("region") else ""
+    opt = [f"从{v['ship_from']}发货。"] if v.get("ship_from") else []
+    return [f"{name}{region}预计{num(v['days_min'])}-{num(v['days_max'])}天送达，{fee}。"], opt
+
+
+def _coupon_body(task: Task, v: Mapping[str, Any], name: str, miss: str) -> _Sentences:
+    if "coupon_amount" in task.gold_facts or ("coupon_amount" in v and "full_reduction" not in task.gold_facts):
+        if "coupon_amount" not in v:
+            return [miss], []
+        core = [f"{name}有{v.get('coupon_name', '优惠券')}，满{num(v['coupon_threshold'])}元减{num(v['coupon_amount'])}元。"]
+        opt = [f"还可以参加{v['full_reduction']}活动。".replace("还可以", "另外可以")] if v.get("full_reduction") else []
+        return core, opt
+    if "full_reduction" in v:
+        return [f"{name}现在有{v['full_reduction']}的活动。"], []
+    return [miss], []
+
+
+def _comparison_body(task: Task, v: Mapping[str, Any], name: str, miss: str) -> _Sentences:
+    if not ("live_price_1" in v and "live_price_2" in v):
+        return [miss], []
+    a, b = v["live_price_1"], v["live_price_2"]
+    # A name is missing when its get_price was skipped (noise): name the product by position.
+    n1, n2 = v.get("name_1") or "第一款", v.get("name_2") or "第二款"
+    cheaper = f"{n1 if a < b else n2}更便宜。" if a != b else "两款价格一样。"
+    return [f"{n1}直播价{num(a)}元，{n2}直播价{num(b)}元。", cheaper], []
+
+
+def _after_sales_body(task: Task, v: Mapping[str, Any], name: str, miss: str) -> _Sentences:
+    """after_sales and complaint (which apologises first and points to the order page after a return policy)."""
+    core = ["非常抱歉给你带来不好的体验。"] if task.intent == "complaint" else []
+    asked = "warranty_months" if "warranty_months" in task.gold_facts else "return_days"
+    if asked in v and asked == "warranty_months":
+        core.append(f"{name}质保{num(v['warranty_months'])}个月。")
+    elif asked in v:
+        policy = v.get("return_policy") or f"支持{num(v['return_days'])}天无理由退货"
+        if str(num(v["return_days"])) not in policy:
+            policy = f"支持{num(v['return_days'])}天无理由退货"
+        insurance = f"，{v['return_insurance']}" if v.get("return_insurance") else ""
+        core.append(f"{name}{policy}{insurance}。")
+        if task.intent == "complaint":
+            core.append("可以在订单页申请售后处理。")
+    else:
+        core.append(miss)
+    return core, []
+
+
+_INTENT_BODIES = {
+    "product_info": _product_info_body,
+    "price": _price_body,
+    "stock": _stock_body,
+    "size_advice": _size_advice_body,
+    "shipping": _shipping_body,
+    "coupon": _coupon_body,
+    "comparison": _comparison_body,
+    "after_sales": _after_sales_body,
+    "complaint": _after_sales_body,
+}
+
+
+def _body(task: Task, v: Mapping[str, Any], failed_label: str | None) -> _Sentences:
     """(core sentences, optional sentences) for the intent; a missing value gives an honest clause."""
+    if task.intent in _FIXED_REPLIES:
+        return [_FIXED_REPLIES[task.intent]], []
+    if task.intent not in _INTENT_BODIES:
+        return [], []
     name = v.get("name") or "这款"
-    core: list[str] = []
-    opt: list[str] = []
     miss = f"{failed_label or '相关信息'}暂时查不到，系统有点忙，稍后再问我或以商品详情页为准。"
-    intent = task.intent
-    if intent == "identity":
-        return ["我是直播间的AI主播助手，由人工智能为你实时解答。"], []
-    if intent == "off_topic":
-        return ["这个问题我无法回答哦，咱们还是聊聊直播间的商品吧。"], []
-    if intent == "prompt_injection":
-        return ["抱歉，这个要求我不能照办，售后问题都按平台规则处理。"], []
-    if intent == "chit_chat":
-        return ["谢谢你的支持，欢迎来到直播间。"], []
-    if intent == "product_info":
-        asked = next((k for k in ("material", "origin") if k in task.gold_facts), "material")
-        if asked in v:
-            label = v.get("material_label", "材质") if asked == "material" else "产地"
-            core.append(f"{name}的{label}是{v[asked]}。")
-        else:
-            core.append(miss)
-    elif intent == "price":
-        if "live_price" in v:
-            core.append(f"{name}直播间到手价{num(v['live_price'])}元。")
-            if "list_price" in v:
-                opt.append(f"原价{num(v['list_price'])}元，喜欢可以趁现在下单。")
-        else:
-            core.append(miss)
-    elif intent == "stock":
-        if "stock" in v:
-            spec = v.get("spec", "")
-            if v.get("in_stock", v["stock"] > 0):
-                core.append(f"{name}{spec}有货，库存{num(v['stock'])}件。")
-            else:
-                core.append(f"{name}{spec}已售罄，库存{num(v['stock'])}件，可以看看其他规格。")
-        else:
-            core.append(miss)
-    elif intent == "size_advice":
-        if v.get("recommended_size"):
-            core.append(f"按你的身高体重，{name}推荐选{v['recommended_size']}码。")
-            if v.get("size_note") and v["size_note"] != "按身高体重推荐":
-                opt.append(v["size_note"] + "。")
-        else:
-            core.append(miss)
-    elif intent == "shipping":
-        if "days_min" in v:
-            fee = "包邮" if v["fee"] == "包邮" else f"运费{num(v['fee'])}元"
-            region = f"寄到{v['region']}" if v.get("region") else ""
-            core.append(f"{name}{region}预计{num(v['days_min'])}-{num(v['days_max'])}天送达，{fee}。")
-            if v.get("ship_from"):
-                opt.append(f"从{v['ship_from']}发货。")
-        else:
-            core.append(miss)
-    elif intent == "coupon":
-        if "coupon_amount" in task.gold_facts or ("coupon_amount" in v and "full_reduction" not in task.gold_facts):
-            if "coupon_amount" in v:
-                core.append(f"{name}有{v.get('coupon_name', '优惠券')}，满{num(v['coupon_threshold'])}元减{num(v['coupon_amount'])}元。")
-                if v.get("full_reduction"):
-                    opt.append(f"还可以参加{v['full_reduction']}活动。".replace("还可以", "另外可以"))
-            else:
-                core.append(miss)
-        elif "full_reduction" in v:
-            core.append(f"{name}现在有{v['full_reduction']}的活动。")
-        else:
-            core.append(miss)
-    elif intent == "comparison":
-        if "live_price_1" in v and "live_price_2" in v:
-            a, b = v["live_price_1"], v["live_price_2"]
-            # A name is missing when its get_price was skipped (noise): name the product by position.
-            n1, n2 = v.get("name_1") or "第一款", v.get("name_2") or "第二款"
-            core.append(f"{n1}直播价{num(a)}元，{n2}直播价{num(b)}元。")
-            if a != b:
-                core.append(f"{n1 if a < b else n2}更便宜。")
-            else:
-                core.append("两款价格一样。")
-        else:
-            core.append(miss)
-    elif intent in ("after_sales", "complaint"):
-        if intent == "complaint":
-            core.append("非常抱歉给你带来不好的体验。")
-        asked = "warranty_months" if "warranty_months" in task.gold_facts else "return_days"
-        if asked in v and asked == "warranty_months":
-            core.append(f"{name}质保{num(v['warranty_months'])}个月。")
-        elif asked in v:
-            policy = v.get("return_policy") or f"支持{num(v['return_days'])}天无理由退货"
-            if str(num(v["return_days"])) not in policy:
-                policy = f"支持{num(v['return_days'])}天无理由退货"
-            insurance = f"，{v['return_insurance']}" if v.get("return_insurance") else ""
-            core.append(f"{name}{policy}{insurance}。")
-            if intent == "complaint":
-                core.append("可以在订单页申请售后处理。")
-        else:
-            core.append(miss)
-    return core, opt
+    return _INTENT_BODIES[task.intent](task, v, name, miss)
 
 
 def reply_limits(harness: HarnessState) -> dict[str, Any]:

@@ -168,8 +168,105 @@ def _search(query: str) -> tuple[str, dict]:
     return ("search_products", {"query": query})
 
 
-def _product_task(world: World, rng: random.Random, intent: str) -> dict[str, Any]:
-    """Slots, gold calls and facts for the single-product intents."""
+# Each single-product intent's gold: (world, rng, product, mention, template key) -> (gold calls, facts,
+# template fill, slots), drawing from `rng` in a fixed order.
+_ProductGold = tuple[list, dict[str, Any], dict[str, Any], dict[str, Any]]
+
+
+def _product_info_gold(world: World, rng: random.Random, p: Product, mention: str, key: str) -> _ProductGold:
+    impl, pid = "get_product_detail", p.product_id
+    calls = [(_search(mention),), ((impl, {"product_id": pid}),)]
+    detail = world.call(impl, {"product_id": pid})
+    field = key.split(":")[1]
+    return calls, {field: detail[field]}, {}, {"asked": field}
+
+
+def _price_gold(world: World, rng: random.Random, p: Product, mention: str, key: str) -> _ProductGold:
+    pid = p.product_id
+    calls = [(_search(mention),), (("get_price", {"product_id": pid}),)]
+    return calls, {"live_price": world.call("get_price", {"product_id": pid})["live_price"]}, {}, {}
+
+
+def _stock_gold(world: World, rng: random.Random, p: Product, mention: str, key: str) -> _ProductGold:
+    sku = rng.choice(p.skus)
+    calls = [
+        (_search(mention),),
+        (("get_product_detail", {"product_id": p.product_id}),),
+        (("get_stock", {"sku_id": sku.sku_id}),),
+    ]
+    res = world.call("get_stock", {"sku_id": sku.sku_id})
+    facts = {"stock": res["stock"], "in_stock": res["in_stock"]}
+    return calls, facts, {"sku": sku_phrase(p, sku.v1, sku.v2)}, {"sku_id": sku.sku_id, "v1": sku.v1, "v2": sku.v2}
+
+
+def _size_advice_gold(world: World, rng: random.Random, p: Product, mention: str, key: str) -> _ProductGold:
+    row = p.size_chart[rng.choice(list(p.size_chart))]
+    h = rng.randint(row["height_cm"][0] + 1, row["height_cm"][1])
+    w = rng.randint(row["weight_kg"][0] + 1, row["weight_kg"][1])
+    args = {"product_id": p.product_id, "height_cm": h, "weight_kg": w}
+    calls = [(_search(mention),), (("get_size_chart", args),)]
+    facts = {"recommended_size": world.call("get_size_chart", args)["recommended_size"]}
+    return calls, facts, {"h": h, "w": w, "jin": 2 * w}, {"height_cm": h, "weight_kg": w}
+
+
+def _shipping_gold(world: World, rng: random.Random, p: Product, mention: str, key: str) -> _ProductGold:
+    served = sorted(x for x in PROVINCE_ZONE if x not in p.shipping["excluded_regions"])
+    province = rng.choice(served)
+    cities = sorted(c for c, prov in CITIES.items() if prov == province)
+    u = rng.random()  # how the viewer writes the region: a city, "<province>省", or the bare name
+    if cities and u < 0.3:
+        text = rng.choice(cities)
+    elif u < 0.45 and province not in _NOT_PROVINCES:
+        text = province + "省"
+    else:
+        text = province
+    args = {"product_id": p.product_id, "region": province}
+    calls = [(_search(mention),), (("estimate_shipping", args),)]
+    res = world.call("estimate_shipping", args)
+    facts = {
+        "days_min": res["days_min"],
+        "days_max": res["days_max"],
+        "fee": "包邮" if res["fee"] == 0 else res["fee"],
+    }
+    return calls, facts, {"r": text}, {"region": province, "region_text": text}
+
+
+def _coupon_gold(world: World, rng: random.Random, p: Product, mention: str, key: str) -> _ProductGold:
+    pid = p.product_id
+    calls = [(_search(mention),), (("get_promotions", {"product_id": pid}),)]
+    res = world.call("get_promotions", {"product_id": pid})
+    if res["coupons"]:
+        facts = {"coupon_amount": res["coupons"][0]["amount"], "coupon_threshold": res["coupons"][0]["threshold"]}
+    else:
+        facts = {"full_reduction": next(x["description"] for x in res["promotions"] if x["type"] == "满减")}
+    return calls, facts, {}, {}
+
+
+def _after_sales_gold(world: World, rng: random.Random, p: Product, mention: str, key: str) -> _ProductGold:
+    """after_sales and complaint: the warranty or the return days, as the template key says."""
+    pid = p.product_id
+    calls = [(_search(mention),), (("get_after_sales_policy", {"product_id": pid}),)]
+    res = world.call("get_after_sales_policy", {"product_id": pid})
+    facts = (
+        {"warranty_months": res["warranty_months"]}
+        if key == "after_sales:warranty"
+        else {"return_days": res["return_days"]}
+    )
+    return calls, facts, {}, {}
+
+
+_PRODUCT_GOLD = {
+    "product_info": _product_info_gold,
+    "price": _price_gold,
+    "stock": _stock_gold,
+    "size_advice": _size_advice_gold,
+    "shipping": _shipping_gold,
+    "coupon": _coupon_gold,
+}
+
+
+def _pick_product(world: World, rng: random.Random, intent: str) -> tuple[str, Product]:
+    """(template key, product) for a single-product intent: only products the intent can ask about."""
     products = world.products
     if intent == "size_advice":
         products = tuple(p for p in products if p.size_chart and "height_cm" in next(iter(p.size_chart.values())))
@@ -184,81 +281,23 @@ def _product_task(world: World, rng: random.Random, intent: str) -> dict[str, An
             key, products = "after_sales:warranty", products_w
         else:
             key = "after_sales:return"
-    p = rng.choice(products)
+    return key, rng.choice(products)
+
+
+def _product_task(world: World, rng: random.Random, intent: str) -> dict[str, Any]:
+    """Slots, gold calls and facts for the single-product intents."""
+    key, p = _pick_product(world, rng, intent)
     mention = product_mention(world, p)
-    pid = p.product_id
-    slots: dict[str, Any] = {"query": mention}
-    fill: dict[str, Any] = {"p": mention}
-    facts: dict[str, Any] = {}
-    if intent == "product_info":
-        impl = "get_product_detail"
-        calls = [(_search(mention),), ((impl, {"product_id": pid}),)]
-        detail = world.call(impl, {"product_id": pid})
-        field = key.split(":")[1]
-        facts = {field: detail[field]}
-        slots["asked"] = field
-    elif intent == "price":
-        calls = [(_search(mention),), (("get_price", {"product_id": pid}),)]
-        facts = {"live_price": world.call("get_price", {"product_id": pid})["live_price"]}
-    elif intent == "stock":
-        sku = rng.choice(p.skus)
-        calls = [
-            (_search(mention),),
-            (("get_product_detail", {"product_id": pid}),),
-            (("get_stock", {"sku_id": sku.sku_id}),),
-        ]
-        res = world.call("get_stock", {"sku_id": sku.sku_id})
-        facts = {"stock": res["stock"], "in_stock": res["in_stock"]}
-        fill["sku"] = sku_phrase(p, sku.v1, sku.v2)
-        slots.update(sku_id=sku.sku_id, v1=sku.v1, v2=sku.v2)
-    elif intent == "size_advice":
-        row = p.size_chart[rng.choice(list(p.size_chart))]
-        h = rng.randint(row["height_cm"][0] + 1, row["height_cm"][1])
-        w = rng.randint(row["weight_kg"][0] + 1, row["weight_kg"][1])
-        args = {"product_id": pid, "height_cm": h, "weight_kg": w}
-        calls = [(_search(mention),), (("get_size_chart", args),)]
-        facts = {"recommended_size": world.call("get_size_chart", args)["recommended_size"]}
-        fill.update(h=h, w=w, jin=2 * w)
-        slots.update(height_cm=h, weight_kg=w)
-    elif intent == "shipping":
-        served = sorted(x for x in PROVINCE_ZONE if x not in p.shipping["excluded_regions"])
-        province = rng.choice(served)
-        cities = sorted(c for c, prov in CITIES.items() if prov == province)
-        u = rng.random()  # how the viewer writes the region: a city, "<province>省", or the bare name
-        if cities and u < 0.3:
-            text = rng.choice(cities)
-        elif u < 0.45 and province not in _NOT_PROVINCES:
-            text = province + "省"
-        else:
-            text = province
-        args = {"product_id": pid, "region": province}
-        calls = [(_search(mention),), (("estimate_shipping", args),)]
-        res = world.call("estimate_shipping", args)
-        facts = {
-            "days_min": res["days_min"],
-            "days_max": res["days_max"],
-            "fee": "包邮" if res["fee"] == 0 else res["fee"],
-        }
-        fill["r"] = text
-        slots.update(region=province, region_text=text)
-    elif intent == "coupon":
-        calls = [(_search(mention),), (("get_promotions", {"product_id": pid}),)]
-        res = world.call("get_promotions", {"product_id": pid})
-        if res["coupons"]:
-            facts = {"coupon_amount": res["coupons"][0]["amount"], "coupon_threshold": res["coupons"][0]["threshold"]}
-        else:
-            facts = {"full_reduction": next(x["description"] for x in res["promotions"] if x["type"] == "满减")}
-    else:  # after_sales, complaint
-        calls = [(_search(mention),), (("get_after_sales_policy", {"product_id": pid}),)]
-        res = world.call("get_after_sales_policy", {"product_id": pid})
-        facts = (
-            {"warranty_months": res["warranty_months"]}
-            if key == "after_sales:warranty"
-            else {"return_days": res["return_days"]}
-        )
+    gold = _PRODUCT_GOLD.get(intent, _after_sales_gold)  # after_sales, complaint
+    calls, facts, fill, slots = gold(world, rng, p, mention, key)
     template = rng.choice(TEMPLATES[key])
     return dict(
-        message=template.format(**fill), product_ids=(pid,), calls=calls, facts=facts, slots=slots, template=template
+        message=template.format(p=mention, **fill),
+        product_ids=(p.product_id,),
+        calls=calls,
+        facts=facts,
+        slots={"query": mention, **slots},
+        template=template,
     )
 
 

@@ -31,8 +31,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -41,8 +39,9 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from hat_jax.cache import write_text_atomic
 from hat_jax.model.checkpoint_io import CONFIG_FILE, PARAMS_ITEM
-from hat_jax.model.checkpoint_steps import (DamagedCheckpointError, first_line, recovery_hint, scan_steps,
+from hat_jax.model.checkpoint_steps import (DamagedCheckpointError, StepScan, first_line, recovery_hint, scan_steps,
                                           silence_abandoned_reads)
 from hat_jax.train.trainer import TrainState
 
@@ -76,13 +75,6 @@ def _with_stored_placement(now: Mapping[str, Any], stored: Mapping[str, Any]) ->
     return out
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def _manager(root: Path, max_to_keep: int | None, async_save: bool, read_only: bool = False) -> ocp.CheckpointManager:
     # Readers open the manager with create=False rather than read_only=True (which only logs warnings).
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=not read_only,
@@ -109,8 +101,8 @@ class StageCheckpointer:
         self.config = json.loads(json.dumps(config, default=str))
         self.hash = config_hash(self.config)
         if model_config is not None and jax.process_index() == 0:  # Orbax writes the steps from every process
-            _write_text_atomic(self.root / CONFIG_FILE,
-                               json.dumps(model_config.to_hf_dict(), indent=2, sort_keys=True) + "\n")
+            write_text_atomic(self.root / CONFIG_FILE,
+                              json.dumps(model_config.to_hf_dict(), indent=2, sort_keys=True) + "\n")
         self.manager = _manager(self.root, max_to_keep, async_save)
 
     def latest_step(self) -> int | None:
@@ -233,6 +225,30 @@ def restore_latest(directory: str | Path, abstract_state: TrainState, *, config:
     if not root.is_dir():
         raise FileNotFoundError(f"checkpoint directory {str(root)!r} does not exist")
     scan = scan_steps(root, ITEMS)
+    step = _step_to_restore(root, scan, step)
+    where = str(root / str(step))
+    manager = _manager(root, None, False, read_only=True)
+    silence_abandoned_reads()
+    failure = None
+    try:
+        try:
+            small, arrays = _read_step(manager, step, where, abstract_state, config, force)
+        except (ConfigMismatchError, IncompatibleCheckpointError):
+            raise
+        except Exception as err:  # noqa: BLE001 - Orbax/TensorStore raise bare Exception, ValueError, OSError, ...
+            failure = f"{type(err).__name__}: {first_line(err)}"
+    finally:
+        manager.close()
+    if failure is not None:  # raised outside the handler: no reference to Orbax's frames or event loop is kept
+        raise DamagedCheckpointError(f"checkpoint {where} cannot be read (corrupt or truncated files: {failure}). "
+                                     + recovery_hint(root, step, _before(scan.complete, step)))
+    log.info("restored step %d of %s", step, root)
+    return _train_state(abstract_state, small, arrays), small["data_state"], small["config"]
+
+
+def _step_to_restore(root: Path, scan: StepScan, step: int | None) -> int:
+    """The complete step to read: `step`, or the latest complete one (logging the scan's warning about newer
+    damaged steps). Raises DamagedCheckpointError / FileNotFoundError as `restore_latest` says."""
     if step is None:
         step = scan.latest
         if message := scan.warning():
@@ -247,51 +263,46 @@ def restore_latest(directory: str | Path, abstract_state: TrainState, *, config:
         raise FileNotFoundError(f"checkpoint directory {str(root)!r} holds no complete checkpoint"
                                 + (f" for step {step}" if step is not None else "")
                                 + f" (steps: {list(scan.complete) or 'none'})")
-    where = str(root / str(step))
-    manager = _manager(root, None, False, read_only=True)
-    silence_abandoned_reads()
-    failure = None
-    try:
-        try:
-            small = manager.restore(step, args=ocp.args.Composite(
-                meta=ocp.args.JsonRestore(), config=ocp.args.JsonRestore(), data_state=ocp.args.JsonRestore(),
-                rng=ocp.args.JsonRestore()))
-            if config is not None:
-                now = _with_stored_placement(json.loads(json.dumps(config, default=str)), small["config"])
-                if config_hash(now) != small["meta"]["config_hash"] and not force:
-                    diff = _config_diff(small["config"], now) or ["(hash differs)"]
-                    raise ConfigMismatchError(f"checkpoint {where} was written with another stage config "
-                                              f"(hash {small['meta']['config_hash']} vs {config_hash(now)}): "
-                                              + "; ".join(diff[:10]) + ". Resume with force=True (--force) to override")
-            meta = manager.item_metadata(step)
-            for item, expected in ((PARAMS_ITEM, abstract_state.params), ("opt_state", abstract_state.opt_state)):
-                stored = meta[item]
-                stored = getattr(stored, "tree", stored)
-                check_compatible(where, item, _leaf_struct(stored), expected)
-            arrays = manager.restore(step, args=ocp.args.Composite(**{  # each device reads its own shards
-                PARAMS_ITEM: ocp.args.StandardRestore(_with_default_sharding(abstract_state.params)),
-                "opt_state": ocp.args.StandardRestore(_with_default_sharding(abstract_state.opt_state)),
-            }))
-        except (ConfigMismatchError, IncompatibleCheckpointError):
-            raise
-        except Exception as err:  # noqa: BLE001 - Orbax/TensorStore raise bare Exception, ValueError, OSError, ...
-            failure = f"{type(err).__name__}: {first_line(err)}"
-    finally:
-        manager.close()
-    if failure is not None:  # raised outside the handler: no reference to Orbax's frames or event loop is kept
-        raise DamagedCheckpointError(f"checkpoint {where} cannot be read (corrupt or truncated files: {failure}). "
-                                     + recovery_hint(root, step, _before(scan.complete, step)))
-    log.info("restored step %d of %s", step, root)
+    return step
+
+
+def _read_step(manager: ocp.CheckpointManager, step: int, where: str, abstract_state: TrainState,
+               config: Mapping[str, Any] | None, force: bool) -> tuple[dict, dict]:
+    """(the JSON items, the params and opt_state arrays) of `step`: the JSON first, then the config hash and the
+    stored shapes are checked before any array is read (ConfigMismatchError, IncompatibleCheckpointError)."""
+    small = manager.restore(step, args=ocp.args.Composite(
+        meta=ocp.args.JsonRestore(), config=ocp.args.JsonRestore(), data_state=ocp.args.JsonRestore(),
+        rng=ocp.args.JsonRestore()))
+    if config is not None:
+        now = _with_stored_placement(json.loads(json.dumps(config, default=str)), small["config"])
+        if config_hash(now) != small["meta"]["config_hash"] and not force:
+            diff = _config_diff(small["config"], now) or ["(hash differs)"]
+            raise ConfigMismatchError(f"checkpoint {where} was written with another stage config "
+                                      f"(hash {small['meta']['config_hash']} vs {config_hash(now)}): "
+                                      + "; ".join(diff[:10]) + ". Resume with force=True (--force) to override")
+    meta = manager.item_metadata(step)
+    for item, expected in ((PARAMS_ITEM, abstract_state.params), ("opt_state", abstract_state.opt_state)):
+        stored = meta[item]
+        stored = getattr(stored, "tree", stored)
+        check_compatible(where, item, _leaf_struct(stored), expected)
+    arrays = manager.restore(step, args=ocp.args.Composite(**{  # each device reads its own shards
+        PARAMS_ITEM: ocp.args.StandardRestore(_with_default_sharding(abstract_state.params)),
+        "opt_state": ocp.args.StandardRestore(_with_default_sharding(abstract_state.opt_state)),
+    }))
+    return small, arrays
+
+
+def _train_state(abstract_state: TrainState, small: dict, arrays: dict) -> TrainState:
+    """The restored TrainState: the arrays, and the step and rng key from the JSON items placed like
+    `abstract_state`'s (when it has shardings)."""
     rng = jax.random.wrap_key_data(np.asarray(small["rng"]["key_data"], np.uint32), impl=small["rng"]["impl"])
     rng_sharding = getattr(abstract_state.rng, "sharding", None)
     if rng_sharding is not None:
         rng = jax.device_put(rng, rng_sharding)
     step_arr = np.asarray(small["meta"]["step"], np.int32)
     step_sharding = getattr(abstract_state.step, "sharding", None)
-    state = TrainState(arrays[PARAMS_ITEM], arrays["opt_state"],
-                       jax.device_put(step_arr, step_sharding) if step_sharding is not None else jax.numpy.asarray(step_arr),
-                       rng)
-    return state, small["data_state"], small["config"]
+    step = jax.device_put(step_arr, step_sharding) if step_sharding is not None else jax.numpy.asarray(step_arr)
+    return TrainState(arrays[PARAMS_ITEM], arrays["opt_state"], step, rng)
 
 
 def _before(steps, step: int) -> int | None:

@@ -38,9 +38,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -48,6 +45,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from hat_jax.cache import atomic_dir
 from hat_jax.data.packing import PackedBatches, refuse_packed_state
 from hat_jax.data.pipeline import SFTDataConfig, sft_batches, sft_dataset
 from hat_jax.data.world_data import PRODUCTION, WorldDataConfig, cache_root, sft_records
@@ -196,13 +194,8 @@ def bpe_tokenizer_dir(vocab_size: int, tokenizer_texts: int, world: WorldDataCon
         if records is None:
             records, _ = sft_records(world)
         texts = tokenizer_training_texts(tokenizer_texts, 0, [_render_record(r) for r in records])
-        source.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=source.parent, prefix=f".{source.name}."))
-        train_bpe_tokenizer(texts, vocab_size, tmp)
-        try:
-            os.rename(tmp, source)
-        except OSError:  # another process cached it first
-            shutil.rmtree(tmp, ignore_errors=True)
+        with atomic_dir(source) as tmp:  # another process may cache it first: then its folder is kept
+            train_bpe_tokenizer(texts, vocab_size, tmp)
     return source
 
 

@@ -343,6 +343,49 @@ def _count_tokens(batch: Mapping[str, Any]) -> int:
     return int(np.size(batch["input_ids"])) if "input_ids" in batch else 0
 
 
+def _next_batch(batches: Iterator[Mapping[str, Any]] | Callable[[TrainState], Mapping[str, Any] | None],
+                state: TrainState) -> Mapping[str, Any] | None:
+    """The next host batch (`run_stage`'s `batches`), or None when the data has run out."""
+    try:
+        return batches(state) if callable(batches) else next(batches)
+    except StopIteration:
+        return None
+
+
+class _LogWindow:
+    """The metrics of the steps since the last log line, and the token rate over them. The first step of a
+    process includes compilation: its tokens and time are not in the rate."""
+
+    def __init__(self, start: int):
+        self.start, self.began = start, time.perf_counter()
+        self.values: dict[str, list[float]] = {}
+        self.tokens, self.t0, self.first_done, self.rate = 0, None, None, None
+
+    def add(self, metrics: Mapping[str, float], n_tok: int, now: float) -> None:
+        """Records one step's metrics and tokens, finished at `now`."""
+        if self.t0 is None:
+            self.t0 = self.first_done = now
+        else:
+            self.tokens += n_tok
+        for k, v in metrics.items():
+            self.values.setdefault(k, []).append(v)
+
+    def emit(self, loop: LoopConfig, step: int, now: float, writer) -> None:
+        """Writes the window's means (and tokens_per_s) to `writer`, logs a line when there is no progress bar,
+        and starts a new window."""
+        values = {k: float(np.mean(v)) for k, v in self.values.items()}
+        if self.tokens and now > self.t0:
+            values["tokens_per_s"] = self.rate = self.tokens / (now - self.t0)
+        if writer is not None:
+            writer.scalars(step, {(k if "/" in k else f"train/{k}"): v for k, v in values.items()})
+        if not loop.progress:  # no bar: one log line per log window with the rate and the ETA
+            done = step - self.start
+            per_step = (now - self.first_done) / (done - 1) if done > 1 else now - self.began
+            log.info("%s step %d/%d loss %.4f, %.2f s/step, ETA %.0f s", loop.desc, step, loop.steps,
+                     values["loss"], per_step, per_step * (loop.steps - step))
+        self.values, self.tokens, self.t0 = {}, 0, now
+
+
 def run_stage(loop: LoopConfig, state: TrainState,
               batches: Iterator[Mapping[str, Any]] | Callable[[TrainState], Mapping[str, Any] | None],
               step_fn: Callable[[TrainState, Mapping[str, jax.Array]], tuple[TrainState, dict]], *,
@@ -374,15 +417,11 @@ def run_stage(loop: LoopConfig, state: TrainState,
     start = int(jax.device_get(state.step))
     bar = tqdm(total=loop.steps, initial=start, desc=loop.desc, unit="step", disable=not loop.progress,
                dynamic_ncols=True)
-    window: dict[str, list[float]] = {}
-    tokens, t0, last_saved, rate = 0, None, None, None
-    began, first_done = time.perf_counter(), None
+    window = _LogWindow(start)
+    last_saved = None
     try:
         for step in range(start + 1, loop.steps + 1):
-            try:
-                host = batches(state) if callable(batches) else next(batches)
-            except StopIteration:
-                host = None
+            host = _next_batch(batches, state)
             if host is None:
                 bar.write(f"{loop.desc}: data exhausted after step {step - 1}")
                 break
@@ -392,23 +431,10 @@ def run_stage(loop: LoopConfig, state: TrainState,
             metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
             check_finite(step, metrics, checkpointer)
             now = time.perf_counter()
-            if t0 is None:
-                t0 = first_done = now  # the first step of a process includes compilation: not in the rate
-            else:
-                tokens += n_tok
-            for k, v in {**metrics, **extra}.items():
-                window.setdefault(k, []).append(v)
+            window.add({**metrics, **extra}, n_tok, now)
             if step % loop.log_every == 0 or step == loop.steps:
-                values = {k: float(np.mean(v)) for k, v in window.items()}
-                if tokens and now > t0:
-                    values["tokens_per_s"] = rate = tokens / (now - t0)
-                if writer is not None:
-                    writer.scalars(step, {(k if "/" in k else f"train/{k}"): v for k, v in values.items()})
-                if not loop.progress:  # no bar: one log line per log window with the rate and the ETA
-                    per_step = (now - first_done) / (step - start - 1) if step - start > 1 else now - began
-                    log.info("%s step %d/%d loss %.4f, %.2f s/step, ETA %.0f s", loop.desc, step, loop.steps,
-                             values["loss"], per_step, per_step * (loop.steps - step))
-                window, tokens, t0 = {}, 0, now
+                window.emit(loop, step, now, writer)
+            rate = window.rate
             bar.set_postfix(loss=f"{metrics['loss']:.4f}", **({"tok_s": f"{rate:.0f}"} if rate else {}), refresh=False)
             bar.update(1)
             if checkpointer is not None and (step % loop.ckpt_every == 0 or step == loop.steps):

@@ -1,4 +1,5 @@
-"""`hat_jax.model.hf_io`: lossless round trips of safetensors folders, and clear errors on bad input.
+"""`hat_jax.model.hf_io` and `hf_mapping`: lossless round trips of safetensors folders, and clear errors on bad
+input.
 
 Round trip = import (`load_hf_checkpoint` / `hf_to_params`), then export into the source's own layout
 (`save_hf_checkpoint(layout='dropin', source=...)`); every tensor must come back with the same name,
@@ -22,9 +23,9 @@ from safetensors.torch import save_file as torch_save_file
 
 from hat_jax.model import Qwen3_5MoeTextConfig, get_config, params_shapes
 from hat_jax.model.hf_io import (
-    INDEX_FILE, CheckpointError, HFLayout, hf_to_params, load_hf_checkpoint, params_to_hf, read_safetensors,
-    save_hf_checkpoint, text_config_json, write_safetensors,
+    INDEX_FILE, load_hf_checkpoint, read_safetensors, save_hf_checkpoint, text_config_json, write_safetensors,
 )
+from hat_jax.model.hf_mapping import CheckpointError, HFLayout, hf_to_params, params_to_hf
 
 CONFIG = get_config("micro")
 NO_MTP = CONFIG.replace(mtp_num_hidden_layers=0)

@@ -37,7 +37,8 @@ import transformers
 from safetensors import safe_open
 
 from hat_jax.model import Qwen3_5MoeForCausalLM, get_config, init_cache, params_shapes
-from hat_jax.model.hf_io import hf_to_params, read_safetensors, save_hf_checkpoint
+from hat_jax.model.hf_io import read_safetensors, save_hf_checkpoint
+from hat_jax.model.hf_mapping import hf_to_params
 
 SEED = 0
 TOL = 1e-4

@@ -135,8 +135,8 @@ def worker(out_path: str) -> None:
     report["restore_targets"] = len(targets)
     report["single_device_targets"] = sum(isinstance(getattr(t, "sharding", None), SingleDeviceSharding)
                                           for t in targets)
-    from hat_jax.model.hf_io import (HFLayout, hf_to_params, params_to_hf, read_safetensors, stream_hf_params,
-                                     write_safetensors)
+    from hat_jax.model.hf_io import read_safetensors, stream_hf_params, write_safetensors
+    from hat_jax.model.hf_mapping import HFLayout, hf_to_params, params_to_hf
 
     hf = os.path.join(root, "hf")
     host = init_params(model_config, jax.random.key(2))
