@@ -126,3 +126,25 @@ def test_flops_check_assignments_remove_what_the_cost_model_cannot_count():
     assert sft.moe_impl == "ep_megablox" and sft.scan_layers  # the real step's dispatch and layer scan
     with pytest.raises(ValueError, match="--flops-check: the sft stage only"):
         flops_check_assignments("rl", 32)
+
+
+@pytest.mark.parametrize("param_dtype, mu_dtype, expected", [("float32", None, ("float32", "float32", "float32")),
+                                                             ("float32", "bfloat16", ("float32", "bfloat16", "float32")),
+                                                             ("bfloat16", "bfloat16", ("bfloat16",) * 3)])
+def test_compiled_state_has_the_stages_param_and_moment_dtypes(param_dtype, mu_dtype, expected):
+    """The AOT check's abstract TrainState is the stage's: params, Adam's mu and nu in the config's dtypes."""
+    import dataclasses
+
+    import jax
+
+    from hat_jax.aot.programs import _state
+    from hat_jax.experiments.scales import get_scale
+    from hat_jax.model import get_config
+    from hat_jax.model.sharding import make_mesh
+
+    sft = dataclasses.replace(get_scale("micro").sft, param_dtype=param_dtype, mu_dtype=mu_dtype)
+    _, state, _ = _state(sft, get_config("micro"), make_mesh(1, 1, 1, 1))
+    adam = next(s for s in jax.tree.leaves(state.opt_state, is_leaf=lambda x: hasattr(x, "mu")) if hasattr(s, "mu"))
+    dtypes = {str(x.dtype) for x in jax.tree.leaves(state.params)}, {str(x.dtype) for x in jax.tree.leaves(adam.mu)}, \
+        {str(x.dtype) for x in jax.tree.leaves(adam.nu)}
+    assert dtypes == tuple({d} for d in expected)

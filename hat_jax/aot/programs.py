@@ -90,7 +90,8 @@ def analytic_flops(model_config, rows: int, seq_len: int, train: bool) -> float:
 
 def _state(config, model_config, mesh: Mesh):
     """(optimizer, abstract TrainState with shardings, shardings) of a stage config."""
-    optimizer = make_optimizer(resolved_optim(config))
+    mu_dtype = getattr(config, "mu_dtype", None)
+    optimizer = make_optimizer(resolved_optim(config), mu_dtype=COMPUTE_DTYPES[mu_dtype] if mu_dtype else None)
     param_dtype = COMPUTE_DTYPES[getattr(config, "param_dtype", "float32")]
     state = jax.eval_shape(lambda: init_train_state(params_shapes(model_config, param_dtype), optimizer,
                                                     jax.random.key(0)))
