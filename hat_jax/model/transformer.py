@@ -19,6 +19,11 @@ Packed rows (`segment_ids`, `hat_jax.model.segments`): attention is causal withi
 DeltaNet state and conv restart at each document, RoPE and the MTP layer use per-document positions, and
 the MTP block's next-token input at a document's last token is the padding id 0 (as at a row's end), so a
 packed row computes exactly what its documents give run separately.
+
+Router outputs: by default every decoder layer returns its [B*T, E] router logits, stacked to [L, B*T, E];
+with `router_stats=True` each layer instead reduces them to the sums the MoE losses need
+(`hat_jax.model.router_stats.RouterStats`, [L, E]-sized) over the call's token mask, so no [L, B*T, E]
+array (or its gradient) leaves the layers. The MTP layer always returns its logits.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from hat_jax.model.linear import Linear
 from hat_jax.model.moe import SparseMoeBlock
 from hat_jax.model.norms import RMSNorm
 from hat_jax.model.rope import rope_cos_sin
+from hat_jax.model.router_stats import RouterStats, router_stats
 from hat_jax.model.segments import segment_positions
 from hat_jax.model.sharding import constrain
 
@@ -49,9 +55,11 @@ ACTIVATION = ("batch", None, None)
 @flax.struct.dataclass
 class ModelOutput:
     """logits: [B, T, V] compute dtype (None when not requested); hidden: [B, T, H] post-final-norm;
-    router_logits: [L, B*T, E] float32; expert_ids: [L, B*T, k] int32; cache: updated cache or None;
-    mtp_logits: [B, T, V] (position t predicts token t+2) when requested with `with_mtp=True`;
-    mtp_router_logits: [1, B*T, E] float32 with them."""
+    router_logits: [L, B*T, E] float32 (None with `router_stats=True`); expert_ids: [L, B*T, k] int32;
+    cache: updated cache or None; mtp_logits: [B, T, V] (position t predicts token t+2) when requested with
+    `with_mtp=True`; mtp_router_logits: [1, B*T, E] float32 with them; router_stats: with
+    `router_stats=True`, the per-layer sums over non-padding tokens (`RouterStats`: counts and prob_sums
+    [L, E], lse_sq_sum and tokens [L]), else None."""
 
     logits: jax.Array | None
     hidden: jax.Array
@@ -60,6 +68,17 @@ class ModelOutput:
     cache: Any = None
     mtp_logits: jax.Array | None = None
     mtp_router_logits: jax.Array | None = None
+    router_stats: RouterStats | None = None
+
+
+def _stack(trees: list) -> Any:
+    """Per-layer arrays (or `RouterStats`) stacked on a new leading layer axis."""
+    return jax.tree_util.tree_map(lambda *a: jnp.stack(a), *trees)
+
+
+def _concat(trees: list) -> Any:
+    """[n, ...] per-layer stacks (arrays or `RouterStats`) joined on their leading layer axis."""
+    return jax.tree_util.tree_map(lambda *a: jnp.concatenate(a), *trees)
 
 
 class DecoderLayer(nn.Module):
@@ -70,6 +89,7 @@ class DecoderLayer(nn.Module):
     moe_impl: str = "blocked"
     attention_impl: str = "xla"
     moe_token_chunk: int | None = None
+    router_stats: bool = False  # return `RouterStats` of the router logits over token_mask instead of them
 
     @nn.compact
     def __call__(self, x, cos, sin, token_mask, q_segment_ids, kv_segment_ids, segment_ids=None, cache=None,
@@ -83,7 +103,8 @@ class DecoderLayer(nn.Module):
             cache: this layer's cache or None. index: the cache slot of the first token.
             forced_expert_ids: optional [B*T, k] int32.
         Returns:
-            (x [B, T, H], new cache or None, router_logits [B*T, E], expert_ids [B*T, k]).
+            (x [B, T, H], new cache or None, router_logits [B*T, E] float32 (with `router_stats`: their
+            `RouterStats` over token_mask, [E]-sized), expert_ids [B*T, k]).
         """
         c = self.config
         x = constrain(x, ACTIVATION)
@@ -99,6 +120,8 @@ class DecoderLayer(nn.Module):
         h, router_logits, expert_ids = SparseMoeBlock(c, self.dtype, self.param_dtype, self.moe_impl,
                                                        self.moe_token_chunk, name="mlp")(
             h, forced_expert_ids)
+        if self.router_stats:
+            router_logits = router_stats(router_logits, c.num_experts_per_tok, token_mask)
         return constrain(x + h, ACTIVATION), new_cache, router_logits, expert_ids
 
 
@@ -147,6 +170,7 @@ class TextModel(nn.Module):
     scan_layers: bool = False
     attention_impl: str = "xla"
     moe_token_chunk: int | None = None
+    router_stats: bool = False
 
     def setup(self):
         c = self.config
@@ -159,15 +183,15 @@ class TextModel(nn.Module):
             layer_cls = nn.remat(DecoderLayer, static_argnums=(), prevent_cse=not self.scan_layers,
                                  policy=REMAT_POLICIES[self.remat_policy])
         self.layers = [layer_cls(c, t, self.dtype, self.param_dtype, self.moe_impl, self.attention_impl,
-                                 self.moe_token_chunk, name=f"layers_{i}")
+                                 self.moe_token_chunk, self.router_stats, name=f"layers_{i}")
                        for i, t in enumerate(c.layer_types)]
         self.norm = RMSNorm(c.rms_norm_eps, self.param_dtype)
 
     def __call__(self, input_ids, cos, sin, token_mask, q_segment_ids, kv_segment_ids, segment_ids=None,
                  cache=None, index=None, forced_expert_ids=None):
         """Arguments as `DecoderLayer`, with input_ids [B, T] int32, cache a list of layer caches, and
-        forced_expert_ids [L, B*T, k]. Returns (hidden [B, T, H], layer caches, router_logits [L, B*T, E],
-        expert_ids [L, B*T, k])."""
+        forced_expert_ids [L, B*T, k]. Returns (hidden [B, T, H], layer caches, router_logits [L, B*T, E] (with
+        `router_stats`: `RouterStats` with leading dim L), expert_ids [L, B*T, k])."""
         x = constrain(self.embed_tokens(input_ids), ACTIVATION)
         if self.scan_layers and cache is None and not self.is_initializing():
             x, all_logits, all_ids = self._scanned(x, cos, sin, token_mask, q_segment_ids, kv_segment_ids,
@@ -182,10 +206,10 @@ class TextModel(nn.Module):
             new_layers.append(new_cache)
             all_logits.append(logits)
             all_ids.append(ids)
-        return self.norm(x), new_layers, jnp.stack(all_logits), jnp.stack(all_ids)
+        return self.norm(x), new_layers, _stack(all_logits), jnp.stack(all_ids)
 
     def _scanned(self, x, cos, sin, token_mask, q_seg, kv_seg, segment_ids, forced_expert_ids):
-        """The uncached layers as a scan over blocks: (x [B, T, H], router_logits [L, B*T, E],
+        """The uncached layers as a scan over blocks: (x [B, T, H], router_logits [L, B*T, E] or `RouterStats`,
         expert_ids [L, B*T, k]); equal to the Python loop (tests/model/test_scan.py)."""
         c = self.config
         types = tuple(c.layer_types)
@@ -196,7 +220,7 @@ class TextModel(nn.Module):
 
         def layer_fn(layer_type):
             module = DecoderLayer(c, layer_type, self.dtype, self.param_dtype, self.moe_impl, self.attention_impl,
-                                  self.moe_token_chunk, parent=None)
+                                  self.moe_token_chunk, self.router_stats, parent=None)
 
             def run(lp, h, forced):
                 out, _, logits, ids = module.apply({"params": lp}, h, cos, sin, token_mask, q_seg, kv_seg,
@@ -214,7 +238,7 @@ class TextModel(nn.Module):
                 h, lg, ei = fns[j](block_params[j], h, None if forced is None else forced[j])
                 logits.append(lg)
                 ids.append(ei)
-            return h, (jnp.stack(logits), jnp.stack(ids))
+            return h, (_stack(logits), jnp.stack(ids))
 
         all_logits, all_ids = [], []
         if n_blocks:
@@ -225,14 +249,14 @@ class TextModel(nn.Module):
             if forced_expert_ids is not None:
                 forced = forced_expert_ids[:n_blocks * p].reshape(n_blocks, p, *forced_expert_ids.shape[1:])
             x, (lg, ei) = jax.lax.scan(block, x, (stacked, forced))
-            all_logits.append(lg.reshape(n_blocks * p, *lg.shape[2:]))
+            all_logits.append(jax.tree_util.tree_map(lambda a: a.reshape(n_blocks * p, *a.shape[2:]), lg))
             all_ids.append(ei.reshape(n_blocks * p, *ei.shape[2:]))
         for i in range(n_blocks * p, n):
             forced = None if forced_expert_ids is None else forced_expert_ids[i]
             x, lg, ei = layer_fn(types[i])(params[f"layers_{i}"], x, forced)
-            all_logits.append(lg[None])
+            all_logits.append(jax.tree_util.tree_map(lambda a: a[None], lg))
             all_ids.append(ei[None])
-        return x, jnp.concatenate(all_logits), jnp.concatenate(all_ids)
+        return x, _concat(all_logits), jnp.concatenate(all_ids)
 
 
 def _stack_for_compute(leaves, dtype) -> jax.Array:
@@ -275,7 +299,9 @@ class Qwen3_5MoeForCausalLM(nn.Module):
     repeating layer pattern (`TextModel`; compile time flat in depth); same results as the loop.
     `attention_impl`: 'xla', 'splash', 'cudnn' or 'auto' (`hat_jax.model.attention.attention`).
     `moe_token_chunk`: None, or the MoE dispatch run on chunks of this many tokens per device in a
-    rematerialised scan (`hat_jax.model.moe.routed_experts`; smaller MoE buffers, same results)."""
+    rematerialised scan (`hat_jax.model.moe.routed_experts`; smaller MoE buffers, same results).
+    `router_stats`: the output carries each layer's `RouterStats` over the token mask (the MoE losses' sums,
+    [L, E]-sized) instead of the [L, B*T, E] router logits (module docstring; the stages train with it)."""
 
     config: Qwen3_5MoeTextConfig
     dtype: jnp.dtype = jnp.float32
@@ -285,11 +311,12 @@ class Qwen3_5MoeForCausalLM(nn.Module):
     scan_layers: bool = False
     attention_impl: str = "xla"
     moe_token_chunk: int | None = None
+    router_stats: bool = False
 
     def setup(self):
         c = self.config
         self.model = TextModel(c, self.dtype, self.param_dtype, self.moe_impl, self.remat_policy, self.scan_layers,
-                               self.attention_impl, self.moe_token_chunk)
+                               self.attention_impl, self.moe_token_chunk, self.router_stats)
         self.lm_head = Linear(c.vocab_size, ("embed", "vocab"), self.dtype, self.param_dtype, c.initializer_range)
         if c.mtp_num_hidden_layers:
             self.mtp = MultiTokenPredictor(c, self.dtype, self.param_dtype, self.moe_impl, self.attention_impl,
@@ -354,7 +381,10 @@ class Qwen3_5MoeForCausalLM(nn.Module):
         new_cache = None
         if cache is not None:
             new_cache = {"index": jnp.asarray(index + t, jnp.int32), "valid": valid, "layers": new_layers}
-        return ModelOutput(logits, hidden, router_logits, expert_ids, new_cache, mtp_logits, mtp_router_logits)
+        stats = None
+        if self.router_stats:
+            router_logits, stats = None, router_logits
+        return ModelOutput(logits, hidden, router_logits, expert_ids, new_cache, mtp_logits, mtp_router_logits, stats)
 
     def mtp_logits(self, hidden, next_ids, positions=None, attention_mask=None, segment_ids=None):
         """MTP logits (uncached, full causal attention inside the MTP layer).

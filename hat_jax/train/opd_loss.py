@@ -46,7 +46,7 @@ from hat_jax.rollout.logprobs import token_logprobs, token_logprobs_chunked
 from hat_jax.train.kl import exact_reverse_kl, sampled_reverse_kl_loss
 from hat_jax.train.losses import masked_mean, token_entropy_chunked
 from hat_jax.train.rl_loss import counted_sequences
-from hat_jax.train.trainer import moe_aux
+from hat_jax.train.trainer import moe_aux, output_router_stats
 
 if TYPE_CHECKING:
     from hat_jax.train.opd import OPDConfig
@@ -80,7 +80,7 @@ def opd_loss_fn(model: Qwen3_5MoeForCausalLM, config: OPDConfig):
         else:
             lp = token_logprobs_chunked(out.hidden, kernel, ids, chunk, temp, cd)
             ent = token_entropy_chunked(out.hidden, kernel, chunk, temp, cd)
-        aux = moe_aux(out.router_logits, att, top_k)
+        aux = moe_aux(output_router_stats(out, att, top_k))
         if config.loss == "sampled":
             loss_sum, met = sampled_reverse_kl_loss(lp, old, tlp, m, clip_eps=config.clip_eps, kl_coef=config.kl_coef,
                                                     **agg)

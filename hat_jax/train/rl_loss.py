@@ -38,7 +38,7 @@ import optax
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.rollout.logprobs import token_logprobs, token_logprobs_chunked
 from hat_jax.train.losses import aggregate, check_aggregation, clipped_policy_loss, masked_mean, token_entropy_chunked
-from hat_jax.train.trainer import LossFn, TrainState, accumulate_gradients, finite_flag, moe_aux
+from hat_jax.train.trainer import LossFn, TrainState, accumulate_gradients, finite_flag, moe_aux, output_router_stats
 
 BATCH_KEYS = ("input_ids", "attention_mask", "action_mask", "old_logprobs", "advantages")
 
@@ -118,7 +118,7 @@ def rl_loss_fn(model: Qwen3_5MoeForCausalLM, *, temperature: float = 1.0, eps_lo
             ent = token_entropy_chunked(out.hidden, params["lm_head"]["kernel"], vocab_chunk, temperature,
                                         model.dtype)
         ent = masked_mean(jax.lax.stop_gradient(ent), mask)
-        aux = moe_aux(out.router_logits, micro["attention_mask"], top_k)
+        aux = moe_aux(output_router_stats(out, micro["attention_mask"], top_k))
         aux.update({"policy/clip_frac": m["clip_frac"], "policy/clip_frac_low": m["clip_frac_low"],
                     "policy/clip_frac_high": m["clip_frac_high"], "policy/ratio_mean": m["ratio_mean"],
                     "policy/ratio_max": m["ratio_max"], "policy/entropy": ent, "kl/approx": m["approx_kl"]})

@@ -60,8 +60,8 @@ from hat_jax.train.stage import (StageRun, copy_tokenizer, add_out_steps, add_re
                                  apply_overrides, check_dtypes, check_model_options, check_run_fields, cli, config_json,
                                  finish_main, model_options, parse_stage_args, resolved_optim, run_options,
                                  stage_parser, stage_section)
-from hat_jax.train.trainer import (LoopConfig, TrainState, make_train_step, moe_aux, place_batch, process_rows,
-                                   split_micro_batches)
+from hat_jax.train.trainer import (LoopConfig, TrainState, make_train_step, moe_aux, output_router_stats, place_batch,
+                                   process_rows, split_micro_batches)
 
 log = logging.getLogger(__name__)
 TOKENIZER_VERSION = 1
@@ -250,7 +250,7 @@ def sft_loss_fn(model: Qwen3_5MoeForCausalLM, vocab_chunk: int | None = None):
         else:
             ce, n = masked_token_ce_sum_chunked(out.hidden, params["lm_head"]["kernel"], ids, micro["loss_mask"],
                                                 vocab_chunk, model.dtype, segment_ids)
-        return ce, n, moe_aux(out.router_logits, token_mask, top_k)
+        return ce, n, moe_aux(output_router_stats(out, token_mask, top_k))
 
     return loss_fn
 

@@ -82,9 +82,11 @@ def check_model_options(owner: str, config) -> None:
 def model_options(config, *, train: bool = True) -> dict:
     """The `Qwen3_5MoeForCausalLM` keyword options of a stage config: remat_policy and scan_layers (how the
     trained model runs its layers; the defaults of configs without them: no remat, the Python loop),
-    attention_impl, moe_impl and moe_token_chunk (which kernels, and in what chunks, compute the same math).
-    `train=False` (a frozen teacher or reference: forward only) leaves remat out."""
-    out = {"scan_layers": bool(getattr(config, "scan_layers", False)),
+    attention_impl, moe_impl and moe_token_chunk (which kernels, and in what chunks, compute the same math),
+    and router_stats=True (the stages read only the MoE losses' per-layer sums, never the [L, B*T, E] router
+    logits: `hat_jax.model.router_stats`). `train=False` (a frozen teacher or reference: forward only) leaves
+    remat out."""
+    out = {"scan_layers": bool(getattr(config, "scan_layers", False)), "router_stats": True,
            "attention_impl": getattr(config, "attention_impl", "xla"),
            "moe_impl": getattr(config, "moe_impl", "blocked"),
            "moe_token_chunk": getattr(config, "moe_token_chunk", None)}

@@ -6,7 +6,8 @@ A stage supplies one loss function over a micro-batch,
 
 where `loss_sum` is the *sum* of the per-token (or per-sequence) losses of the micro-batch, `n_tokens` the
 count it is normalised by (independent of params) and `aux` a dict of scalars; `aux["lb_loss"]`, when
-present, is the micro-batch's MoE load-balancing loss (`moe_aux`).
+present, is the micro-batch's MoE load-balancing loss (`moe_aux`, from the forward's per-layer router sums
+`output_router_stats`: the stages' models take them inside each layer, `router_stats=True`).
 
 Gradient accumulation: a step's batch has leading dims [accum, micro, ...]; a
 `jax.lax.scan` over the accum micro-batches sums the gradients of
@@ -57,7 +58,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
-from hat_jax.model.moe import load_balancing_loss
+from hat_jax.model.router_stats import RouterStats, expert_load_cv, load_balancing_loss_from_stats, router_stats
 from hat_jax.model.params import params_logical_axes
 from hat_jax.model.sharding import fitted_spec, logical_to_mesh, spec_for
 
@@ -131,24 +132,31 @@ def place_state(state: TrainState, shardings: TrainState | None = None) -> Train
     return jax.device_put(state, shardings if shardings is not None else jax.devices()[0])
 
 
-def moe_aux(router_logits: jax.Array, attention_mask: jax.Array | None, top_k: int) -> dict[str, jax.Array]:
-    """MoE auxiliaries of one forward, padding excluded.
+def output_router_stats(out, token_mask: jax.Array | None, top_k: int) -> RouterStats:
+    """The per-layer router sums of one forward (`hat_jax.model.router_stats`), padding excluded.
 
     Args:
-        router_logits: [L, B*T, E] (`ModelOutput.router_logits`). attention_mask: [B, T] or None.
-        top_k: experts per token.
+        out: a `ModelOutput`: its `router_stats` (a model built with `router_stats=True`, which took them over
+            the call's token mask inside each layer) or, when None, its `router_logits` [L, B*T, E].
+        token_mask: [B, T] (1 = real token) or None: the mask the model was called with (attention_mask, or
+            segment_ids > 0); applied to router_logits only. top_k: experts per token.
     Returns:
-        {"lb_loss": `hat_jax.model.moe.load_balancing_loss` (scalar), "moe/expert_load_cv": coefficient of
-        variation (std / mean) over experts of the top-k assignment counts pooled over layers (0 = balanced)}.
+        RouterStats with leading dim L.
     """
-    mask = None if attention_mask is None else attention_mask.reshape(-1)
-    lb = load_balancing_loss(router_logits, top_k, mask)
-    e = router_logits.shape[-1]
-    _, ids = jax.lax.top_k(router_logits.astype(jnp.float32), top_k)
-    w = jnp.ones(ids.shape[1], jnp.float32) if mask is None else mask.astype(jnp.float32)
-    counts = jnp.sum(jax.nn.one_hot(ids, e, dtype=jnp.float32) * w[None, :, None, None], axis=(0, 1, 2))
-    cv = jnp.std(counts) / jnp.maximum(jnp.mean(counts), 1e-9)
-    return {"lb_loss": lb, "moe/expert_load_cv": jax.lax.stop_gradient(cv)}
+    if out.router_stats is not None:
+        return out.router_stats
+    return router_stats(out.router_logits, top_k, None if token_mask is None else token_mask.reshape(-1))
+
+
+def moe_aux(stats: RouterStats) -> dict[str, jax.Array]:
+    """MoE auxiliaries of one forward from its router sums (`output_router_stats`).
+
+    Returns:
+        {"lb_loss": `load_balancing_loss_from_stats` (float32 scalar; equals
+        `hat_jax.model.moe.load_balancing_loss` of the logits), "moe/expert_load_cv": `expert_load_cv`
+        (std / mean over experts of the top-k counts pooled over layers, 0 = balanced; no gradient)}.
+    """
+    return {"lb_loss": load_balancing_loss_from_stats(stats), "moe/expert_load_cv": expert_load_cv(stats)}
 
 
 def accumulate_gradients(loss_fn: LossFn, params, batch: Mapping[str, jax.Array], rng: jax.Array,

@@ -179,7 +179,7 @@ def test_hsa_harness_draws(init_dir, harness):
 
 class TinyLM:
     """Duck-typed stand-in for `Qwen3_5MoeForCausalLM` (what `rl_loss_fn` uses: .config.num_experts_per_tok and
-    .apply -> .logits, .router_logits): logits_t = tanh(embed[ids] cumulated over t) @ out; jit-compiles in
+    .apply -> .logits, .router_logits, .router_stats = None): logits_t = tanh(embed[ids] cumulated over t) @ out; jit-compiles in
     a blink, so the accumulation tests are about the loss function, not the model."""
 
     config = types.SimpleNamespace(num_experts_per_tok=2)
@@ -193,7 +193,8 @@ class TinyLM:
     def apply(self, variables, ids, attention_mask=None, forced_expert_ids=None):
         p = variables["params"]
         h = jnp.tanh(jnp.cumsum(p["embed"][ids], axis=1) / 4.0)
-        return types.SimpleNamespace(logits=h @ p["out"], router_logits=(h @ p["router"]).reshape(1, -1, 4))
+        return types.SimpleNamespace(logits=h @ p["out"], router_logits=(h @ p["router"]).reshape(1, -1, 4),
+                                     router_stats=None)
 
 
 class TinyHeadLM(TinyLM):
@@ -211,7 +212,7 @@ class TinyHeadLM(TinyLM):
         p = variables["params"]
         h = jnp.tanh(jnp.cumsum(p["embed"][ids], axis=1) / 4.0)
         return types.SimpleNamespace(logits=h @ p["lm_head"]["kernel"] if return_logits else None, hidden=h,
-                                     router_logits=(h @ p["router"]).reshape(1, -1, 4))
+                                     router_logits=(h @ p["router"]).reshape(1, -1, 4), router_stats=None)
 
 
 def test_vocab_chunked_rl_loss_equals_full_logits():

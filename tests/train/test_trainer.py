@@ -23,7 +23,8 @@ from hat_jax.train.checkpoints import StageCheckpointer, restore_latest
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
 from hat_jax.train.sft import sft_loss_fn
 from hat_jax.train.trainer import (LoopConfig, NonFiniteLossError, accumulate_gradients, finite_flag,
-                                   init_train_state, make_train_step, moe_aux, run_stage, split_micro_batches)
+                                   init_train_state, make_train_step, moe_aux, output_router_stats, run_stage,
+                                   split_micro_batches)
 
 
 def toy_loss(params, micro, rng):
@@ -78,8 +79,9 @@ def test_accumulated_gradient_equals_full_batch_micro_model():
 
     @jax.jit
     def lb_both_ways(p, ids, mask):
-        logits = Qwen3_5MoeForCausalLM(config).apply({"params": p}, ids, attention_mask=mask).router_logits
-        return moe_aux(logits, mask, config.num_experts_per_tok), load_balancing_loss(logits, 2, mask.reshape(-1))
+        out = Qwen3_5MoeForCausalLM(config).apply({"params": p}, ids, attention_mask=mask)
+        aux = moe_aux(output_router_stats(out, mask, config.num_experts_per_tok))
+        return aux, load_balancing_loss(out.router_logits, 2, mask.reshape(-1))
 
     aux, direct = lb_both_ways(params, batch["input_ids"], batch["attention_mask"])
     assert float(aux["lb_loss"]) == pytest.approx(float(direct), rel=1e-6)
