@@ -84,8 +84,8 @@ def _aux_and_grads(model, params, ids, kwargs, token_mask):
     return np.append(vals, cv), jac
 
 
-@pytest.mark.parametrize("scan,remat", [(False, "none"), (True, "full")])
-@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+@pytest.mark.parametrize("scan,remat,packed", [(False, "none", False), (True, "full", True)],
+                         ids=["loop-padded", "scan-remat-packed"])
 def test_in_layer_sums_equal_the_logits_path(micro, scan, remat, packed):
     config, params = micro
     ids, kwargs, token_mask = _inputs(config, packed)
