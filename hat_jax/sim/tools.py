@@ -310,7 +310,7 @@ def shipping_days(ship_from_province: str, province: str, dispatch_hours: int) -
 @world_tool(product_id=_PID, region={"type": "string", "description": "收货省份或城市，如 广东"})
 def estimate_shipping(world: World, product_id: str, region: str) -> dict:
     """Delivery days and fee of one item of the product to `region` (province or city)."""
-    from hat_jax.sim.catalog import SHIP_FROM
+    from hat_jax.sim.catalog_pools import SHIP_FROM
 
     p = _product(world, product_id)
     province = resolve_region(region)

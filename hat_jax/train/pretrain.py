@@ -33,15 +33,12 @@ docs/tuning.md, "Base pretraining"). The real preset imports its base (`hat_jax.
    the next batch (bit-identical to an uninterrupted run); a checkpoint of one layout does not resume the
    other (`DataStateFormatError`).
 
-Caching (`base_checkpoint`): `<cache root>/bases/base-<hash12>` (cache root of `hat_jax.data.world_data`,
-hash of the whole PretrainConfig and the init scheme `INIT_SCHEME`). A run trains into
-`base-<hash12>.partial` with resume (a killed run continues from its last checkpoint), measures the recall
-probe, writes `base_report.json`, then renames the folder to its final name (atomic on POSIX): the final
-folder only ever exists complete. An exclusive `fcntl.flock` on `base-<hash12>.lock` serialises concurrent
-callers; the second one waits and then finds the finished base (a killed holder releases the lock, and the
-next caller resumes its partial folder).
-The folder is a stage run directory (`hat_jax.train.stage`): StageCheckpointer root + model_config.json +
-tokenizer/ + TensorBoard events + metrics.jsonl, as every stage's --init accepts.
+Caching (`base_checkpoint`): `<cache root>/bases/base-<hash12>` (the `hat_jax.data.world_data` cache root;
+hash of the whole PretrainConfig and `INIT_SCHEME`), a stage run directory as every --init accepts. A run
+trains into `base-<hash12>.partial` with resume, measures the recall probe, writes `base_report.json`, then
+renames the folder to its final name (atomic on POSIX), so the final folder only exists complete. A `flock`
+on `base-<hash12>.lock` serialises concurrent callers: the second waits and finds the finished base (a killed
+holder releases the lock; the next caller resumes its partial folder).
 
 Recall probe (`recall_probe_figures`): `hat_jax.data.corpus.recall_probe` prompts (fresh tool chats cut just
 before the tool name, in the assistant's `<function=`), scored teacher-forced: prompt + expected name + ">"

@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-from hat_jax.sim.catalog import CATEGORIES, World
+from hat_jax.sim.catalog import World
+from hat_jax.sim.catalog_pools import CATEGORIES
 
 
 def test_counts_and_categories(world):
