@@ -47,6 +47,7 @@ from hat_jax.model.config import Qwen3_5MoeTextConfig
 from hat_jax.model.expert_parallel import check_expert_axis, expert_parallel_ffn
 from hat_jax.model.expert_sort import scan_row_chunks, sorted_assignments
 from hat_jax.model.linear import Linear
+from hat_jax.model.router_stats import load_balancing_loss_from_stats, router_stats, router_z_loss_from_stats
 from hat_jax.model.sharding import active_mesh_shape, constrain, map_row_shards, param_with_axes, target_platform
 
 
@@ -370,14 +371,7 @@ def load_balancing_loss(router_logits: jax.Array, top_k: int, token_mask: jax.Ar
     Returns:
         scalar float32. A uniform router with balanced counts gives exactly k.
     """
-    num_layers, n, e = router_logits.shape
-    probs = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)
-    _, ids = jax.lax.top_k(probs, top_k)
-    mask = jnp.ones((n,), jnp.float32) if token_mask is None else token_mask.astype(jnp.float32).reshape(n)
-    counts = jnp.sum(jax.nn.one_hot(ids, e, dtype=jnp.float32) * mask[None, :, None, None], axis=(0, 1, 2))
-    prob_sum = jnp.sum(probs * mask[None, :, None], axis=(0, 1))
-    rows = num_layers * jnp.maximum(jnp.sum(mask), 1.0)
-    return e * jnp.sum((counts / rows) * (prob_sum / rows))
+    return load_balancing_loss_from_stats(router_stats(router_logits, top_k, token_mask))
 
 
 def router_z_loss(router_logits: jax.Array, token_mask: jax.Array | None = None) -> jax.Array:
@@ -388,8 +382,4 @@ def router_z_loss(router_logits: jax.Array, token_mask: jax.Array | None = None)
     Returns:
         scalar float32.
     """
-    z = jax.nn.logsumexp(router_logits.astype(jnp.float32), axis=-1) ** 2          # [L, N]
-    if token_mask is None:
-        return jnp.mean(z)
-    mask = token_mask.astype(jnp.float32).reshape(1, -1)
-    return jnp.sum(z * mask) / (z.shape[0] * jnp.maximum(jnp.sum(mask), 1.0))
+    return router_z_loss_from_stats(router_stats(router_logits, 1, token_mask))

@@ -11,8 +11,9 @@ From them (layers pooled, rows = L * tokens, as transformers' `load_balancing_lo
     lb_loss = E * sum_e (sum_l counts_le / rows) * (sum_l prob_sums_le / rows)   (`load_balancing_loss`)
     z_loss  = sum_l lse_sq_sum_l / rows                                          (`router_z_loss`)
     cv      = std_e / mean_e of sum_l counts_le                                   (`moe/expert_load_cv`)
-equal to `hat_jax.model.moe.load_balancing_loss` / `router_z_loss` of the stacked logits (the reference;
-tests/model/test_router_stats.py), up to the order of the float32 sums.
+`hat_jax.model.moe.load_balancing_loss` / `router_z_loss` (of stacked [L, N, E] logits, the functions the
+tests compare with transformers) compute through these; in-layer sums equal them up to the order of the
+float32 sums (tests/model/test_router_stats.py).
 """
 
 from __future__ import annotations
