@@ -66,6 +66,23 @@ def test_micro_sft_compiles_for_v5p_2x2x1(micro_report):
 
 
 @needs_libtpu
+def test_micro_generate_compiles_one_wave_of_the_rollouts(tmp_path):
+    """The sampler compiles for the topology on one wave of the RL batch (rows = rollout_wave_rows), the
+    policy's training state counted resident."""
+    out = tmp_path / "generate.json"
+    args = SMALL[:4] + [
+        "--stage", "generate", "--set", "model.num_hidden_layers=2", "--set", "model.full_attention_interval=2",
+        "--set", "rl.tasks_per_step=4", "--set", "rl.group_size=2", "--set", "rl.rollout_wave_rows=4",
+        "--set", "rl.seq_len=64", "--set", "rl.max_new_tokens=8", "--json", str(out)]
+    proc = _aot(args, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(out.read_text())
+    (program,) = report["programs"]
+    assert program["name"] == "generate" and program["tokens"] == 4 * 64 and report["fits"] is True
+    assert report["bytes_per_chip"]["resident"] > 0 and report["bytes_per_chip"]["temporaries"] > 0
+
+
+@needs_libtpu
 def test_unknown_topology_lists_valid_names():
     proc = _aot(["--topology", "v5p-7", "--stage", "sft"])
     assert proc.returncode == 2

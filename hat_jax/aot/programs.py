@@ -14,8 +14,9 @@ Shapes (the stage configs of `hat_jax.experiments.scales`):
 - rl: the train step on [minibatches x accum, rows / (minibatches x accum), seq_len] (advantages per row,
   expert ids [.., L, T, k] with routing replay, reference logprobs with beta > 0), and with beta > 0 the
   reference forward on one micro-batch. Rows are padded to seq_len (the longest an update sees).
-- generate: the sampler (`hat_jax.model.sampler`) on the RL rollout batch: tasks_per_step x group_size rows,
-  prompts of seq_len - max_new_tokens tokens, max_new_tokens decoded.
+- generate: the sampler (`hat_jax.model.sampler`) on one wave of the RL rollout batch: rl.rollout_wave_rows
+  rows (all tasks_per_step x group_size rows without waves), prompts of seq_len - max_new_tokens tokens,
+  max_new_tokens decoded, with the stage's moe_impl and moe_token_chunk.
 """
 
 from __future__ import annotations
@@ -216,13 +217,14 @@ def rl_programs(scale, model_config, mesh: Mesh) -> list[Program]:
 
 
 def generate_programs(scale, model_config, mesh: Mesh) -> list[Program]:
-    """The sampler's jitted decode (`hat_jax.model.sampler`) over the RL rollout batch, params in the compute
-    dtype; the policy's optimizer state stays resident during rollouts."""
+    """The sampler's jitted decode (`hat_jax.model.sampler`) over one wave of the RL rollout batch (module
+    docstring), params in the compute dtype; the policy's optimizer state stays resident during rollouts."""
     from hat_jax.model.sampler import SamplingConfig, _decode_jit, _Sampling
 
     c = scale.rl
     dtype = COMPUTE_DTYPES[c.compute_dtype]
     rows, new = c.tasks_per_step * c.group_size, c.max_new_tokens
+    rows = rows if c.rollout_wave_rows is None else min(rows, c.rollout_wave_rows)
     prompt = c.seq_len - new
     params = _frozen_params(model_config, mesh, dtype)
     _, state, _ = _state(c, model_config, mesh)
@@ -231,7 +233,8 @@ def generate_programs(scale, model_config, mesh: Mesh) -> list[Program]:
     sampling = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), sampling)
     rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
     fn = jax.jit(lambda p, ids, mask, r, s: _decode_jit(p, ids, mask, r, s, config=model_config, dtype=jnp.dtype(dtype),
-                                                       moe_impl="blocked", return_expert_ids=c.routing_replay))
+                                                       moe_impl=c.moe_impl, return_expert_ids=c.routing_replay,
+                                                       moe_token_chunk=c.moe_token_chunk))
     args = (params, _rows_batch(mesh, rows, prompt), _rows_batch(mesh, rows, prompt, jnp.bool_), rng, sampling)
     return [Program("generate", fn, args, analytic_flops(model_config, rows, prompt + new, False),
                     rows * (prompt + new), resident=per_chip_bytes(state))]

@@ -42,8 +42,10 @@ from hat_jax.train.distributed import is_primary
 
 log = logging.getLogger(__name__)
 DONE_FILE = checkpoint_steps.DONE_FILE
-# mesh, attention_impl, moe_impl, moe_token_chunk: where and with which kernels a stage runs, not what it computes
-_NOT_HASHED = ("init", "teacher", "ref", "seed", "mesh", "attention_impl", "moe_impl", "moe_token_chunk")
+# mesh, attention_impl, moe_impl, moe_token_chunk, rollout_wave_rows: where and with which kernels a stage runs,
+# not what it computes
+_NOT_HASHED = ("init", "teacher", "ref", "seed", "mesh", "attention_impl", "moe_impl", "moe_token_chunk",
+               "rollout_wave_rows")
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

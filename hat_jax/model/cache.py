@@ -7,6 +7,8 @@ Layout (a plain pytree, so it can be jitted, donated and sharded):
          full attention: {'k': [B, S, KV, D], 'v': [B, S, KV, D]}       compute dtype
          Gated DeltaNet: {'conv': [B, K-1, conv_dim]  compute dtype,  the last K-1 conv inputs
                           'state': [B, Hv, Dk, Dv] float32,          the delta-rule state}]}
+Under a mesh (`hat_jax.model.sharding.mesh_context`) every array is split by rows over the batch axes, as
+the activations are, so each device holds the KV and DeltaNet state of its own rows only.
 Rows of different prompt lengths are left-padded; the model derives each row's positions from `valid`.
 Left padding never reaches the DeltaNet state: its inputs are zeroed, so conv inputs are zero and the
 state stays exactly 0 until the first real token, and a padded row decodes exactly as it would alone.
@@ -18,23 +20,32 @@ import jax
 import jax.numpy as jnp
 
 from hat_jax.model.config import FULL_ATTENTION, Qwen3_5MoeTextConfig
+from hat_jax.model.sharding import constrain
+
+
+def _rows(shape, dtype, logical) -> jax.Array:
+    """Zeros split by rows (and `logical`'s other axes) over the mesh in context."""
+    return constrain(jnp.zeros(shape, dtype), ("batch",) + logical)
 
 
 def init_cache(config: Qwen3_5MoeTextConfig, batch: int, max_len: int, dtype=jnp.float32) -> dict:
-    """An empty cache for `batch` rows and `max_len` slots (prompt + generated tokens)."""
+    """An empty cache for `batch` rows and `max_len` slots (prompt + generated tokens), its arrays split by rows
+    under a mesh (module docstring)."""
     c = config
     layers = []
     for layer_type in c.layer_types:
         if layer_type == FULL_ATTENTION:
             shape = (batch, max_len, c.num_key_value_heads, c.head_dim)
-            layers.append({"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)})
+            layers.append({"k": _rows(shape, dtype, (None, "kv_heads", None)),
+                           "v": _rows(shape, dtype, (None, "kv_heads", None))})
         else:
             layers.append({
-                "conv": jnp.zeros((batch, c.linear_conv_kernel_dim - 1, c.linear_conv_dim), dtype),
-                "state": jnp.zeros((batch, c.linear_num_value_heads, c.linear_key_head_dim,
-                                    c.linear_value_head_dim), jnp.float32),
+                "conv": _rows((batch, c.linear_conv_kernel_dim - 1, c.linear_conv_dim), dtype,
+                              (None, "linear_qkv")),
+                "state": _rows((batch, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim),
+                               jnp.float32, ("linear_heads", None, None)),
             })
-    return {"index": jnp.zeros((), jnp.int32), "valid": jnp.zeros((batch, max_len), bool), "layers": layers}
+    return {"index": jnp.zeros((), jnp.int32), "valid": _rows((batch, max_len), bool, (None,)), "layers": layers}
 
 
 def check_cache_room(cache: dict, num_tokens: int) -> None:

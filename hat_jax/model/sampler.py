@@ -11,8 +11,9 @@ Variant implemented and why:
   stepping (the batch is one array) but is fed `pad_token_id` with mask False, and its outputs are pad /
   logprob 0.
 - Sampling: logits / temperature -> top-k -> top-p (the order of transformers' logits processors) ->
-  `jax.random.categorical`. The key of step i, row b is `fold_in(fold_in(rng, i), b)`, so a row's samples
-  do not depend on the batch size (the same rng gives row 0 the same tokens alone or in a batch).
+  `jax.random.categorical`. The key of step i, row b is `fold_in(fold_in(rng, i), row_offset + b)`, so a
+  row's samples do not depend on the batch size (the same rng gives row 0 the same tokens alone or in a
+  batch), and a batch run in waves (`row_offset` = the wave's first row) draws what it would in one call.
   temperature == 0 is greedy (`argmax`, lowest id on ties; top_k/top_p must then be off).
 - `logprobs` are the log-probabilities of the sampled token under the temperature-scaled distribution
   BEFORE top-k/top-p truncation (greedy: under the raw softmax). RL needs the log-prob of the behaviour
@@ -26,9 +27,9 @@ it back (step i + 1). A row's last generated token (its stop token, or token N-1
 its ids are -1, as are positions after a row finished.
 
 Recompilation: `_decode` is jitted once per (prompt shape [B, P], params shapes/dtypes, model config,
-compute dtype, moe_impl, max_new_tokens, top_k, greedy or not, top-p on or off, number of stop ids,
-return_expert_ids).
-The values of temperature (> 0), top_p (< 1), the stop ids and the pad id are traced, so changing them
+compute dtype, moe_impl, moe_token_chunk, max_new_tokens, top_k, greedy or not, top-p on or off, number of
+stop ids, return_expert_ids).
+The values of temperature (> 0), top_p (< 1), the stop ids, the pad id and row_offset are traced, so changing them
 does not recompile. Bucket P with `left_pad(..., length=...)` to reuse a compilation across prompts.
 """
 
@@ -109,16 +110,17 @@ class _Sampling:
     top_p: jax.Array                  # float32 scalar
     stop_ids: jax.Array               # [S] int32
     pad_id: jax.Array                 # int32 scalar
+    row_offset: jax.Array             # int32 scalar: the batch's first row's index in the keys (waves)
     greedy: bool = flax.struct.field(pytree_node=False)
     top_k: int = flax.struct.field(pytree_node=False)
     use_top_p: bool = flax.struct.field(pytree_node=False)
     max_new_tokens: int = flax.struct.field(pytree_node=False)
 
     @classmethod
-    def from_config(cls, s: SamplingConfig) -> "_Sampling":
+    def from_config(cls, s: SamplingConfig, row_offset: int = 0) -> "_Sampling":
         return cls(jnp.float32(s.temperature if s.temperature > 0 else 1.0), jnp.float32(s.top_p),
                    jnp.asarray(s.stop_token_ids, jnp.int32).reshape(-1), jnp.int32(s.pad_token_id),
-                   s.temperature == 0, s.top_k, s.top_p < 1.0, s.max_new_tokens)
+                   jnp.int32(row_offset), s.temperature == 0, s.top_k, s.top_p < 1.0, s.max_new_tokens)
 
 
 def top_k_mask(logits: jax.Array, k: int) -> jax.Array:
@@ -170,7 +172,7 @@ def _sample(logits: jax.Array, key: jax.Array, s: _Sampling) -> tuple[jax.Array,
         if s.use_top_p:
             keep = keep & top_p_mask(jnp.where(keep, scaled, -jnp.inf), s.top_p)
         filtered = jnp.where(keep, scaled, -jnp.inf)
-        row_keys = jax.vmap(lambda r: jax.random.fold_in(key, r))(jnp.arange(logits.shape[0]))
+        row_keys = jax.vmap(lambda r: jax.random.fold_in(key, r))(jnp.arange(logits.shape[0]) + s.row_offset)
         tokens = jax.vmap(jax.random.categorical)(row_keys, filtered).astype(jnp.int32)
     return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
 
@@ -214,8 +216,8 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int = 0, length: int | 
 
 
 def _decode(params, prompt_ids, prompt_mask, rng, s: _Sampling, config, dtype, moe_impl,
-            return_expert_ids: bool = False) -> GenerationResult:
-    model = Qwen3_5MoeForCausalLM(config, dtype, moe_impl=moe_impl)
+            return_expert_ids: bool = False, moe_token_chunk: int | None = None) -> GenerationResult:
+    model = Qwen3_5MoeForCausalLM(config, dtype, moe_impl=moe_impl, moe_token_chunk=moe_token_chunk)
     b, p = prompt_ids.shape
     n = s.max_new_tokens
     num_layers, k = config.num_hidden_layers, config.num_experts_per_tok
@@ -262,12 +264,13 @@ def _decode(params, prompt_ids, prompt_mask, rng, s: _Sampling, config, dtype, m
     return GenerationResult(tokens, logprobs, lengths, finished, eids, prompt_eids)
 
 
-_decode_jit = jax.jit(_decode, static_argnames=("config", "dtype", "moe_impl", "return_expert_ids"))
+_decode_jit = jax.jit(_decode, static_argnames=("config", "dtype", "moe_impl", "return_expert_ids", "moe_token_chunk"))
 
 
 def generate(params: dict, config: Qwen3_5MoeTextConfig, prompt_ids, prompt_mask, rng: jax.Array,
              sampling: SamplingConfig, dtype=jnp.float32, moe_impl: str = "blocked",
-             return_expert_ids: bool = False) -> GenerationResult:
+             return_expert_ids: bool = False, moe_token_chunk: int | None = None,
+             row_offset: int = 0) -> GenerationResult:
     """Decodes up to `sampling.max_new_tokens` tokens after each prompt (jitted; see the module docstring).
 
     Args:
@@ -278,6 +281,9 @@ def generate(params: dict, config: Qwen3_5MoeTextConfig, prompt_ids, prompt_mask
         moe_impl: a `hat_jax.model.moe.MOE_IMPLS` name ('blocked', 'ragged_dot', 'dense', 'ep_megablox', ...).
         return_expert_ids: also return the routing of every token at sampling time (routing replay; see
             the module docstring).
+        moe_token_chunk: the MoE dispatch's tokens per chunk per device (`hat_jax.model.moe`), None = off.
+        row_offset: row b samples with the key of row row_offset + b (a wave of a larger batch: the rows of
+            each wave then draw what they would in the one batch).
     Returns:
         GenerationResult with tokens/logprobs [B, N], lengths/finished [B], N = sampling.max_new_tokens;
         with return_expert_ids, expert_ids [L, B, N, k] and prompt_expert_ids [L, B, P, k] (-1 = none).
@@ -309,5 +315,5 @@ def generate(params: dict, config: Qwen3_5MoeTextConfig, prompt_ids, prompt_mask
     if moe_impl not in MOE_IMPLS:
         raise ValueError(f"generate: moe_impl {moe_impl!r}: expected one of {sorted(MOE_IMPLS)}")
     return _decode_jit(params, prompt_ids.astype(jnp.int32), prompt_mask.astype(bool), rng,
-                       _Sampling.from_config(sampling), config=config, dtype=jnp.dtype(dtype), moe_impl=moe_impl,
-                       return_expert_ids=bool(return_expert_ids))
+                       _Sampling.from_config(sampling, row_offset), config=config, dtype=jnp.dtype(dtype),
+                       moe_impl=moe_impl, return_expert_ids=bool(return_expert_ids), moe_token_chunk=moe_token_chunk)

@@ -19,6 +19,11 @@ Recompilation is bounded by buckets: the prompt columns are the longest prompt r
 `bucket` (capped so prompt + new tokens fit `max_position_embeddings`), and a caller may ask for more rows than
 prompts (`rows`: extra rows repeat the first prompt and are dropped from the result), e.g. a power of two
 (`batch_bucket`). `bucket` also rounds the columns of the batches the rollouts return (`round_up`).
+Memory: `wave_rows` caps the rows of one decode call (the KV cache and the prefill's activations are sized by
+it); a larger batch runs in consecutive waves of that many rows, all at the batch's prompt columns, the last
+wave filled up with repeats of its first prompt. Each wave samples with its rows' keys in the whole batch
+(`row_offset`), so the result equals one call over all rows token for token (the log-probs to fp32 rounding:
+the batch size changes how XLA blocks the matmuls).
 """
 
 from __future__ import annotations
@@ -41,6 +46,13 @@ DEFAULT_BUCKET = 64
 def round_up(n: int, bucket: int) -> int:
     """The smallest multiple of `bucket` that is >= n (n >= 1)."""
     return -(-max(int(n), 1) // bucket) * bucket
+
+
+def check_wave_rows(wave_rows, field: str) -> None:
+    """Raises ValueError naming `field` unless wave_rows is None or an int >= 1 (a wave holds at least one row)."""
+    if wave_rows is not None and (isinstance(wave_rows, bool) or not isinstance(wave_rows, int) or wave_rows < 1):
+        raise ValueError(f"{field} = {wave_rows!r}: expected None (all rows in one decode call) or an int >= 1 "
+                         "(rows per call)")
 
 
 def batch_bucket(n: int, limit: int) -> int:
@@ -118,6 +130,8 @@ class JaxSampler:
       moe_impl: expert dispatch, a `hat_jax.model.moe.MOE_IMPLS` name.
       bucket: prompt padding bucket (columns; module docstring).
       generate_fn: the decode function, `hat_jax.model.sampler.generate`'s signature (a scripted one in tests).
+      moe_token_chunk: the MoE dispatch's tokens per chunk per device (`hat_jax.model.moe`), None = off.
+      wave_rows: rows per decode call (module docstring), None = all rows in one call.
     """
 
     params: Any
@@ -127,10 +141,13 @@ class JaxSampler:
     moe_impl: str = "blocked"
     bucket: int = DEFAULT_BUCKET
     generate_fn: Callable = generate
+    moe_token_chunk: int | None = None
+    wave_rows: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.bucket, bool) or not isinstance(self.bucket, int) or self.bucket < 1:
             raise ValueError(f"JaxSampler.bucket = {self.bucket!r}: expected an int >= 1")
+        check_wave_rows(self.wave_rows, "JaxSampler.wave_rows")
 
     def with_params(self, params: Any) -> JaxSampler:
         """This sampler on `params`."""
@@ -146,11 +163,26 @@ class JaxSampler:
             raise ValueError(f"JaxSampler.generate: {n} prompts in {rows} rows; expected 1 <= prompts <= rows")
         batch = [list(p) for p in prompts] + [list(prompts[0])] * (rows - n)
         width = prompt_bucket(max(map(len, batch)), self.model_config, sampling.max_new_tokens, self.bucket)
-        ids, mask = left_pad(batch, sampling.pad_token_id, width)
+        wave = rows if self.wave_rows is None else min(self.wave_rows, rows)
+        parts = [self._wave(batch[start:start + wave], wave, width, rng, sampling, expert_ids, start)
+                 for start in range(0, n, wave)]  # a wave of filler rows only is not run
+        tokens, logprobs, lengths, finished = (np.concatenate(a)[:n] for a in zip(*(p[:4] for p in parts)))
+        routing = tuple(np.concatenate(a, axis=1)[:, :n] for a in zip(*(p[4:] for p in parts))) if expert_ids else \
+            (None, None)
+        return Generation(tokens, logprobs, lengths, finished, *routing, batch_shape=(wave, width))
+
+    def _wave(self, batch, rows: int, width: int, rng, sampling, expert_ids: bool, row_offset: int) -> tuple:
+        """One decode call on `batch` (filled up to `rows` with its first prompt) left-padded to `width`:
+        (tokens, logprobs, lengths, finished[, expert_ids, prompt_expert_ids]) of its len(batch) rows, numpy."""
+        ids, mask = left_pad(batch + [batch[0]] * (rows - len(batch)), sampling.pad_token_id, width)
         kwargs = {"return_expert_ids": True} if expert_ids else {}
+        if self.moe_token_chunk is not None:
+            kwargs["moe_token_chunk"] = self.moe_token_chunk
+        if row_offset:
+            kwargs["row_offset"] = row_offset
         res = host_values(self.generate_fn(self.params, self.model_config, ids, mask, rng, sampling,
                                            dtype=self.dtype, moe_impl=self.moe_impl, **kwargs))
-        routing = (np.asarray(res.expert_ids)[:, :n], np.asarray(res.prompt_expert_ids)[:, :n]) if expert_ids else \
-            (None, None)
-        return Generation(np.asarray(res.tokens)[:n], np.asarray(res.logprobs)[:n], np.asarray(res.lengths)[:n],
-                          np.asarray(res.finished)[:n], *routing, batch_shape=(rows, width))
+        m = len(batch)
+        out = tuple(np.asarray(a)[:m] for a in (res.tokens, res.logprobs, res.lengths, res.finished))
+        return out + ((np.asarray(res.expert_ids)[:, :m], np.asarray(res.prompt_expert_ids)[:, :m])
+                      if expert_ids else ())

@@ -60,7 +60,7 @@ class ConfigMismatchError(ValueError):
 # Top-level stage-config fields that say where and with which kernels a run executes, not what it computes: a
 # resume compares the hash of the current config with these fields taken from the stored one, so a run resumes
 # on another mesh or backend.
-PLACEMENT_FIELDS = ("mesh", "attention_impl", "moe_impl", "moe_token_chunk")
+PLACEMENT_FIELDS = ("mesh", "attention_impl", "moe_impl", "moe_token_chunk", "rollout_wave_rows")
 
 
 def config_hash(config: Mapping[str, Any]) -> str:

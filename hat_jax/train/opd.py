@@ -88,7 +88,8 @@ class OPDConfig:
         B = their product ("live": tasks per step and episodes per task).
       temperature, top_p: sampling (logprobs use the same temperature). max_new_tokens: completion budget
         ("live": per model turn). seq_len: the cap on a row's tokens (prompt + completion, or a whole episode).
-      bucket: prompt-length bucket of the sampler (compilations). train_bucket: None = rows padded to seq_len
+      bucket: prompt-length bucket of the sampler (compilations). rollout_wave_rows: rows per decode call of
+        the sampler (as `hat_jax.train.rl.RLConfig`), None = all at once. train_bucket: None = rows padded to seq_len
         (one shape); else to a multiple of it, at most seq_len. enable_thinking: chat-template switch
         ("general"/"tulu"; must be True for "live").
       harness_mode, hsa, world, env, max_turns, reward ("live" only, as `hat_jax.train.rl.RLConfig`):
@@ -115,6 +116,7 @@ class OPDConfig:
     max_new_tokens: int = 32
     seq_len: int = 256
     bucket: int = 64
+    rollout_wave_rows: int | None = None
     train_bucket: int | None = None
     enable_thinking: bool = True
     harness_mode: str = "original"

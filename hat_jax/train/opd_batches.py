@@ -47,12 +47,13 @@ import numpy as np
 from hat_jax.judges.rewards import COMPONENTS, RewardConfig, weighted_reward
 from hat_jax.model.params import COMPUTE_DTYPES
 from hat_jax.model.sampler import SamplingConfig
-from hat_jax.rollout import JaxSampler, RolloutConfig, rollout_episodes, sample_completions
+from hat_jax.rollout import RolloutConfig, rollout_episodes, sample_completions
 from hat_jax.rollout.sampler import round_up
 from hat_jax.tokenizer import chat_encoding
 from hat_jax.train.opd_loss import make_teacher_fn
 from hat_jax.train.rl import draw_harnesses, draw_task_indices
 from hat_jax.train.rl_rewards import OUTCOMES, judge_rewards
+from hat_jax.train.stage import stage_sampler
 from hat_jax.train.trainer import TrainState
 
 if TYPE_CHECKING:
@@ -202,8 +203,8 @@ class OPDBatches:
         self.teacher_params, self.teacher_fn = teacher_params, make_teacher_fn(teacher_model, config)
         self.sampling = SamplingConfig(temperature=config.temperature, top_p=config.top_p,
                                        max_new_tokens=config.max_new_tokens)
-        self.sampler = sampler if sampler is not None else JaxSampler(
-            None, model_config, tokenizer, COMPUTE_DTYPES[config.compute_dtype], bucket=config.bucket)
+        self.sampler = sampler if sampler is not None else stage_sampler(
+            config, model_config, tokenizer, COMPUTE_DTYPES[config.compute_dtype], config.bucket)
 
     def _completions(self, params, step: int) -> tuple[dict, dict]:
         c = self.config

@@ -81,7 +81,7 @@ from hat_jax.train.sft import load_init_params
 from hat_jax.train.stage import (StageRun, copy_tokenizer, add_out_steps, add_resume_force, add_set_progress,
                                  apply_overrides, check_dtypes, check_model_options, check_run_fields, cli, config_json,
                                  finish_main, model_options, parse_stage_args, resolved_optim, run_options,
-                                 stage_parser, stage_section)
+                                 stage_parser, stage_sampler, stage_section)
 from hat_jax.train.trainer import LoopConfig, TrainState, place_batch, split_micro_batches
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,9 @@ class RLConfig:
       tasks_per_step, group_size: tasks per step and G episodes per task (N = their product rows).
       steps: RL steps (rollout batches). temperature, top_p: sampling. max_new_tokens: per turn.
       max_turns: model turns per episode. seq_len: cap on an episode's tokens.
-      rollout_bucket: prompt/sequence padding bucket of the rollouts; train_bucket: the update's T is rounded up
+      rollout_wave_rows: rows per decode call of the rollouts (the KV cache and prefill are sized by it; the
+        rollouts equal one call over all rows), None = all rows at once. rollout_bucket: prompt/sequence padding
+        bucket of the rollouts; train_bucket: the update's T is rounded up
         to a multiple of it (capped at seq_len), fewer shapes = fewer compilations.
       estimator: a name of `ADVANTAGE_ESTIMATORS` ("grpo", "gdpo", "dr_grpo", ...). reward: weights and the CoT
         penalty shape.
@@ -134,6 +136,7 @@ class RLConfig:
     max_turns: int = 8
     seq_len: int = 4096
     rollout_bucket: int = 64
+    rollout_wave_rows: int | None = None
     train_bucket: int = 256
     estimator: str = "grpo"
     reward: RewardConfig = RewardConfig()
@@ -249,7 +252,7 @@ class RLBatches:
 
     def __init__(self, config: RLConfig, model_config, tokenizer, ref_params=None, dtype=None, sampler=None):
         from hat_jax.model.sampler import SamplingConfig
-        from hat_jax.rollout import JaxSampler, RolloutConfig
+        from hat_jax.rollout import RolloutConfig
         from hat_jax.sim.world_harness import production_harness
 
         self.config, self.model_config, self.tokenizer = config, model_config, tokenizer
@@ -260,8 +263,8 @@ class RLBatches:
         self.world = world_for(config.world.world_seed, config.world.n_products)
         self.production = production_harness()
         self.dtype = dtype if dtype is not None else COMPUTE_DTYPES[config.compute_dtype]
-        self.sampler = sampler if sampler is not None else JaxSampler(None, model_config, tokenizer, self.dtype,
-                                                                       bucket=config.rollout_bucket)
+        self.sampler = sampler if sampler is not None else stage_sampler(config, model_config, tokenizer, self.dtype,
+                                                                         config.rollout_bucket)
         sampling = SamplingConfig(temperature=config.temperature, top_p=config.top_p,
                                   max_new_tokens=config.max_new_tokens)
         self.rollout_config = RolloutConfig(sampling, group_size=config.group_size, max_turns=config.max_turns,

@@ -77,6 +77,9 @@ def check_model_options(owner: str, config) -> None:
     if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
         raise ValueError(f"{owner}.moe_token_chunk = {chunk!r}: expected None or a positive number of tokens per "
                          f"chunk per device")
+    if hasattr(config, "rollout_wave_rows"):
+        from hat_jax.rollout.sampler import check_wave_rows
+        check_wave_rows(config.rollout_wave_rows, f"{owner}.rollout_wave_rows")
 
 
 def model_options(config, *, train: bool = True) -> dict:
@@ -93,6 +96,15 @@ def model_options(config, *, train: bool = True) -> dict:
     if train:
         out["remat_policy"] = getattr(config, "remat_policy", "none")
     return out
+
+
+def stage_sampler(config, model_config, tokenizer, dtype, bucket: int):
+    """The `JaxSampler` of a stage's rollouts (RL episodes, OPD completions): the stage's MoE dispatch
+    (`moe_impl`, `moe_token_chunk`) and `rollout_wave_rows` rows per decode call, params given per step
+    (`with_params`)."""
+    from hat_jax.rollout import JaxSampler
+    return JaxSampler(None, model_config, tokenizer, dtype, moe_impl=config.moe_impl, bucket=bucket,
+                      moe_token_chunk=config.moe_token_chunk, wave_rows=config.rollout_wave_rows)
 
 
 def resolved_optim(config) -> OptimConfig:

@@ -97,10 +97,32 @@ def _worker(out_path: str) -> None:
         results[f"{name}/hidden"] = np.asarray(hidden)
         results[f"{name}/expert_ids"] = np.asarray(expert_ids)
         report[name] = {"split": split, "logits_sharding": str(logits.sharding.spec)}
+        results[f"{name}/generate"], report[name]["cache_rows"] = _decode_worker(config, mesh, sharded, ids, mask)
     report["token_local_experts"] = _moe_worker()
     np.savez(out_path, **results)
     with open(out_path + ".json", "w") as f:
         json.dump(report, f)
+
+
+def _greedy(config, params, ids, mask):
+    """Greedy tokens [B, 6] after the rows' first 20 tokens (left-padded prompts)."""
+    from hat_jax.model.sampler import SamplingConfig, generate
+
+    return np.asarray(generate(params, config, ids[:, :20], mask[:, :20].astype(bool), jax.random.key(0),
+                               SamplingConfig(max_new_tokens=6)).tokens)
+
+
+def _decode_worker(config, mesh, params, ids, mask):
+    """(greedy tokens decoded under the mesh, {cache leaf: rows of one device's shard}): the cache is split
+    by rows as the activations are."""
+    from hat_jax.model.cache import init_cache
+
+    with mesh_context(mesh):
+        tokens = _greedy(config, params, ids, mask)
+        cache = jax.jit(lambda: init_cache(config, BATCH, 26))()
+    leaves = {"valid": cache["valid"], "k": cache["layers"][config.layer_types.index("full_attention")]["k"],
+              "state": cache["layers"][0]["state"], "conv": cache["layers"][0]["conv"]}
+    return tokens, {k: v.sharding.shard_shape(v.shape)[0] for k, v in leaves.items()}
 
 
 def _moe_worker() -> dict:
@@ -167,6 +189,20 @@ def test_sharded_forward_matches_single_device(worker_results, reference, mesh_n
     np.testing.assert_allclose(results[f"{mesh_name}/logits"], ref_logits, atol=1e-5, rtol=0)
     np.testing.assert_allclose(results[f"{mesh_name}/hidden"], ref_hidden, atol=1e-5, rtol=0)
     assert np.abs(ref_logits).max() > 1e-3  # not a trivially zero output
+
+
+@pytest.mark.parametrize("mesh_name", list(MESHES))
+def test_sharded_decode_matches_single_device_and_splits_the_cache(worker_results, mesh_name):
+    """The sampler under the mesh gives the single-device greedy tokens, and its cache (KV, DeltaNet state and
+    conv window, valid mask) holds each device's rows only."""
+    results, report = worker_results
+    config = get_config("micro")
+    ids, mask = _inputs()
+    np.testing.assert_array_equal(results[f"{mesh_name}/generate"],
+                                  _greedy(config, init_params(config, jax.random.key(SEED)), ids, mask))
+    sizes = MESHES[mesh_name]
+    rows = BATCH // (sizes["data"] * sizes["fsdp"] * sizes["expert"])
+    assert report[mesh_name]["cache_rows"] == {"valid": rows, "k": rows, "state": rows, "conv": rows}
 
 
 @pytest.mark.parametrize("mesh_name", list(MESHES))
