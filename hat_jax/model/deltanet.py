@@ -12,9 +12,9 @@ Two equal forms (tested against each other):
   the UT transform (the inverse of a unit lower-triangular matrix, by recursive block inversion), across
   chunks a `lax.scan` carries S. Used for training and prefill. C = 64 (transformers' and FLA's choice)
   when compiling for an accelerator; 16 for the CPU, where the small-matrix work inside a chunk costs more
-  than the extra scan steps (about 1.5x faster at the tiny preset's shapes; experiments/benchmarks/cpu_profile.py).
-  For an accelerator the chunks also go in checkpointed groups of about sqrt(N) (`default_group`): the
-  backward pass then holds one group's fp32 intermediates, not all N chunks' (docs/real_scale.md).
+  than the extra scan steps (`default_chunk_size`; measured in docs/tuning.md). For an accelerator the
+  chunks also go in checkpointed groups of about sqrt(N) (`default_group`): the backward pass then holds
+  one group's fp32 intermediates, not all N chunks' (docs/real_scale.md).
 Everything inside the kernels is float32 (the checkpoint's `mamba_ssm_dtype`).
 
 Packed rows (`hat_jax.model.segments`): an optional `reset` [B, T] marks each document's first token, where
@@ -41,7 +41,7 @@ from hat_jax.model.segments import segment_starts
 from hat_jax.model.sharding import param_with_axes, target_platform
 
 CHUNK_SIZE = 64
-CPU_CHUNK_SIZE = 16
+CPU_CHUNK_SIZE = 16  # faster than 64 on the CPU at the tiny preset's shapes (docs/tuning.md)
 
 
 def default_chunk_size() -> int:

@@ -5,34 +5,28 @@ weights always renormalised to sum to 1 over the k chosen experts, then cast to 
 Experts: SwiGLU `down(silu(gate x) * up x)`, with gate/up fused as `gate_up_proj` [E, H, 2I] (gate
 first). Shared expert: a SwiGLU MLP scaled by `sigmoid(shared_expert_gate x)`, added to every token.
 
-Dispatch is dropless and its compute is proportional to the *active* experts:
+Dispatch (`moe_impl`, `MOE_IMPLS`) is dropless and its compute is proportional to the *active* experts:
 - `blocked` (default): assignments are sorted by expert and each expert's group is padded to a multiple
-  of a block size `bk`; each block is one expert, so the grouped matmul is one gather of the block's
-  expert weights plus a batched matmul (MegaBlocks-style block-sparse, Gale et al. 2022, written as
-  gather + einsum). `bk` is chosen at trace time from tokens/expert, so padding is at most
-  E*(bk-1) rows and decoding (few tokens) gathers only the experts it uses.
+  of a block size chosen at trace time (`_block_size`); each block is one expert, so the grouped matmul is
+  one gather of the block's expert weights plus a batched matmul (MegaBlocks-style block-sparse, Gale et
+  al. 2022, written as gather + einsum), and decoding (few tokens) gathers only the experts it uses.
 - `ragged_dot`: the same sorted layout through `jax.lax.ragged_dot` (native grouped GEMM on TPU/GPU;
   on CPU it lowers to a loop over all experts and is slow, see experiments/benchmarks/model_bench.py).
 - `megablox`: the same layout through jax's Pallas TPU grouped matmul (`megablox.gmm`/`tgmm`), the TPU
   choice: its backward stays proportional to the active experts.
 - `dense`: every expert on every token, then the chosen k gathered (compute not proportional to the
   active experts; a reference and an option for few experts and few tokens, not faster on CPU here).
-- `ep_ragged_dot`, `ep_megablox`: expert parallelism (`hat_jax.model.expert_parallel`): under a mesh with an
-  'expert' axis > 1, tokens go by ragged all-to-all to the devices holding their experts, which run that
-  grouped matmul on their own experts only; without one, the token-local `ragged_dot` / `megablox`.
-The `EXPERT_IMPLS` dispatches are token-local (`token_local_experts`): each device sorts and multiplies its
-own rows against all experts' weights, all-gathered.
-
-Token chunking (`routed_experts`' token_chunk, the `moe_token_chunk` option): each device runs the dispatch and
-the weighted sum over the k slots on chunks of its rows in a rematerialised scan, so the MoE's [N*k, H] buffers
-shrink by the number of chunks (same result; the backward recomputes each chunk).
+- `ep_ragged_dot`, `ep_megablox`: expert parallelism (`hat_jax.model.expert_parallel`) under a mesh with an
+  'expert' axis > 1; without one, the token-local `ragged_dot` / `megablox`.
+The `EXPERT_IMPLS` (the first four) are token-local (`token_local_experts`: each device's own rows against all
+experts' weights, all-gathered). `moe_token_chunk` runs any of them on chunks of each device's rows in a
+rematerialised scan, same result in smaller buffers (`routed_experts`).
 
 Routing replay (R3, for RL): `forced_expert_ids` replaces the top-k choice while the weights still come
 from the live router probabilities at those ids (renormalised).
 
-Losses (pure functions): `load_balancing_loss` is transformers' `load_balancing_loss_func` (Switch
-Transformer eqs. 4-6 with top-k counts, Fedus et al. 2021), `router_z_loss` is ST-MoE's z-loss
-(Zoph et al. 2022, eq. 5).
+Losses (pure functions): `load_balancing_loss` is transformers' `load_balancing_loss_func` (Switch Transformer
+eqs. 4-6 with top-k counts, Fedus et al. 2021), `router_z_loss` is ST-MoE's z-loss (Zoph et al. 2022, eq. 5).
 """
 
 from __future__ import annotations
