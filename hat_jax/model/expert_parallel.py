@@ -17,9 +17,8 @@ token rows (the batch axes 'data', 'fsdp', 'expert'). `expert_parallel_ffn` runs
 The expert weights enter sharded on 'expert' (and on 'fsdp'/'tensor' as stored); only their fsdp/tensor parts
 are all-gathered inside (the FSDP gather, whose transpose is a reduce-scatter), so no device gathers another
 device's experts and the weight gradients come out sharded. Dropless: the receive buffer holds the worst case
-(all P devices' N*k rows on one device), so no token is dropped whatever the routing. With a `token_chunk`, each
-device runs steps 1-5 (and the weighted sum over each token's k slots) on chunks of its rows in a
-rematerialised scan, so those buffers are sized by the chunk (P * token_chunk * k rows), not by all its rows.
+(all P devices' N*k rows on one device), so no token is dropped whatever the routing. With a `token_chunk`, steps
+1-5 run on chunks of each device's rows, buffers sized by the chunk (`expert_parallel_ffn`'s `token_chunk`).
 
 This is GShard's expert-parallel dispatch (Lepikhin et al. 2020) with DeepSpeed-MoE's (Rajbhandari et al. 2022)
 and MegaBlocks' dropless grouped matmul, organised as MaxText's `moe.py` shard_map + `ragged_all_to_all` path
