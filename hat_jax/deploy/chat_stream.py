@@ -24,10 +24,7 @@ Variant implemented and why:
   bytes for `stall_timeout_s`), "malformed" (an event that is not a chat-completion chunk),
   "stream_error" (the server reported an error inside the stream), "broken" (the connection ended
   before a `finish_reason`). HTTP goes through `httpx2`, the client the `mcp` SDK installs.
-- `check_endpoint` fails fast before a replay: `GET /models` (a 404 there means a wrong base URL),
-  then, when the model is not listed (`transformers serve` lists only its hub cache, never the
-  folder it was started with), a one-token non-streaming request that a wrong model name fails
-  with the server's status and body.
+- `check_endpoint` fails fast before a replay (wrong base URL, wrong model name).
 """
 
 from __future__ import annotations
@@ -184,6 +181,10 @@ class ChatStreamClient:
     # ------------------------------------------------------------------ preflight
     def check_endpoint(self) -> str:
         """Checks that the server answers and serves `model`; sends at most one 1-token request.
+
+        `GET /models` first (a 404 there means a wrong base URL); when the model is not listed (`transformers
+        serve` lists only its hub cache, never the folder it was started with), a one-token non-streaming
+        request, which a wrong model name fails with the server's status and body.
 
         Returns:
           "listed" (GET /models lists the model) or "probed" (a 1-token request succeeded).
