@@ -25,9 +25,7 @@ Faults are drawn by the caller (`draw_fault`) and applied only to calls that pas
 (a model's own mistake is reported as such). The skill loader is never faulted: it is part of the
 harness, not a remote service.
 
-Skill loading: the skill id is the canonical argument "skill" (`Tool.arg_paths["skill"]`); when the
-skill tool has no such path, its only string property is used. The result is
-{"skill": name, "content": body}.
+Skill loading returns {"skill": name, "content": body}, the skill id read as `_skill_name` says.
 """
 
 from __future__ import annotations
@@ -179,6 +177,9 @@ def _schema_errors(schema: Mapping[str, Any], arguments: Any) -> list[dict]:
 
 
 def _skill_name(tool: Tool, arguments: Mapping[str, Any]) -> Any:
+    """The skill id of a skill-loader call: the canonical argument "skill" (`Tool.arg_paths["skill"]`, None when
+    the call lacks it); when the skill tool has no such path, its only string property; failing that, the only
+    string value among the arguments (None when there is none or several)."""
     if SKILL_ARG in tool.arg_paths:
         value = _get_path(arguments, tuple(tool.arg_paths[SKILL_ARG]))
         return None if value is _MISSING else value
