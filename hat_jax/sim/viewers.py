@@ -3,11 +3,10 @@
 Each task is drawn from its own `random.Random(f"task:{seed}:{index}")`, so task i of a seed never
 depends on n or on other tasks. Its intent is drawn from `intents` (default: all `INTENTS`) with
 optional `weights`; a product (or two for a comparison) from the catalog; a template of the intent
-(`TEMPLATES`, several per intent) is filled with slots: the product as viewers write it (its short
-form "brand + item noun" when search ranks the product first for it, else its full name), a SKU
-phrase ("黑色M码", "香辣500g"), height and weight (cm with kg or 斤), a region (province, "省"
-form, or a major city). Product intents may get a polite prefix ("主播，", "请问", "宝宝问一下，"),
-left out when the template already opens with it or with another question opener (no "请问请问").
+(`TEMPLATES`, several per intent) is filled with slots: the product as viewers write it
+(`product_mention`), a SKU phrase (`sku_phrase`), height and weight (cm with kg or 斤), a region (province,
+"省" form, or a major city). Product intents may get a polite prefix ("主播，", "请问", "宝宝问一下，"),
+left out when it would repeat the template's opening (`_redundant_prefix`: no "请问请问").
 
 The gold plan lists the canonical tool calls after the skill is loaded (rounds; calls in one round
 may run in parallel), and the gold facts are read from the world functions' own results, so they
@@ -154,7 +153,8 @@ def _task_seed(seed: int, index: int) -> int:
 
 
 def product_mention(world: World, product: Product) -> str:
-    """How a viewer writes the product: its short form if search ranks the product first for it, else its name."""
+    """How a viewer writes the product: its short form "brand + item noun" if search ranks the product first for
+    it, else its full name."""
     top = world.call("search_products", {"query": product.short_name})["products"]
     return product.short_name if top and top[0]["product_id"] == product.product_id else product.name
 
