@@ -21,11 +21,8 @@ Schemas. Every problem raises `HarnessError` naming the file, the field path (e.
 
 Tool schemas are checked beyond `check_schema` (`hat_jax.harness.schema_checks`). The world a harness
 binds to is given, never imported: `WorldBindings` lists the world functions with their canonical
-arguments and the world skills (the simulator's are `hat_jax.sim.world_harness.WORLD_BINDINGS`), and each
-tool's `x-hat` binding is checked against it (a known impl or "distractor:NAME", no argument the impl does
-not take, every required one mapped). Skills: at most one skill per world skill
-(`metadata.hat-skill-key`); a world skill that no skill binds is logged as a warning, not an error (a
-partial harness is legal; the tasks of that skill then have no skill to load).
+arguments and the world skills (the simulator's are `hat_jax.sim.world_harness.WORLD_BINDINGS`); each
+tool's `x-hat` binding (`_load_binding`) and each skill's world skill (`_load_skills`) is checked against it.
 
 Normal form: skill bodies are stripped of surrounding blank lines and hooks are ordered by
 `HOOK_EVENTS` (then file order), so `load_harness(dump_harness(h, d), bindings) == h` for every `h` in
@@ -258,7 +255,8 @@ def _load_tool(raw: Any, field: str, c: _Checker, bindings: WorldBindings) -> To
 
 def _load_binding(bind: Any, field: str, schema: Mapping, c: _Checker,
                   bindings: WorldBindings) -> tuple[str, dict[str, tuple[str, ...]]]:
-    """A tool's world binding `x-hat: {impl, arg_paths}`, checked against the schema and `bindings`."""
+    """A tool's world binding `x-hat: {impl, arg_paths}`, checked against the schema and `bindings`: a known impl
+    or "distractor:NAME", no argument the impl does not take, every required one mapped."""
     c.mapping(bind, field)
     c.keys(bind, ("impl", "arg_paths"), field)
     impl = c.text(bind.get("impl"), f"{field}.impl")
@@ -372,7 +370,9 @@ def _load_hooks(raw: Any, tool_names: set[str], c: _Checker) -> list[HookSpec]:
 
 def _load_skills(raw: Any, folder: Path, file: Path, tool_names: set[str], c: _Checker,
                  bindings: WorldBindings) -> tuple[list[str], list[Skill]]:
-    """The manifest's `skills` list and each skill's SKILL.md (allowed tools defined, one skill per world skill)."""
+    """The manifest's `skills` list and each skill's SKILL.md (allowed tools defined, at most one skill per world
+    skill, `metadata.hat-skill-key`). A world skill that no skill binds is logged as a warning, not an error: a
+    partial harness is legal; the tasks of that skill then have no skill to load."""
     skill_names = [c.text(s, f"skills[{i}]") for i, s in enumerate(c.seq(raw.get("skills", []) or [], "skills"))]
     for i, n in enumerate(skill_names):
         if n in skill_names[:i]:
