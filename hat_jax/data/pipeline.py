@@ -6,29 +6,23 @@ Variant implemented and why (HSA-SFT, stage 1 of the HAT report, arXiv 2608.1576
   element's random generator from the pipeline seed and the element's index, so HSA is seeded per
   record and a resumed run sees the same augmented stream. With probability `p_hsa` a record is
   augmented (`hsa.compose` on its harness, the trajectory rewritten with the name map), otherwise it
-  keeps the original harness: the paper mixes original and augmented harnesses, and a tiny-scale
-  recall probe run while designing hat-jax showed that a model trained only on augmented harnesses
-  scores 0% on the original one's names.
+  keeps the original harness: the paper mixes original and augmented harnesses (why it matters at tiny
+  scale: docs/tuning.md, "HSA-SFT").
 - Hook-parameter changes that change behaviour (`hsa.behaviour_changed` on the trajectory) need the
   oracle: with a `reroll` callable the trajectory is re-rolled under the new harness; without one the
   draw is recomposed without "hook_params" (same seed), so no record claims a behaviour it lacks.
 - Tokenisation: `hat_jax.harness.render.render_tokens(tokenizer, harness, messages)` (the system
-  prompt is re-rendered from the record's harness), then truncation to `seq_len` (`TokenizeDocument`):
-  truncation keeps the first `seq_len` tokens and is never silent: each document carries `truncated`
-  (1 when the trajectory was longer than `seq_len`) and `num_tokens` (its length before truncation),
-  and each `TokenizeDocument` logs one warning, the first time it truncates a document, and one more
-  the first time a document keeps no loss token at all (all its assistant tokens were cut off), with
-  the document's figures and the running counts. With `truncate=False` a longer trajectory is an
-  error naming its task id.
+  prompt is re-rendered from the record's harness), then truncation to `seq_len` (`TokenizeDocument`),
+  which keeps the first `seq_len` tokens and is never silent: each document carries `truncated` and
+  `num_tokens` (its length before truncation), and the first truncation is logged. With
+  `truncate=False` a longer trajectory is an error naming its task id.
 - Rows, packed (`pack=True`, the default): `hat_jax.data.packing.pack_documents`, first fit over
   `pack_bins` open rows: several trajectories per row with "segment_ids" and per-document
-  "positions"; a row's "truncated" counts its truncated documents and "hsa_applied" how many of its
-  documents got each transform. Unpacked (`pack=False`): one trajectory per row, right-padded
+  "positions" (the fields: `sft_dataset`). Unpacked (`pack=False`): one trajectory per row, right-padded
   (`TokenizeAndPad`: pad id = tokenizer.pad_token_id, loss_mask 0 and attention_mask 0 on padding).
 - Batches: `batch(batch_size, drop_remainder=True)` of an IterDataset; the iterator's `get_state()`
   is a small JSON-serialisable dict (checkpoints store it) and `set_state` resumes at exactly the
-  next batch. A packed iterator is a `packing.PackedBatches`, whose state carries the packed format
-  tag and the running counts (documents, tokens, truncated documents).
+  next batch (packed: `sft_batches`).
 Each element records which transforms were applied (`hsa_applied`, int8 over `hsa.transform_names()`), so
 `transform_shares` reports the share of each transform in a sampled epoch.
 """
@@ -141,9 +135,10 @@ class TokenizeDocument(grain.transforms.Map):
     "num_tokens": int32 (n, before truncation), "truncated": int32 (1 when n > seq_len), "hsa_applied":
     int8 [len(hsa.transform_names())]}.
 
-    Logs one warning the first time a document is truncated and one the first time a document is left
-    with no loss token (see the module docstring); `counts` holds the running totals ("rows",
-    "truncated", "no_loss_tokens") of this instance.
+    Truncation keeps the first `seq_len` tokens and is never silent: each instance logs one warning, the first
+    time it truncates a document, and one more the first time a document keeps no loss token at all (all its
+    assistant tokens were cut off), with the document's figures and the running counts; `counts` holds the
+    running totals ("rows", "truncated", "no_loss_tokens") of this instance.
 
     Raises (when mapping): ValueError naming the task id: a trajectory longer than seq_len with
     truncate=False.
@@ -309,7 +304,7 @@ def sft_dataset(
       "attention_mask": int32 [B, seq_len], "num_tokens": int32 [B] (lengths before truncation),
       "truncated": int8 [B] (1 for a row cut to seq_len), "hsa_applied": int8 [B, len(hsa.transform_names())]}.
       `iter(ds)` gives an iterator with `get_state()` (JSON-serialisable) / `set_state(state)`. Truncation is
-      logged (module docstring).
+      logged (`TokenizeDocument`).
     Raises:
       ValueError: no records, or fewer records than one batch (unpacked). When iterated: a trajectory longer
         than seq_len with truncate=False (names its task id).
@@ -340,7 +335,8 @@ def _with_hsa_any(doc: dict) -> dict:
 
 def sft_batches(dataset: grain.IterDataset, config: SFTDataConfig):
     """The iterator over `sft_dataset(..., config)`: a `packing.PackedBatches` when config.pack (its state
-    carries the packed format and the running counts), else the Grain iterator itself."""
+    carries the packed format tag and the running counts: documents, tokens, truncated documents), else the
+    Grain iterator itself."""
     return PackedBatches(iter(dataset), "SFT") if config.pack else iter(dataset)
 
 
