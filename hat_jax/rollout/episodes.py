@@ -24,13 +24,7 @@ Variant implemented and why:
   episode: Accuracy 0, no reply), its last partial turn absent from the messages (it is in `turn_texts`). A
   sequence always ends with a sampled token, never with environment text.
 - Routing replay (R3; Ma et al. 2025, "Stabilizing MoE RL by aligning training and inference routers"),
-  `record_expert_ids=True`: `expert_ids[l, n, t]` are the top-k experts token t was routed to in layer l *at
-  sampling time*: sampled tokens from the decode step that fed them back, prompt and environment tokens from
-  the prefill of the turn that first read them (a turn's last sampled token from the next turn's prefill).
-  `moe.route` has no partial force, so every position must hold valid ids: the positions never read during
-  sampling (an episode's last token, right padding) get 0..k-1 (`fill_unrecorded`); no scored log-prob
-  depends on their routing (causal model, padding masked). `stats["expert_ids_recorded"]` counts the recorded
-  real positions.
+  `record_expert_ids=True`: each token's top-k experts per layer *at sampling time* (`RolloutBatch.expert_ids`).
 """
 
 from __future__ import annotations
@@ -93,13 +87,21 @@ class RolloutBatch:
     Attributes:
       input_ids, attention_mask, action_mask: np.int32 [N, T] (action 1 on sampled tokens only).
       old_logprobs: np.float32 [N, T], the sampler's log-probs of the sampled tokens, 0 elsewhere.
-      expert_ids: np.int32 [L, N, T, k] routing at sampling time (module docstring) or None.
+      expert_ids: np.int32 [L, N, T, k] routing at sampling time, or None (see below).
       group_ids: np.int32 [N], the task index of each episode.
       episodes: N `Episode`s (the env's record, for the judges).
       stats: tokens generated, seconds in generation / environment / tokenizer, turns, outcomes, ...
       truncated: np.bool_ [N], the episode was cut (module docstring).
       turn_texts: per episode, the decoded text of each sampled turn (what the env was given, or the
         cut text of a truncated last turn).
+
+    Routing replay (`record_expert_ids=True`): `expert_ids[l, n, t]` are the top-k experts token t was routed to
+    in layer l *at sampling time*: sampled tokens from the decode step that fed them back, prompt and environment
+    tokens from the prefill of the turn that first read them (a turn's last sampled token from the next turn's
+    prefill). `moe.route` has no partial force, so every position must hold valid ids: the positions never read
+    during sampling (an episode's last token, right padding) get 0..k-1 (`fill_unrecorded`); no scored log-prob
+    depends on their routing (causal model, padding masked). `stats["expert_ids_recorded"]` counts the recorded
+    real positions.
     """
 
     input_ids: np.ndarray
