@@ -1,36 +1,30 @@
 """The oracle teacher: the embedded "strong model" that writes ideal live-stream trajectories.
 
 The HAT report, arXiv 2608.15763 (TaoLive, 2026), "Training, three stages", stage 1 (HSA-SFT): a
-strong teacher runs in the live-stream environment under the current harness,
-rejection sampling keeps what the judges accept, and the compact model is supervised on it. The
-oracle is that teacher for hat-jax: a `Policy` that reads the task's ground truth (intent, skill key,
-gold calls) and the *current* harness, and writes the next assistant turn.
+strong teacher runs in the live-stream environment under the current harness, rejection sampling keeps
+what the judges accept, and the compact model is supervised on it. The oracle is that teacher for
+hat-jax: a `Policy` that reads the task's ground truth (intent, skill key, gold calls) and the *current*
+harness, and writes the next assistant turn.
 
 Variant implemented and why:
 - Stateless: each `act` re-reads the conversation (tool calls made, their results, hook feedback), so
-  the same messages always give the same turn; randomness is drawn from `random.Random` seeded with
-  (config.seed, task.seed, turn) for wording and (config.seed, task.seed) for the episode's noise plan.
+  the same messages always give the same turn; every draw is from a `random.Random` seeded with
+  (config.seed, task.seed, task id), plus the turn for a tool turn's wording (`act`, `noise_plan`).
 - Names only from the harness: the skill id from `harness.skill_by_key(task.skill_key)`, the skill
   tool `harness.skill_tool`, each world call's surface name from `harness.tool_by_impl(impl)` and
-  its surface arguments built along `Tool.arg_paths` (nested dicts for paths longer than one key).
-- Plan: turn 1 loads the skill; then the task's gold call groups in order (a group's calls in one
-  turn); a prompt `tool_order` constraint whose `then` tool is planned without its `first` tool gets
-  a `first` call inserted before it. Ids are read from earlier results: a `product_id` is used only
-  once an ok tool result contains it, a `sku_id` once a result contains it or it is composable from a
-  known product id and the viewer's words; else the oracle stops calling tools.
+  its surface arguments built along `Tool.arg_paths` (`surface_of`).
+- Plan (`plan`): turn 1 loads the skill; then the task's gold call groups in order (a group's calls in one
+  turn), with a `first` call inserted for a prompt `tool_order` constraint (`_apply_tool_order`). Ids are
+  read from earlier results: a `product_id` is used only once an ok tool result contains it, a `sku_id` once
+  a result contains it or it is composable from a known product id and the viewer's words; else the oracle
+  stops calling tools.
 - Failures: a transient failure (service error, timeout, empty) is retried (alone, in the next turn)
   when the harness's PostToolUseFailure hooks would answer "retry" (`run_hooks` predicts exactly what
   the environment does) and a round is left; otherwise the reply says honestly that the information
   cannot be confirmed now (no invented facts).
-- Reply: built only from values in ok tool results, per intent (price, stock, ...), plus the right
-  behaviour for identity (disclose the AI avatar), off-topic (decline, steer back), injection
-  (refuse, promise nothing), complaint (apologise + after-sales policy), chit-chat; then every reply
-  constraint of the prompt is applied (start/end phrases, address term, must-include, forbidden
-  phrases, no exclamation, min/max characters, the Stop hook's length limit).
-- Noise (`OracleConfig` rates, drawn once per episode): skip the skill, call a wrong tool, skip a
-  tool (both then state the missing fact from the task, ungrounded), state a wrong fact, add an
-  ungrounded promise, exceed the length limit. A Stop hook that blocks a noisy reply gets a clean
-  revision (the "hook forced a retry" trajectories of the HAT report).
+- Reply (`hat_jax.sim.oracle_replies.compose_reply`): built only from values in ok tool results, with the
+  right behaviour per intent, then every reply constraint of the prompt applied.
+- Noise (`OracleConfig` rates, drawn once per episode): the mistakes rejection sampling must catch.
 
 `final_behaviour_only` post-processes such trajectories for SFT (see its docstring).
 """
@@ -59,10 +53,14 @@ _PRODUCT_ID_IMPLS = ("get_product_detail", "get_price", "get_promotions", "get_a
 class OracleConfig:
     """Oracle options. All noise rates default to 0 (the ideal teacher); `DEFAULT_NOISE` is the noisy one.
 
+    Each noise rate is drawn once per episode (`OracleTeacher.noise_plan`); a Stop hook that blocks a noisy reply
+    gets a clean revision (the "hook forced a retry" trajectories of the HAT report).
+
     Attributes:
       p_skip_skill: answer without loading the skill.
-      p_wrong_tool: replace one product-id call with a different world tool.
-      p_skip_tool: drop one non-search gold call.
+      p_wrong_tool: replace one product-id call with a different world tool (the reply then states the
+        missing fact from the task, ungrounded).
+      p_skip_tool: drop one non-search gold call (likewise: the missing fact is stated from the task, ungrounded).
       p_wrong_fact: state one fact with a wrong value.
       p_ungrounded_promise: add a refund/compensation promise no tool supports.
       p_over_length: pad the reply beyond the prompt's length limit.
@@ -132,8 +130,8 @@ def _status_of(result: Any) -> tuple[str, str]:
 
 
 def surface_of(tool: Tool, canonical: Mapping[str, Any]) -> dict:
-    """Surface arguments for canonical ones, nested along `Tool.arg_paths` (canonical names kept when
-    the tool has no arg_paths; canonical arguments without a path are dropped)."""
+    """Surface arguments for canonical ones, nested along `Tool.arg_paths` (nested dicts for paths longer than one
+    key; canonical names kept when the tool has no arg_paths; canonical arguments without a path are dropped)."""
     out: dict[str, Any] = {}
     for canon, value in canonical.items():
         path = tuple(tool.arg_paths[canon]) if tool.arg_paths else (canon,)
@@ -199,6 +197,8 @@ def _known_ids(calls: Sequence[_Call], user_text: str) -> tuple[set[str], str]:
 
 
 def _id_known(name: str, value: Any, known: tuple[set[str], str]) -> bool:
+    """Whether the oracle may use id `value` yet: it is in an ok tool result, or (a `sku_id`) it is composable from
+    a known product id and the two variant values the viewer wrote ("PID-V1-V2")."""
     ids, text = known
     if value in ids:
         return True

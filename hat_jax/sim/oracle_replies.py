@@ -311,6 +311,12 @@ def compose_reply(task: Task, harness: HarnessState, ok: Sequence[Any], noise: M
                   rng: random.Random, *, failed: str | None = None, revision: str | None = None) -> tuple[str, str]:
     """(reply, reasoning) for the final turn.
 
+    Built only from values in ok tool results, per intent (price, stock, ...), plus the right behaviour for
+    identity (disclose the AI avatar), off-topic (decline, steer back), injection (refuse, promise nothing),
+    complaint (apologise + after-sales policy), chit-chat; then every reply constraint of the prompt is applied
+    (start/end phrases, address term, must-include, forbidden phrases, no exclamation, min/max characters, the
+    Stop hook's length limit).
+
     Args:
       task: the request (intent, which facts are asked, gold facts for the noisy fill-in only).
       harness: the current harness (reply constraints, Stop hooks).
