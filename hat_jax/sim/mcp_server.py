@@ -12,28 +12,21 @@ call with the same result. The result is one JSON text content block (the JSON t
 `tool` message, `ensure_ascii=False`) plus the same object as `structuredContent`; `isError` is set
 for every status other than "ok" (including "empty", "invalid_arguments" and "unknown_tool"). The
 executor's status, the tool's impl and the canonical arguments travel in the result's `_meta`
-(`hat-jax/status`, `hat-jax/impl`, `hat-jax/canonical_args`) for the agent loop's records; the
-model never sees `_meta`.
+(`tool_result`) for the agent loop's records; the model never sees `_meta`.
 
 Faults: each call draws at most one fault ("error", "timeout", "empty") with the given rates
 (`hat_jax.sim.executor.draw_fault`, one draw per call from one `random.Random(fault_seed)` stream,
 in call arrival order: deterministic for a sequential client). The executor applies it only to a
-call that passed validation, and never to the skill loader. When it applied a "timeout", the server
-*really* sleeps `--timeout-fault-s` seconds (default 30, past any per-call timeout of the agent
-loop) before answering with the executor's timeout error, so the client sees a real timeout; a
-client that gives up sends `notifications/cancelled` and the SDK cancels the sleeping handler. `--tool-delay-s` adds
-a fixed delay to every call (latency experiments).
+call that passed validation, and never to the skill loader. An applied "timeout" *really* sleeps
+`--timeout-fault-s` seconds (default 30, past any per-call timeout of the agent loop) before the
+executor's timeout error, so the client sees a real timeout; a client that gives up sends
+`notifications/cancelled` and the SDK cancels the sleeping handler. `--tool-delay-s` adds a fixed delay
+to every call (latency experiments).
 
 Transports: "stdio" (stdout carries JSON-RPC, so every log line goes to stderr) and the SDK's
 Streamable HTTP app served by uvicorn on `--host`/`--port` at path `/mcp`, answering plain JSON
-(`json_response=True`: no SSE framing; this server sends no progress notifications). For HTTP the
-server binds its socket itself before handing it to uvicorn, so "serving ..." is logged only once the
-port is bound, and a port that cannot be bound (in use, no permission) is reported as such.
-
-Exit status 2, with the reason on stderr, on bad options (argparse: `--n-products` outside
-[`MIN_PRODUCTS`, `MAX_PRODUCTS`], `--port` outside 1-65535, an unknown `--log-level`; fault rates
-that fail `check_fault_rates`), a bad `--harness` path, a harness that fails validation, or an HTTP
-port that cannot be bound.
+(`json_response=True`: no SSE framing; this server sends no progress notifications), on a socket bound
+before "serving ..." is logged (`serve_http`). Exit status 2 on bad options or input (`main`).
 """
 
 from __future__ import annotations
@@ -100,7 +93,8 @@ def tool_result(status: str, result: Any, *, impl: str = "", canonical_args: Map
       status: the executor status; anything but "ok" sets `isError`.
       result: the payload the model sees (a dict, normally); sent as JSON text and, when a dict,
         as `structuredContent` (a non-dict payload is wrapped as {"result": payload} there).
-      impl, canonical_args: recorded in `_meta`.
+      impl, canonical_args: recorded in `_meta` with the status (keys `hat-jax/status`, `hat-jax/impl`,
+        `hat-jax/canonical_args`), for the agent loop's records; the model never sees `_meta`.
     """
     text = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
     structured = result if isinstance(result, dict) else {"result": result}
@@ -218,6 +212,9 @@ async def serve_http(
 ) -> None:
     """Serve `server` over Streamable HTTP at `http://host:port/mcp` (uvicorn, logs on stderr).
 
+    The socket is bound here, before it is handed to uvicorn, so "serving ..." is logged only once the port is
+    bound, and a port that cannot be bound (in use, no permission) is reported as such.
+
     Args:
       server: the MCP server.
       host, port: the address (bound here with `bind_socket` unless `sock` is given).
@@ -260,8 +257,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point; returns the exit status (2 for bad options, a bad harness or an
-    HTTP port that cannot be bound; argparse itself exits with 2 on option errors)."""
+    """Command-line entry point; returns the exit status: 2, with the reason on stderr, on bad options
+    (argparse exits with 2 itself on `--n-products` outside [`MIN_PRODUCTS`, `MAX_PRODUCTS`], `--port` outside
+    1-65535, an unknown `--log-level`), fault rates that fail `check_fault_rates`, a bad `--harness` path, a
+    harness that fails validation, or an HTTP port that cannot be bound."""
     args = _parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
