@@ -19,23 +19,14 @@ one assistant turn:
   most `max_reply_revisions` times; a reply still blocked ends with "no_reply" and reply "".
 - `step_text(text)` parses raw generated text (`split_reasoning`, `parse_tool_calls` typed by the
   harness's tools); text that does not parse ends the episode with outcome "malformed".
-- `step(message)` takes an OpenAI assistant message (a mapping). `content` (and `reasoning_content`)
-  may be a string, None, or a list of OpenAI text parts ({"type": "text", "text": ...} or plain
-  strings), which are joined; `tool_calls` may be absent, None or a list. Any other shape (a
-  `tool_calls` string, a numeric `content`, a non-text content part) is a malformed turn: it is
-  recorded and ends the episode with outcome "malformed". A list entry that is not a call mapping
-  becomes a call of the nameless tool (an "unknown_tool" result), like a misspelt name.
+- `step(message)` takes an OpenAI assistant message (a mapping); a field of a shape the model may get
+  wrong (`step` lists them) is a malformed turn: it is recorded and ends the episode with outcome "malformed".
 
-Timeouts: in-process calls are instant, so a "timeout" fault is simulated: status "timeout", the
-timeout error payload, latency = `tool_timeout_s`. A call that really takes longer than
-`tool_timeout_s` of wall time (a slow `tool_runner`, e.g. over MCP) is also reported as "timeout"
-(checked after the call returns; an in-process call cannot be interrupted). The skill loader is never
-faulted.
+Timeouts (`EnvConfig.tool_timeout_s`): a "timeout" fault is simulated, and a call that really runs longer than
+`tool_timeout_s` (a slow `tool_runner`, e.g. over MCP) is reported as "timeout" too. The skill loader is never faulted.
 
-Model mistakes (unknown tool, bad arguments, unknown skill, malformed text or message fields) never
-raise; calling `step` before `reset` or after the episode ended is a caller bug and raises
-`RuntimeError`, and passing `step` something that is not a message mapping (raw text, None) raises
-`TypeError` pointing to `step_text`.
+Model mistakes (unknown tool, bad arguments, unknown skill, malformed text or message fields) never raise; caller
+bugs do (`step` before `reset` or after the end: RuntimeError; a `step` argument that is not a mapping: TypeError).
 """
 
 from __future__ import annotations
@@ -78,7 +69,10 @@ class EnvConfig:
 
     Attributes:
       max_tool_rounds: tool-calling turns allowed (the paper: at most 4 rounds).
-      tool_timeout_s: per-call timeout in seconds (the paper: 5 s).
+      tool_timeout_s: per-call timeout in seconds (the paper: 5 s). In-process calls are instant, so a
+        "timeout" fault is simulated: status "timeout", the timeout error payload, latency = tool_timeout_s. A
+        call that really takes longer than tool_timeout_s of wall time (a slow `tool_runner`, e.g. over MCP) is
+        also reported as "timeout", checked after the call returns (an in-process call cannot be interrupted).
       fault_rates: probability of each injected fault per world-tool call ("error", "timeout",
         "empty"; numbers in [0, 1] summing to <= 1, checked by `check_fault_rates`).
       max_reply_revisions: how many times a reply blocked by a Stop hook may be revised.
@@ -208,8 +202,12 @@ class LiveStreamEnv:
     def step(self, message: Mapping[str, Any]) -> StepResult:
         """One assistant turn given as an OpenAI chat message (`tool_calls` optional).
 
-        Field shapes the model may get wrong (see the module docstring) end the episode with outcome
-        "malformed" instead of raising.
+        `content` (and `reasoning_content`) may be a string, None, or a list of OpenAI text parts
+        ({"type": "text", "text": ...} or plain strings), which are joined; `tool_calls` may be absent, None or
+        a list. Any other shape (a `tool_calls` string, a numeric `content`, a non-text content part) is a
+        malformed turn: it is recorded and ends the episode with outcome "malformed" instead of raising. A list
+        entry that is not a call mapping becomes a call of the nameless tool (an "unknown_tool" result), like a
+        misspelt name.
 
         Returns:
           StepResult(new_messages, done, assistant).
