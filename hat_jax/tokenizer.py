@@ -19,17 +19,10 @@ Variant implemented and why:
   (Qwen3.5 and Qwen3-Coder), not Qwen3's JSON body. `parse_tool_calls` and `split_reasoning` read
   that format back.
 - Content never produces control ids (`chat_encoding`): only the template's own markers (`<|im_start|>`, the
-  `<think>`/`<tool_call>`/`<tool_response>` tags, ...) become added-token ids. Every string the messages and tool
-  definitions bring (user, tool, system and assistant text, reasoning, tool-call names and arguments) is
-  rendered with each added-token string replaced by a same-length placeholder of private-use characters, so
-  the added-token strings left in the rendered text are exactly the template's; the text between them is
-  encoded by the tokenizer without its added vocabulary (the placeholders put back first), and the markers'
-  ids are spliced in. Without such strings in the content this equals `tokenizer(apply_chat_template(...))`
-  token for token: a fast tokenizer splits at added tokens before pre-tokenising, at the same places.
-  One boundary is added: the `\n` after `<think>` is always its own token, as it is at the end of the
-  generation prompt `<|im_start|>assistant\n<think>\n`. Otherwise an empty reasoning block
-  (`<think>\n\n</think>`) would encode `\n\n` as one token, and the generation prompt would not be a token
-  prefix of the rendered turn (the model never samples across the prompt's end).
+  `<think>`/`<tool_call>`/`<tool_response>` tags, ...) become added-token ids, whatever strings the messages and
+  tool definitions bring. Without such strings in the content this equals `tokenizer(apply_chat_template(...))`
+  token for token, but for one added boundary: the `\\n` after `<think>` is always its own token, so the
+  generation prompt is a token prefix of the rendered turn.
 """
 
 from __future__ import annotations
@@ -397,7 +390,18 @@ def _break_after_think(pieces: list[tuple[int, int, int | None]], text: str) -> 
 def chat_encoding(tokenizer: Any, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping] | None = None,
                   add_generation_prompt: bool = False, **template_kwargs: Any) -> ChatEncoding:
     """Renders `messages` with the tokenizer's chat template and tokenises it so that only the template's own
-    markers become added-token (control) ids (module docstring).
+    markers become added-token (control) ids.
+
+    Every string the messages and tool definitions bring (user, tool, system and assistant text, reasoning,
+    tool-call names and arguments) is rendered with each added-token string replaced by a same-length placeholder
+    of private-use characters, so the added-token strings left in the rendered text are exactly the template's;
+    the text between them is encoded by the tokenizer without its added vocabulary (the placeholders put back
+    first), and the markers' ids are spliced in. Without such strings in the content this equals
+    `tokenizer(apply_chat_template(...))` token for token: a fast tokenizer splits at added tokens before
+    pre-tokenising, at the same places. One boundary is added: the `\\n` after `<think>` is always its own token,
+    as it is at the end of the generation prompt `<|im_start|>assistant\\n<think>\\n`. Otherwise an empty
+    reasoning block (`<think>\\n\\n</think>`) would encode `\\n\\n` as one token, and the generation prompt would
+    not be a token prefix of the rendered turn (the model never samples across the prompt's end).
 
     Args:
       tokenizer: a fast Hugging Face tokenizer with a chat template (e.g. `load_tokenizer`).
