@@ -11,18 +11,17 @@ Two equal forms (tested against each other):
 - `chunk_gated_delta_rule`: chunks of C tokens; inside a chunk the delta-rule updates are condensed by
   the UT transform (the inverse of a unit lower-triangular matrix, by recursive block inversion), across
   chunks a `lax.scan` carries S. Used for training and prefill. C = 64 (transformers' and FLA's choice)
-  when compiling for an accelerator; 16 for the CPU, where the small-matrix work inside a chunk costs more
-  than the extra scan steps (`default_chunk_size`; measured in docs/tuning.md). For an accelerator the
-  chunks also go in checkpointed groups of about sqrt(N) (`default_group`): the backward pass then holds
-  one group's fp32 intermediates, not all N chunks' (docs/real_scale.md).
+  when compiling for an accelerator, 16 for the CPU (`default_chunk_size`; why: docs/tuning.md). For an
+  accelerator the chunks also go in checkpointed groups of about sqrt(N) (`default_group`): the backward
+  pass then holds one group's fp32 intermediates, not all N chunks' (docs/real_scale.md).
 Everything inside the kernels is float32 (the checkpoint's `mamba_ssm_dtype`).
 
 Packed rows (`hat_jax.model.segments`): an optional `reset` [B, T] marks each document's first token, where
 the decay is zero (S_{t-1} is dropped: S_t = k_t (beta_t v_t)^T), so no state crosses documents, as fla's
 varlen kernels do with `cu_seqlens` (flash-linear-attention `chunk_gated_delta_rule`). fla starts a new
 chunk at each sequence; here chunks stay fixed and every decay product in a chunk is zeroed when a reset
-lies between its two ends (counted by a per-chunk cumulative sum of resets), so documents may cross chunk
-boundaries. The conv masks the taps that reach into an earlier segment.
+lies between its two ends (`chunk_gated_delta_rule`), so documents may cross chunk boundaries. The conv
+masks the taps that reach into an earlier segment.
 
 Layer: in_proj_qkv -> causal depthwise conv1d (kernel 4, no bias) + SiLU -> split q [Hk], k [Hk], v [Hv]
 heads; beta = sigmoid(in_proj_b x); g = -exp(A_log) * softplus(in_proj_a x + dt_bias) (log-decay <= 0);
