@@ -41,7 +41,11 @@ def get_config() -> Scale:
                     samples_per_prompt=4, max_new_tokens=2048, seq_len=4096, bucket=512, loss="sampled",
                     compute_dtype="bfloat16", optim=OptimConfig(lr=1e-6, warmup_steps=10, min_lr_ratio=1.0),
                     steps=300, log_every=5, ckpt_every=50)
+    # RL: 512 rows of up to 32,768 tokens; accum_steps 16 = one row per chip per micro-batch on v5p-64 (32 chips;
+    # 60.75 GiB per chip); rollouts in waves of 64 rows (2 per chip on v5p-64: 28.11 GiB per chip with the
+    # policy's state resident, docs/real_scale.md).
     rl = RLConfig(**fits, world=WorldDataConfig(sft_tasks=0, eval_items=0, rl_tasks=20000), tasks_per_step=64,
+                  accum_steps=16, rollout_wave_rows=64,
                   group_size=8, steps=300, max_new_tokens=2048, max_turns=8, seq_len=32768, rollout_bucket=1024,
                   train_bucket=4096, estimator="gdpo", routing_replay=True, compute_dtype="bfloat16",
                   optim=OptimConfig(lr=1e-6, warmup_steps=0, min_lr_ratio=1.0), ckpt_every=20)
