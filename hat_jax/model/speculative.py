@@ -44,15 +44,15 @@ def init_mtp_cache(config: Qwen3_5MoeTextConfig, batch: int, max_len: int, dtype
 
 def _mtp_cached(m: Qwen3_5MoeForCausalLM, hidden, next_ids, mask, cache):
     """The MTP block with its cache (a `method=` of the model): hidden [B, T, H] (main post-norm, or the MTP's
-    own output), next_ids [B, T] int32 (token t+1), mask [B, T] bool -> (logits [B, T, V], MTP hidden
-    [B, T, H], new cache). Positions come from the cache's valid slots, as in the main model."""
+    own output), next_ids [B, T] int32 (token t+1), mask [B, T] bool -> (MTP hidden [B, T, H] post-norm, new
+    cache); its logits are lm_head(hidden). Positions come from the cache's valid slots, as in the main model."""
     c = m.config
     index, t = cache["index"], next_ids.shape[1]
     valid = jax.lax.dynamic_update_slice(cache["valid"], mask, (0, index))
     cos, sin = rope_cos_sin(cache_positions(valid, index, t), c.rotary_dim, c.rope_parameters.rope_theta)
     x, _, layer = m.mtp(m.model.embed_tokens(next_ids), hidden, cos, sin, mask, jnp.ones(mask.shape, jnp.int32),
                         valid.astype(jnp.int32), False, cache["layers"][0], index)
-    return m.lm_head(x), x, {"index": jnp.asarray(index + t, jnp.int32), "valid": valid, "layers": [layer]}
+    return x, {"index": jnp.asarray(index + t, jnp.int32), "valid": valid, "layers": [layer]}
 
 
 def _row_keys(rng: jax.Array, step, batch: int, purpose: int) -> jax.Array:
@@ -145,18 +145,18 @@ def emit_tokens(emitted, logprobs, count, tokens, out_logprobs, lengths, finishe
     return tokens, out_logprobs, lengths + count, finished | (first_stop < count)
 
 
-def _draft_chain(mtp, logits, hidden, alive, mtp_cache, rng, step, s: _Sampling, k: int):
-    """Drafts d_1 .. d_k from the depth-1 MTP output (logits [B, V], hidden [B, H]): depth j > 1 runs the MTP
-    on (its own previous hidden, d_{j-1}); those provisional slots are then marked invalid.
+def _draft_chain(mtp, lm_head, hidden, alive, mtp_cache, rng, step, s: _Sampling, k: int):
+    """Drafts d_1 .. d_k from the depth-1 MTP output hidden [B, H]: depth j > 1 runs the MTP on (its own
+    previous hidden, d_{j-1}); those provisional slots are then marked invalid.
     Returns (drafts [B, k] int32, q [B, k, V] float32 ([B, k, 0] greedy), MTP cache)."""
     b = alive.shape[0]
     drafts, qs = [], []
     start = mtp_cache["index"]
     for j in range(k):
         if j:
-            logits, hidden, mtp_cache = mtp(hidden[:, None], drafts[-1][:, None], alive[:, None], mtp_cache)
-            logits, hidden = logits[:, 0].astype(jnp.float32), hidden[:, 0]
-        d, q = draft_token(logits, _row_keys(rng, step, b, 2 + j), s)
+            hidden, mtp_cache = mtp(hidden[:, None], drafts[-1][:, None], alive[:, None], mtp_cache)
+            hidden = hidden[:, 0]
+        d, q = draft_token(lm_head(hidden).astype(jnp.float32), _row_keys(rng, step, b, 2 + j), s)
         drafts.append(d)
         qs.append(q)
     if k > 1:
@@ -167,25 +167,26 @@ def _draft_chain(mtp, logits, hidden, alive, mtp_cache, rng, step, s: _Sampling,
 
 def _speculative_decode(params, prompt_ids, prompt_mask, rng, s: _Sampling, config, dtype, moe_impl,
                         k: int) -> GenerationResult:
+    """The jitted body of `speculative_generate`: prefill, first token, MTP prefill and drafts, then a
+    `while_loop` of verify / accept / rewind / emit / draft steps (module docstring) until every row is done."""
     model = Qwen3_5MoeForCausalLM(config, dtype, moe_impl=moe_impl)
     verifier = Qwen3_5MoeForCausalLM(config, dtype, moe_impl=moe_impl, cache_steps=True)
     mtp = lambda h, ids, mask, cache: model.apply({"params": params}, h, ids, mask, cache, method=_mtp_cached)
+    lm_head = lambda h: model.apply({"params": params}, h, method=lambda m, h: m.lm_head(h))
     b, p = prompt_ids.shape
     n = s.max_new_tokens
     rows = jnp.arange(b)
 
     cache = {**init_cache(config, b, p + (n - 1) * (k + 1), dtype), "index": 0}   # static 0: causal prefill
     out = model.apply({"params": params}, prompt_ids, attention_mask=prompt_mask, cache=cache, return_logits=False)
-    logits = model.apply({"params": params}, out.hidden[:, -1], method=lambda m, h: m.lm_head(h))
-    tok0, lp0 = _sample(logits.astype(jnp.float32), jax.random.fold_in(rng, 0), s)
+    tok0, lp0 = _sample(lm_head(out.hidden[:, -1]).astype(jnp.float32), jax.random.fold_in(rng, 0), s)
     tokens, logprobs, lengths, finished = emit_tokens(
         tok0[:, None], lp0[:, None], jnp.ones((b,), jnp.int32), jnp.full((b, n), s.pad_id, jnp.int32),
         jnp.zeros((b, n), jnp.float32), jnp.zeros((b,), jnp.int32), jnp.zeros((b,), bool), s.stop_ids)
     mtp_cache = {**init_mtp_cache(config, b, p + (k - 1) + (n - 1) * 2 * k, dtype), "index": 0}
     next_ids = jnp.concatenate([prompt_ids[:, 1:], tok0[:, None]], axis=1)
-    m_logits, m_hidden, mtp_cache = mtp(out.hidden, next_ids, prompt_mask, mtp_cache)
-    drafts, q, mtp_cache = _draft_chain(mtp, m_logits[:, -1].astype(jnp.float32), m_hidden[:, -1], ~finished,
-                                        mtp_cache, rng, 0, s, k)
+    m_hidden, mtp_cache = mtp(out.hidden, next_ids, prompt_mask, mtp_cache)
+    drafts, q, mtp_cache = _draft_chain(mtp, lm_head, m_hidden[:, -1], ~finished, mtp_cache, rng, 0, s, k)
     zeros = jnp.zeros((b,), jnp.int32)
     state = (jnp.int32(1), out.cache, mtp_cache, tok0, drafts, q, tokens, logprobs, lengths, finished, zeros, zeros)
 
@@ -208,9 +209,8 @@ def _speculative_decode(params, prompt_ids, prompt_mask, rng, s: _Sampling, conf
         steps, accepted_sum = steps + alive, accepted_sum + jnp.where(alive, accepted, 0)
         # the MTP block over the verified positions: (h_j, emitted_j) for j <= accepted
         mtp_mask = mask & (jnp.arange(k + 1)[None, :] <= accepted[:, None])
-        m_logits, m_hidden, mtp_cache = mtp(out.hidden, emitted, mtp_mask, mtp_cache)
-        drafts, q, mtp_cache = _draft_chain(mtp, m_logits[rows, accepted].astype(jnp.float32),
-                                            m_hidden[rows, accepted], alive, mtp_cache, rng, i, s, k)
+        m_hidden, mtp_cache = mtp(out.hidden, emitted, mtp_mask, mtp_cache)
+        drafts, q, mtp_cache = _draft_chain(mtp, lm_head, m_hidden[rows, accepted], alive, mtp_cache, rng, i, s, k)
         last = emitted[rows, accepted]
         return i + 1, cache, mtp_cache, last, drafts, q, tokens, logprobs, lengths, finished, steps, accepted_sum
 
