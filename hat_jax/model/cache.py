@@ -71,3 +71,11 @@ def check_cache_room(cache: dict, num_tokens: int) -> None:
     if start + num_tokens > capacity:
         raise ValueError(f"decode cache is full: writing {num_tokens} token(s) at slot {start} needs "
                          f"{start + num_tokens} slots, the cache has {capacity} (init_cache(max_len=...) too small)")
+
+
+def cache_positions(valid: jax.Array, index, num_tokens: int) -> jax.Array:
+    """Positions of the `num_tokens` tokens at slots index .. index + num_tokens - 1: the number of valid slots
+    before each (valid [B, S] bool with the new tokens' mask already written) -> [B, T] int32. Invalid slots
+    (left padding, rejected speculative drafts) take no position."""
+    slots = index + jnp.arange(num_tokens)
+    return jnp.maximum(jnp.take(jnp.cumsum(valid, axis=1) - 1, slots, axis=1), 0)

@@ -55,7 +55,7 @@ def l2_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:
     return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
 
 
-def recurrent_gated_delta_rule(q, k, v, g, beta, initial_state, reset=None):
+def recurrent_gated_delta_rule(q, k, v, g, beta, initial_state, reset=None, all_states: bool = False):
     """Token-by-token gated delta rule.
 
     Args:
@@ -63,8 +63,9 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, initial_state, reset=None):
         v: [B, T, H, Dv] float32. g, beta: [B, T, H] float32 (log-decay <= 0, write strength in (0, 1)).
         initial_state: [B, H, Dk, Dv] float32.
         reset: optional [B, T] bool: at True the decay is zero (the state before the token is dropped).
+        all_states: return the state after every token, [B, T, H, Dk, Dv], instead of the final one.
     Returns:
-        (o [B, T, H, Dv] float32, final state [B, H, Dk, Dv] float32).
+        (o [B, T, H, Dv] float32, final state [B, H, Dk, Dv] float32 (or all states)).
     """
 
     def step(state, xs):
@@ -75,10 +76,14 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, initial_state, reset=None):
         kv_mem = jnp.einsum("bhkv,bhk->bhv", state, k_t)
         delta = (v_t - kv_mem) * b_t[..., None]
         state = state + k_t[..., :, None] * delta[..., None, :]
-        return state, jnp.einsum("bhkv,bhk->bhv", state, q_t)
+        out = jnp.einsum("bhkv,bhk->bhv", state, q_t)
+        return state, (out, state) if all_states else out
 
     xs = tuple(jnp.moveaxis(a, 1, 0) for a in (q, k, v, g, beta) + (() if reset is None else (reset,)))
     state, out = jax.lax.scan(step, initial_state, xs)
+    if all_states:
+        out, states = out
+        return jnp.moveaxis(out, 0, 1), jnp.moveaxis(states, 0, 1)
     return jnp.moveaxis(out, 0, 1), state
 
 
@@ -248,6 +253,13 @@ def causal_depthwise_conv(x: jax.Array, kernel: jax.Array, state: jax.Array,
     return y, xs[:, xs.shape[1] - (kk - 1):]
 
 
+def conv_windows(state: jax.Array, x: jax.Array, kernel_size: int) -> jax.Array:
+    """The conv state after each of the T tokens of `x`: [B, T, K-1, C] from state [B, K-1, C] and x [B, T, C]
+    (entry t equals the state `causal_depthwise_conv` returns for x[:, :t + 1])."""
+    xs = jnp.concatenate([state.astype(x.dtype), x], axis=1)
+    return jnp.stack([xs[:, t + 1:t + kernel_size] for t in range(x.shape[1])], axis=1)
+
+
 def _a_log_init(key, shape, dtype):
     """A ~ U(0.01, 16), stored as log A (transformers `_init_weights`)."""
     return jnp.log(jax.random.uniform(key, shape, jnp.float32, 0.01, 16.0)).astype(dtype)
@@ -289,11 +301,14 @@ class CausalConv1d(nn.Module):
 
 class GatedDeltaNet(nn.Module):
     """Params: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, conv1d.kernel [K, C], A_log [Hv], dt_bias [Hv],
-    norm.weight [Dv], out_proj."""
+    norm.weight [Dv], out_proj. `cache_steps`: a cached call runs the recurrent form and returns the cache
+    after every token (conv [B, T, K-1, conv_dim], state [B, T, Hv, Dk, Dv]; speculative verification picks
+    the accepted one)."""
 
     config: Qwen3_5MoeTextConfig
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
+    cache_steps: bool = False
 
     @nn.compact
     def __call__(self, x, token_mask=None, cache=None, segment_ids=None):
@@ -330,6 +345,7 @@ class GatedDeltaNet(nn.Module):
         dt_bias = param_with_axes(self, "dt_bias", _dt_bias_init, (hv,), self.param_dtype, ("linear_heads",))
 
         conv_state = cache["conv"] if cache is not None else jnp.zeros((b, kk - 1, c.linear_conv_dim), self.dtype)
+        qkv_in = qkv
         qkv, new_conv_state = causal_depthwise_conv(qkv, conv_kernel.astype(self.dtype), conv_state, segment_ids)
         qkv = jax.nn.silu(qkv)
         q, k, v = jnp.split(qkv, [c.linear_key_dim, 2 * c.linear_key_dim], axis=-1)
@@ -343,7 +359,10 @@ class GatedDeltaNet(nn.Module):
         k = l2_normalize(k)
         state0 = cache["state"] if cache is not None else jnp.zeros((b, hv, dk, dv), jnp.float32)
         reset = None if segment_ids is None else segment_starts(segment_ids)
-        if cache is not None and t == 1:
+        if cache is not None and self.cache_steps:
+            o, state = recurrent_gated_delta_rule(q, k, v, g, beta, state0, all_states=True)
+            new_conv_state = conv_windows(conv_state, qkv_in, kk)
+        elif cache is not None and t == 1:
             o, state = recurrent_gated_delta_rule(q, k, v, g, beta, state0)
         else:
             chunk = default_chunk_size()

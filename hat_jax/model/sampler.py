@@ -26,11 +26,15 @@ left padding); `expert_ids[l, b, i]` those of generated token i, recorded by the
 it back (step i + 1). A row's last generated token (its stop token, or token N-1) is never fed back, so
 its ids are -1, as are positions after a row finished.
 
+Speculative decoding (`num_speculative_tokens` = k > 0): the MTP block drafts k tokens per step and the
+main model verifies them in one forward; tokens are distributed exactly as without it (greedy: identical),
+logprobs are the main model's as above (`hat_jax.model.speculative`). Routing replay is refused with it.
+
 Recompilation: `_decode` is jitted once per (prompt shape [B, P], params shapes/dtypes, model config,
 compute dtype, moe_impl, moe_token_chunk, max_new_tokens, top_k, greedy or not, top-p on or off, number of
-stop ids, return_expert_ids).
-The values of temperature (> 0), top_p (< 1), the stop ids, the pad id and row_offset are traced, so changing them
-does not recompile. Bucket P with `left_pad(..., length=...)` to reuse a compilation across prompts.
+stop ids, return_expert_ids, num_speculative_tokens).
+The values of temperature (> 0), top_p (< 1), the stop ids, the pad id and row_offset are traced, so changing
+them does not recompile. Bucket P with `left_pad(..., length=...)` to reuse a compilation across prompts.
 """
 
 from __future__ import annotations
@@ -58,7 +62,8 @@ def _is_int(x) -> bool:
 class SamplingConfig:
     """How to decode. temperature 0 = greedy; top_k 0 = off; top_p 1.0 = off. Decoding stops for a row at
     the first of `stop_token_ids` (included in the output) or after `max_new_tokens` tokens; positions after
-    that hold `pad_token_id`. Raises ValueError naming the offending field."""
+    that hold `pad_token_id`. `num_speculative_tokens`: MTP draft tokens verified per step (0 = off;
+    `hat_jax.model.speculative`). Raises ValueError naming the offending field."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -66,6 +71,7 @@ class SamplingConfig:
     max_new_tokens: int
     stop_token_ids: tuple[int, ...] = ()
     pad_token_id: int = 0
+    num_speculative_tokens: int = 0
 
     def __post_init__(self):
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
@@ -82,6 +88,12 @@ class SamplingConfig:
             raise ValueError(f"SamplingConfig.stop_token_ids: expected non-negative ints, got {self.stop_token_ids!r}")
         if not _is_int(self.pad_token_id) or self.pad_token_id < 0:
             raise ValueError(f"SamplingConfig.pad_token_id: expected an int >= 0, got {self.pad_token_id!r}")
+        k = self.num_speculative_tokens
+        if not _is_int(k) or k < 0:
+            raise ValueError(f"SamplingConfig.num_speculative_tokens: expected an int >= 0 (0 = off), got {k!r}")
+        if k >= self.max_new_tokens:
+            raise ValueError(f"SamplingConfig.num_speculative_tokens={k}: a verify step emits at most "
+                             f"max_new_tokens - 1 = {self.max_new_tokens - 1} tokens after the first; expected <= that")
         if t == 0 and (self.top_k or p < 1.0):
             raise ValueError(f"SamplingConfig.top_k/top_p (top_k={self.top_k}, top_p={p}) have no effect with "
                              "temperature=0 (greedy): set top_k=0 and top_p=1.0, or a temperature > 0")
@@ -92,7 +104,10 @@ class GenerationResult:
     """tokens: [B, N] int32, pad after a row's stop token; logprobs: [B, N] float32 (see the module
     docstring; 0 on pad); lengths: [B] int32 generated tokens, stop token included; finished: [B] bool,
     True when the row produced a stop token. N = max_new_tokens. With `return_expert_ids=True` (else None):
-    expert_ids [L, B, N, k] int32 and prompt_expert_ids [L, B, P, k] int32 (module docstring; -1 = none)."""
+    expert_ids [L, B, N, k] int32 and prompt_expert_ids [L, B, P, k] int32 (module docstring; -1 = none).
+    With speculative decoding (else None): verify_steps [B] int32, the verify forwards a row took part in, and
+    accepted_drafts [B] int32, the drafts accepted over them (acceptance rate accepted / (steps * k), mean
+    accepted length 1 + accepted / steps)."""
 
     tokens: jax.Array
     logprobs: jax.Array
@@ -100,6 +115,8 @@ class GenerationResult:
     finished: jax.Array
     expert_ids: jax.Array | None = None
     prompt_expert_ids: jax.Array | None = None
+    verify_steps: jax.Array | None = None
+    accepted_drafts: jax.Array | None = None
 
 
 @flax.struct.dataclass
@@ -158,6 +175,17 @@ def top_p_mask(logits: jax.Array, p: float | jax.Array) -> jax.Array:
     return jnp.take_along_axis(keep_sorted, ranks, axis=-1)
 
 
+def filtered_logits(scaled: jax.Array, s: _Sampling) -> jax.Array:
+    """Temperature-scaled logits [..., V] float32 with the tokens top-k/top-p remove set to -inf: the
+    distribution `_sample` draws from is softmax of this."""
+    keep = jnp.ones(scaled.shape, bool)
+    if s.top_k and s.top_k < scaled.shape[-1]:
+        keep = top_k_mask(scaled, s.top_k)
+    if s.use_top_p:
+        keep = keep & top_p_mask(jnp.where(keep, scaled, -jnp.inf), s.top_p)
+    return jnp.where(keep, scaled, -jnp.inf)
+
+
 def _sample(logits: jax.Array, key: jax.Array, s: _Sampling) -> tuple[jax.Array, jax.Array]:
     """logits [B, V] float32 -> (tokens [B] int32, logprobs [B] float32), per the module docstring."""
     if s.greedy:
@@ -166,12 +194,7 @@ def _sample(logits: jax.Array, key: jax.Array, s: _Sampling) -> tuple[jax.Array,
     else:
         scaled = logits / s.temperature
         logp = jax.nn.log_softmax(scaled, axis=-1)
-        keep = jnp.ones(scaled.shape, bool)
-        if s.top_k and s.top_k < scaled.shape[-1]:
-            keep = top_k_mask(scaled, s.top_k)
-        if s.use_top_p:
-            keep = keep & top_p_mask(jnp.where(keep, scaled, -jnp.inf), s.top_p)
-        filtered = jnp.where(keep, scaled, -jnp.inf)
+        filtered = filtered_logits(scaled, s)
         row_keys = jax.vmap(lambda r: jax.random.fold_in(key, r))(jnp.arange(logits.shape[0]) + s.row_offset)
         tokens = jax.vmap(jax.random.categorical)(row_keys, filtered).astype(jnp.int32)
     return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
@@ -289,7 +312,8 @@ def generate(params: dict, config: Qwen3_5MoeTextConfig, prompt_ids, prompt_mask
         with return_expert_ids, expert_ids [L, B, N, k] and prompt_expert_ids [L, B, P, k] (-1 = none).
     Raises:
         ValueError: bad shapes, a right-padded or empty row (checked when the mask is concrete), top_k,
-            stop or pad ids outside the vocabulary, P + N > config.max_position_embeddings, unknown moe_impl.
+            stop or pad ids outside the vocabulary, P + N > config.max_position_embeddings, unknown moe_impl;
+            num_speculative_tokens > 0 with return_expert_ids or without an MTP block.
     """
     prompt_ids, prompt_mask = jnp.asarray(prompt_ids), jnp.asarray(prompt_mask)
     if prompt_ids.ndim != 2 or prompt_mask.shape != prompt_ids.shape:
@@ -314,6 +338,14 @@ def generate(params: dict, config: Qwen3_5MoeTextConfig, prompt_ids, prompt_mask
                          f"{config.max_position_embeddings}")
     if moe_impl not in MOE_IMPLS:
         raise ValueError(f"generate: moe_impl {moe_impl!r}: expected one of {sorted(MOE_IMPLS)}")
+    if sampling.num_speculative_tokens:
+        from hat_jax.model.speculative import speculative_generate  # it builds on this module
+
+        if return_expert_ids:
+            raise ValueError("SamplingConfig.num_speculative_tokens > 0 with return_expert_ids=True: routing "
+                             "replay is not supported with speculative decoding; set num_speculative_tokens=0")
+        return speculative_generate(params, config, prompt_ids.astype(jnp.int32), prompt_mask.astype(bool), rng,
+                                    sampling, jnp.dtype(dtype), moe_impl, moe_token_chunk, row_offset)
     return _decode_jit(params, prompt_ids.astype(jnp.int32), prompt_mask.astype(bool), rng,
                        _Sampling.from_config(sampling, row_offset), config=config, dtype=jnp.dtype(dtype),
                        moe_impl=moe_impl, return_expert_ids=bool(return_expert_ids), moe_token_chunk=moe_token_chunk)

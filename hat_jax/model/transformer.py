@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from hat_jax.model.attention import GatedAttention
-from hat_jax.model.cache import check_cache_room
+from hat_jax.model.cache import cache_positions, check_cache_room
 from hat_jax.model.config import FULL_ATTENTION, LINEAR_ATTENTION, Qwen3_5MoeTextConfig
 from hat_jax.model.deltanet import GatedDeltaNet
 from hat_jax.model.linear import Linear
@@ -90,6 +90,7 @@ class DecoderLayer(nn.Module):
     attention_impl: str = "xla"
     moe_token_chunk: int | None = None
     router_stats: bool = False  # return `RouterStats` of the router logits over token_mask instead of them
+    cache_steps: bool = False  # Gated DeltaNet: return the cache after every token (`GatedDeltaNet`)
 
     @nn.compact
     def __call__(self, x, cos, sin, token_mask, q_segment_ids, kv_segment_ids, segment_ids=None, cache=None,
@@ -110,7 +111,7 @@ class DecoderLayer(nn.Module):
         x = constrain(x, ACTIVATION)
         h = RMSNorm(c.rms_norm_eps, self.param_dtype, name="input_layernorm")(x)
         if self.layer_type == LINEAR_ATTENTION:
-            h, new_cache = GatedDeltaNet(c, self.dtype, self.param_dtype, name="linear_attn")(
+            h, new_cache = GatedDeltaNet(c, self.dtype, self.param_dtype, self.cache_steps, name="linear_attn")(
                 h, token_mask, cache, segment_ids)
         else:
             h, new_cache = GatedAttention(c, self.dtype, self.param_dtype, self.attention_impl, name="self_attn")(
@@ -171,6 +172,7 @@ class TextModel(nn.Module):
     attention_impl: str = "xla"
     moe_token_chunk: int | None = None
     router_stats: bool = False
+    cache_steps: bool = False
 
     def setup(self):
         c = self.config
@@ -183,7 +185,7 @@ class TextModel(nn.Module):
             layer_cls = nn.remat(DecoderLayer, static_argnums=(), prevent_cse=not self.scan_layers,
                                  policy=REMAT_POLICIES[self.remat_policy])
         self.layers = [layer_cls(c, t, self.dtype, self.param_dtype, self.moe_impl, self.attention_impl,
-                                 self.moe_token_chunk, self.router_stats, name=f"layers_{i}")
+                                 self.moe_token_chunk, self.router_stats, self.cache_steps, name=f"layers_{i}")
                        for i, t in enumerate(c.layer_types)]
         self.norm = RMSNorm(c.rms_norm_eps, self.param_dtype)
 
@@ -278,17 +280,21 @@ class MultiTokenPredictor(nn.Module):
     moe_token_chunk: int | None = None
 
     @nn.compact
-    def __call__(self, next_embeds, hidden, cos, sin, token_mask, q_segment_ids, kv_segment_ids, packed=True):
+    def __call__(self, next_embeds, hidden, cos, sin, token_mask, q_segment_ids, kv_segment_ids, packed=True,
+                 cache=None, index=None):
+        """Arguments as `DecoderLayer` (cache: the MTP layer's {'k', 'v'} or None); next_embeds, hidden
+        [B, T, H]. Returns (x [B, T, H] post-norm, router_logits [B*T, E]), and the new cache with one."""
         c = self.config
         e = RMSNorm(c.rms_norm_eps, self.param_dtype, name="pre_fc_norm_embedding")(next_embeds)
         h = RMSNorm(c.rms_norm_eps, self.param_dtype, name="pre_fc_norm_hidden")(hidden)
         x = Linear(c.hidden_size, ("mtp_fc_in", "embed"), self.dtype, self.param_dtype, c.initializer_range,
                    name="fc")(jnp.concatenate([e, h], axis=-1))
         # segment_ids stands in for "packed" only (the full-attention layer has no Gated DeltaNet)
-        x, _, router_logits, _ = DecoderLayer(c, FULL_ATTENTION, self.dtype, self.param_dtype, self.moe_impl,
-                                              self.attention_impl, self.moe_token_chunk, name="layers_0")(
-            x, cos, sin, token_mask, q_segment_ids, kv_segment_ids, q_segment_ids if packed else None)
-        return RMSNorm(c.rms_norm_eps, self.param_dtype, name="norm")(x), router_logits
+        x, new_cache, router_logits, _ = DecoderLayer(c, FULL_ATTENTION, self.dtype, self.param_dtype, self.moe_impl,
+                                                      self.attention_impl, self.moe_token_chunk, name="layers_0")(
+            x, cos, sin, token_mask, q_segment_ids, kv_segment_ids, q_segment_ids if packed else None, cache, index)
+        x = RMSNorm(c.rms_norm_eps, self.param_dtype, name="norm")(x)
+        return (x, router_logits) if cache is None else (x, router_logits, new_cache)
 
 
 class Qwen3_5MoeForCausalLM(nn.Module):
@@ -301,7 +307,9 @@ class Qwen3_5MoeForCausalLM(nn.Module):
     `moe_token_chunk`: None, or the MoE dispatch run on chunks of this many tokens per device in a
     rematerialised scan (`hat_jax.model.moe.routed_experts`; smaller MoE buffers, same results).
     `router_stats`: the output carries each layer's `RouterStats` over the token mask (the MoE losses' sums,
-    [L, E]-sized) instead of the [L, B*T, E] router logits (module docstring; the stages train with it)."""
+    [L, E]-sized) instead of the [L, B*T, E] router logits (module docstring; the stages train with it).
+    `cache_steps`: a cached call returns each Gated DeltaNet layer's cache after every token (`GatedDeltaNet`;
+    speculative decoding, `hat_jax.model.speculative`)."""
 
     config: Qwen3_5MoeTextConfig
     dtype: jnp.dtype = jnp.float32
@@ -312,11 +320,12 @@ class Qwen3_5MoeForCausalLM(nn.Module):
     attention_impl: str = "xla"
     moe_token_chunk: int | None = None
     router_stats: bool = False
+    cache_steps: bool = False
 
     def setup(self):
         c = self.config
         self.model = TextModel(c, self.dtype, self.param_dtype, self.moe_impl, self.remat_policy, self.scan_layers,
-                               self.attention_impl, self.moe_token_chunk, self.router_stats)
+                               self.attention_impl, self.moe_token_chunk, self.router_stats, self.cache_steps)
         self.lm_head = Linear(c.vocab_size, ("embed", "vocab"), self.dtype, self.param_dtype, c.initializer_range)
         if c.mtp_num_hidden_layers:
             self.mtp = MultiTokenPredictor(c, self.dtype, self.param_dtype, self.moe_impl, self.attention_impl,
@@ -367,8 +376,7 @@ class Qwen3_5MoeForCausalLM(nn.Module):
             # every query in segment 1, the cache's real slots too: causal attention over the real slots
             q_seg, kv_seg = jnp.ones(token_mask.shape, jnp.int32), valid.astype(jnp.int32)
             if positions is None:
-                slots = index + jnp.arange(t)
-                positions = jnp.maximum(jnp.take(jnp.cumsum(valid, axis=1) - 1, slots, axis=1), 0)
+                positions = cache_positions(valid, index, t)
             layer_caches = cache["layers"]
         cos, sin = rope_cos_sin(positions, c.rotary_dim, c.rope_parameters.rope_theta)
         hidden, new_layers, router_logits, expert_ids = self.model(
