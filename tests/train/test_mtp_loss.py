@@ -13,7 +13,7 @@ import pytest
 from hat_jax.model import Qwen3_5MoeForCausalLM, get_config, init_params
 from hat_jax.model.transformer import mtp_loss
 from hat_jax.train.losses import masked_token_ce_sum
-from hat_jax.train.mtp import check_mtp_model, mtp_ce_chunked, mtp_target_mask
+from hat_jax.train.mtp import check_mtp_model, mtp_ce_chunked, mtp_ce_counted_rows, mtp_target_mask
 from hat_jax.train.opd import OPDConfig
 from hat_jax.train.opd_loss import opd_loss_fn
 from hat_jax.train.pretrain import PretrainConfig
@@ -145,7 +145,7 @@ def test_opd_mtp_term_is_on_the_students_tokens(micro):
     np.testing.assert_allclose(float(stats["total_loss"]), float(stats["loss"]) + 0.5 * mtp, rtol=1e-6)
 
 
-def test_chunked_mtp_ce_equals_full_logits(micro):
+def test_chunked_and_counted_rows_mtp_ce_equal_full_logits(micro):
     config, params = micro
     model = Qwen3_5MoeForCausalLM(config)
     batch = _packed_batch()
@@ -156,6 +156,9 @@ def test_chunked_mtp_ce_equals_full_logits(micro):
         full = mtp_loss(out.mtp_logits, ids, loss_mask, segment_ids)
         for chunk in (96, 512):  # a last partial chunk, and one chunk
             got = mtp_ce_chunked(out.mtp_hidden, kernel, ids, loss_mask, segment_ids, chunk)
+            np.testing.assert_allclose(float(got), float(full), rtol=1e-5)
+        for rows in (5, 7, 256):  # blocks of positions, the all-0 ones skipped; a last partial block; one block
+            got = mtp_ce_counted_rows(out.mtp_hidden, kernel, ids, loss_mask, segment_ids, rows)
             np.testing.assert_allclose(float(got), float(full), rtol=1e-5)
     # the model without logits returns the same MTP hidden states (what the chunked stages read)
     bare = model.apply({"params": params}, ids, segment_ids=seg, with_mtp=True, return_logits=False)
