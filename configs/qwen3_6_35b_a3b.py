@@ -19,6 +19,10 @@ from hat_jax.train.optim import OptimConfig
 from hat_jax.train.rl import RLConfig
 from hat_jax.train.sft import SFTConfig
 
+# The MTP loss weight of every stage: DeepSeek-V3's lambda (arXiv 2412.19437, section 4.2: 0.3, then 0.1),
+# the default of Megatron's and slime's mtp_loss_scaling_factor (`hat_jax.train.mtp`).
+MTP_COEF = 0.1
+
 PRESET = "qwen3_6_35b_a3b"
 
 
@@ -35,12 +39,12 @@ def get_config() -> Scale:
     sft = SFTConfig(**fits, preset=PRESET,
                     data=SFTDataConfig(seq_len=16384, batch_size=64, p_hsa=0.5, num_epochs=None),
                     optim=OptimConfig(lr=1e-5, warmup_steps=50, weight_decay=0.01), steps=2000,
-                    compute_dtype="bfloat16", log_every=10, ckpt_every=200)
+                    compute_dtype="bfloat16", log_every=10, ckpt_every=200, mtp_coef=MTP_COEF)
     # The paper distils on Tulu-3 prompts: --set opd.tulu_path=/data/tulu-3.parquet --set opd.prompts=tulu.
     opd = OPDConfig(**fits, preset=PRESET, prompts="general", prompt_pool=20000, prompts_per_step=64,
                     samples_per_prompt=4, max_new_tokens=2048, seq_len=4096, bucket=512, loss="sampled",
                     compute_dtype="bfloat16", optim=OptimConfig(lr=1e-6, warmup_steps=10, min_lr_ratio=1.0),
-                    steps=300, log_every=5, ckpt_every=50)
+                    steps=300, log_every=5, ckpt_every=50, mtp_coef=MTP_COEF)
     # RL: 512 rows of up to 32,768 tokens; accum_steps 16 = one row per chip per micro-batch on v5p-64 (32 chips;
     # 60.75 GiB per chip); rollouts in waves of 64 rows (2 per chip on v5p-64: 28.11 GiB per chip with the
     # policy's state resident, docs/real_scale.md).
@@ -48,7 +52,7 @@ def get_config() -> Scale:
                   accum_steps=16, rollout_wave_rows=64,
                   group_size=8, steps=300, max_new_tokens=2048, max_turns=8, seq_len=32768, rollout_bucket=1024,
                   train_bucket=4096, estimator="gdpo", routing_replay=True, compute_dtype="bfloat16",
-                  optim=OptimConfig(lr=1e-6, warmup_steps=0, min_lr_ratio=1.0), ckpt_every=20)
+                  optim=OptimConfig(lr=1e-6, warmup_steps=0, min_lr_ratio=1.0), ckpt_every=20, mtp_coef=MTP_COEF)
     opd_live = dataclasses.replace(opd, prompts="live", max_new_tokens=2048, seq_len=32768, bucket=1024)
     evaluation = EvalConfig(world=WorldDataConfig(eval_items=978), max_new_tokens=2048, max_turns=8, seq_len=32768,
                             batch_size=64, bucket=1024, if_max_new_tokens=2048, compute_dtype="bfloat16")

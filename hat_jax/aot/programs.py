@@ -133,13 +133,14 @@ def sft_programs(scale, model_config, mesh: Mesh) -> list[Program]:
     rows, t = c.data.batch_size, c.data.seq_len
     batch = _micro_batch(mesh, c.accum_steps, rows, {k: ((t,), jnp.int32) for k in DEVICE_KEYS})
     step = make_train_step(sft_loss_fn(_model(c, model_config), **_sft_loss_options(c)), optimizer,
-                           lb_coef=c.lb_coef, schedule=lr_schedule(resolved_optim(c)), shardings=shardings)
+                           lb_coef=c.lb_coef, mtp_coef=c.mtp_coef, schedule=lr_schedule(resolved_optim(c)),
+                           shardings=shardings)
     return [Program("train_step", step, (state, batch), analytic_flops(model_config, rows, t, True), rows * t)]
 
 
 def _sft_loss_options(config) -> dict:
     chunk = getattr(config, "vocab_chunk", None)
-    return {} if chunk is None else {"vocab_chunk": chunk}
+    return {"mtp": config.mtp_coef > 0, **({} if chunk is None else {"vocab_chunk": chunk})}
 
 
 def opd_programs(scale, model_config, mesh: Mesh) -> list[Program]:
@@ -165,7 +166,7 @@ def opd_programs(scale, model_config, mesh: Mesh) -> list[Program]:
         batch["teacher_kernel"] = jax.ShapeDtypeStruct((split, *kernel.shape), kernel.dtype, sharding=NamedSharding(
             mesh, PartitionSpec(None, *kernel.sharding.spec)))
     step = make_train_step(opd_loss_fn(_model(c, model_config), c), optimizer, lb_coef=c.lb_coef,
-                           schedule=lr_schedule(resolved_optim(c)), shardings=shardings)
+                           mtp_coef=c.mtp_coef, schedule=lr_schedule(resolved_optim(c)), shardings=shardings)
     return [
         Program("teacher_forward", teacher_fn, (teacher, _rows_batch(mesh, micro, t), _rows_batch(mesh, micro, t)),
                 analytic_flops(model_config, micro, t, False), micro * t, resident=per_chip_bytes(state)),
@@ -196,10 +197,10 @@ def rl_programs(scale, model_config, mesh: Mesh) -> list[Program]:
     model = _model(c, model_config)
     loss_fn = rl_loss_fn(model, temperature=c.temperature, eps_low=c.eps_low, eps_high=c.eps_high, beta=c.beta,
                          aggregation=c.aggregation, max_len=c.max_len, routing_replay=c.routing_replay,
-                         vocab_chunk=c.vocab_chunk)
+                         vocab_chunk=c.vocab_chunk, mtp=c.mtp_coef > 0)
     step = make_rl_train_step(loss_fn, optimizer, accum_steps=c.accum_steps, epochs=c.ppo_epochs,
-                              minibatches=c.ppo_minibatches, lb_coef=c.lb_coef, schedule=lr_schedule(resolved_optim(c)),
-                              shardings=shardings)
+                              minibatches=c.ppo_minibatches, lb_coef=c.lb_coef, mtp_coef=c.mtp_coef,
+                              schedule=lr_schedule(resolved_optim(c)), shardings=shardings)
     updates = c.ppo_epochs
     programs = []
     reference = None

@@ -57,7 +57,9 @@ class ModelOutput:
     """logits: [B, T, V] compute dtype (None when not requested); hidden: [B, T, H] post-final-norm;
     router_logits: [L, B*T, E] float32 (None with `router_stats=True`); expert_ids: [L, B*T, k] int32;
     cache: updated cache or None; mtp_logits: [B, T, V] (position t predicts token t+2) when requested with
-    `with_mtp=True`; mtp_router_logits: [1, B*T, E] float32 with them; router_stats: with
+    `with_mtp=True` (None with `return_logits=False`); mtp_hidden: [B, T, H] the MTP block's post-norm output
+    (the lm_head input of mtp_logits) with `with_mtp=True`; mtp_router_logits: [1, B*T, E] float32 with them;
+    router_stats: with
     `router_stats=True`, the per-layer sums over non-padding tokens (`RouterStats`: counts and prob_sums
     [L, E], lse_sq_sum and tokens [L]), else None."""
 
@@ -69,6 +71,7 @@ class ModelOutput:
     mtp_logits: jax.Array | None = None
     mtp_router_logits: jax.Array | None = None
     router_stats: RouterStats | None = None
+    mtp_hidden: jax.Array | None = None
 
 
 def _stack(trees: list) -> Any:
@@ -270,7 +273,8 @@ def _stack_for_compute(leaves, dtype) -> jax.Array:
 
 
 class MultiTokenPredictor(nn.Module):
-    """The `mtp.*` block. Shares `embed_tokens` and `lm_head` with the main model (passed in)."""
+    """The `mtp.*` block. Shares `embed_tokens` and `lm_head` with the main model (passed in). `remat_policy`
+    rematerialises its decoder layer as the main model's (same parameter names)."""
 
     config: Qwen3_5MoeTextConfig
     dtype: jnp.dtype = jnp.float32
@@ -278,6 +282,7 @@ class MultiTokenPredictor(nn.Module):
     moe_impl: str = "blocked"
     attention_impl: str = "xla"
     moe_token_chunk: int | None = None
+    remat_policy: str = "none"
 
     @nn.compact
     def __call__(self, next_embeds, hidden, cos, sin, token_mask, q_segment_ids, kv_segment_ids, packed=True,
@@ -289,10 +294,16 @@ class MultiTokenPredictor(nn.Module):
         h = RMSNorm(c.rms_norm_eps, self.param_dtype, name="pre_fc_norm_hidden")(hidden)
         x = Linear(c.hidden_size, ("mtp_fc_in", "embed"), self.dtype, self.param_dtype, c.initializer_range,
                    name="fc")(jnp.concatenate([e, h], axis=-1))
+        layer_cls = DecoderLayer
+        if self.remat_policy != "none":
+            layer_cls = nn.remat(DecoderLayer, static_argnums=(), policy=REMAT_POLICIES[self.remat_policy])
         # segment_ids stands in for "packed" only (the full-attention layer has no Gated DeltaNet)
-        x, new_cache, router_logits, _ = DecoderLayer(c, FULL_ATTENTION, self.dtype, self.param_dtype, self.moe_impl,
-                                                      self.attention_impl, self.moe_token_chunk, name="layers_0")(
-            x, cos, sin, token_mask, q_segment_ids, kv_segment_ids, q_segment_ids if packed else None, cache, index)
+        if cache is not None:  # cached (speculative drafting): no backward pass, nothing to rematerialise
+            layer_cls = DecoderLayer
+        x, new_cache, router_logits, _ = layer_cls(c, FULL_ATTENTION, self.dtype, self.param_dtype, self.moe_impl,
+                                                   self.attention_impl, self.moe_token_chunk, name="layers_0")(
+            *(x, cos, sin, token_mask, q_segment_ids, kv_segment_ids, q_segment_ids if packed else None),
+            *(() if cache is None else (cache, index)))
         x = RMSNorm(c.rms_norm_eps, self.param_dtype, name="norm")(x)
         return (x, router_logits) if cache is None else (x, router_logits, new_cache)
 
@@ -329,7 +340,7 @@ class Qwen3_5MoeForCausalLM(nn.Module):
         self.lm_head = Linear(c.vocab_size, ("embed", "vocab"), self.dtype, self.param_dtype, c.initializer_range)
         if c.mtp_num_hidden_layers:
             self.mtp = MultiTokenPredictor(c, self.dtype, self.param_dtype, self.moe_impl, self.attention_impl,
-                                           self.moe_token_chunk)
+                                           self.moe_token_chunk, self.remat_policy)
 
     def __call__(self, input_ids, attention_mask=None, positions=None, cache=None, forced_expert_ids=None,
                  return_logits: bool = True, with_mtp: bool = False, segment_ids=None) -> ModelOutput:
@@ -346,7 +357,8 @@ class Qwen3_5MoeForCausalLM(nn.Module):
                 may be a static Python int (e.g. 0 for a prefill inside a jitted function): the attention
                 then skips the masked upper triangle (`causal_gqa_attention`); the result is the same.
             forced_expert_ids: optional [L, B*T, k] int32 (routing replay).
-            return_logits: False skips the lm_head (losses that chunk the vocabulary use `hidden`).
+            return_logits: False skips the lm_head, the MTP block's too (losses that chunk the vocabulary use
+                `hidden` and `mtp_hidden`).
             with_mtp: also run the MTP block on (hidden_t, input_ids_{t+1}) for the MTP training loss; the
                 last position (and with `segment_ids` each document's last token) gets the padding
                 next-token id 0 and must be masked by the loss (`mtp_loss`).
@@ -381,10 +393,12 @@ class Qwen3_5MoeForCausalLM(nn.Module):
         cos, sin = rope_cos_sin(positions, c.rotary_dim, c.rope_parameters.rope_theta)
         hidden, new_layers, router_logits, expert_ids = self.model(
             input_ids, cos, sin, token_mask, q_seg, kv_seg, segment_ids, layer_caches, index, forced_expert_ids)
-        mtp_logits = mtp_router_logits = None
+        mtp_logits = mtp_hidden = mtp_router_logits = None
         if with_mtp or (self.is_initializing() and c.mtp_num_hidden_layers):
             next_ids = jnp.concatenate([input_ids[:, 1:], jnp.zeros_like(input_ids[:, :1])], axis=1)
-            mtp_logits, mtp_router_logits = self.mtp_logits(hidden, next_ids, positions, attention_mask, segment_ids)
+            mtp_hidden, mtp_router_logits = self.mtp_hidden(hidden, next_ids, positions, attention_mask, segment_ids)
+            if return_logits or self.is_initializing():
+                mtp_logits = self.lm_head(mtp_hidden)
         logits = self.lm_head(hidden) if return_logits else None
         new_cache = None
         if cache is not None:
@@ -392,10 +406,21 @@ class Qwen3_5MoeForCausalLM(nn.Module):
         stats = None
         if self.router_stats:
             router_logits, stats = None, router_logits
-        return ModelOutput(logits, hidden, router_logits, expert_ids, new_cache, mtp_logits, mtp_router_logits, stats)
+        return ModelOutput(logits, hidden, router_logits, expert_ids, new_cache, mtp_logits, mtp_router_logits, stats,
+                           mtp_hidden)
 
     def mtp_logits(self, hidden, next_ids, positions=None, attention_mask=None, segment_ids=None):
-        """MTP logits (uncached, full causal attention inside the MTP layer).
+        """MTP logits: the shared lm_head on `mtp_hidden` (arguments, errors as there).
+
+        Returns:
+            (logits [B, T, V] compute dtype, predicting token t+2, router_logits [1, B*T, E] float32).
+        """
+        x, router_logits = self.mtp_hidden(hidden, next_ids, positions, attention_mask, segment_ids)
+        return self.lm_head(x), router_logits
+
+    def mtp_hidden(self, hidden, next_ids, positions=None, attention_mask=None, segment_ids=None):
+        """The MTP block's post-norm output (uncached, full causal attention inside the MTP layer): the lm_head
+        input of `mtp_logits`, and the hidden state a recursive draft feeds back in place of `hidden`.
 
         Args:
             hidden: [B, T, H] the main model's post-norm hidden states h_t.
@@ -406,7 +431,7 @@ class Qwen3_5MoeForCausalLM(nn.Module):
                 and next_ids[t] is replaced by the padding id 0 where token t+1 is in another segment (a
                 document's last token must not see the next document's first); next_ids[T-1] is kept.
         Returns:
-            (logits [B, T, V] predicting token t+2, router_logits [1, B*T, E]).
+            (hidden [B, T, H] compute dtype, whose lm_head logits predict token t+2, router_logits [1, B*T, E]).
         Raises:
             ValueError without an MTP block, or when `segment_ids` comes with an `attention_mask`.
         """
@@ -421,7 +446,7 @@ class Qwen3_5MoeForCausalLM(nn.Module):
         cos, sin = rope_cos_sin(positions, c.rotary_dim, c.rope_parameters.rope_theta)
         x, router_logits = self.mtp(self.model.embed_tokens(next_ids), hidden, cos, sin, token_mask, q_seg, kv_seg,
                                     segment_ids is not None)
-        return self.lm_head(x), router_logits[None]
+        return x, router_logits[None]
 
 
 def _uncached_inputs(ids: jax.Array, attention_mask, segment_ids, positions):

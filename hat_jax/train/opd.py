@@ -58,6 +58,7 @@ from hat_jax.sim.env import EnvConfig
 from hat_jax.train import checkpoints as ckpt
 from hat_jax.train.kl import OPD_LOSSES, check_opd_loss
 from hat_jax.train.losses import check_aggregation
+from hat_jax.train.mtp import DEFAULT_MTP_COEF, check_mtp_coef, check_mtp_model
 from hat_jax.train.opd_batches import EXACT_KEYS, SAMPLED_KEYS, OPDBatches, live_pool, prompt_pool
 from hat_jax.train.opd_loss import opd_loss_fn
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
@@ -98,6 +99,8 @@ class OPDConfig:
       clip_eps: PPO clip of the sampled loss (None = no clip). kl_coef: scale of the KL (advantage or loss).
       aggregation: `hat_jax.train.losses.AGGREGATIONS`. vocab_chunk: None = full logits; else the
         vocabulary chunk of the chunked logprob/KL/entropy computations.
+      mtp_coef: weight of the MTP loss on the student's sampled tokens (`hat_jax.train.mtp`; >= 0, 0 skips the
+        MTP forward; default 0.1, DeepSeek-V3's lambda).
       optim, accum_steps, lb_coef, compute_dtype, param_dtype, mu_dtype, remat_policy, scan_layers, attention_impl, moe_impl, moe_token_chunk, steps, log_every, ckpt_every,
         max_to_keep, seed, mesh: as SFT. The frozen teacher is held in compute_dtype.
     """
@@ -132,6 +135,7 @@ class OPDConfig:
     optim: OptimConfig = OptimConfig()
     accum_steps: int = 1
     lb_coef: float = 0.001
+    mtp_coef: float = DEFAULT_MTP_COEF
     compute_dtype: str = "float32"
     param_dtype: str = "float32"
     mu_dtype: str | None = None
@@ -151,6 +155,7 @@ class OPDConfig:
         check_run_fields(self)
         check_dtypes("OPDConfig", param_dtype=self.param_dtype, mu_dtype=self.mu_dtype)
         check_model_options("OPDConfig", self)
+        check_mtp_coef("OPDConfig", self.mtp_coef)
         check_opd_loss(self.loss)
         check_aggregation(self.aggregation)
         if self.prompts not in PROMPT_SOURCES:
@@ -294,6 +299,7 @@ def run_opd(config: OPDConfig, out_dir: str | Path, *, resume: bool = False, for
         model_config, params = load_checkpoint(config.init, "student init", config.mesh)
     else:
         model_config, params = _checkpoint_config(config.init, "student init"), None
+    check_mtp_model("OPDConfig", config.mtp_coef, model_config)
     teacher_config, teacher_params = load_checkpoint(config.teacher, "teacher", config.mesh, config.compute_dtype)
     if teacher_config.vocab_size != model_config.vocab_size:
         raise ckpt.IncompatibleCheckpointError(
@@ -311,7 +317,7 @@ def run_opd(config: OPDConfig, out_dir: str | Path, *, resume: bool = False, for
     model = Qwen3_5MoeForCausalLM(model_config, dtype=dtype, **model_options(config))
     teacher_model = Qwen3_5MoeForCausalLM(teacher_config, dtype=dtype, **model_options(config, train=False))
     train_step = make_train_step(opd_loss_fn(model, config), optimizer, lb_coef=config.lb_coef,
-                                 schedule=lr_schedule(optim), shardings=run.shardings)
+                                 mtp_coef=config.mtp_coef, schedule=lr_schedule(optim), shardings=run.shardings)
     batches = OPDBatches(config, model_config, tokenizer, pool, teacher_params, teacher_model)
     teacher_kernel = teacher_params["lm_head"]["kernel"]
     keys = EXACT_KEYS if config.loss == "exact" else SAMPLED_KEYS

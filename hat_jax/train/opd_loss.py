@@ -28,7 +28,8 @@ aggregation, total_tokens=1, total_sequences=1)`, i.e. the aggregation's numerat
 (loss tokens for "token-mean"; rows with at least one action token for "seq-mean-token-mean" and
 "seq-mean-token-sum-norm", whose constant L_max is max_new_tokens, or for "live" min(max_turns x
 max_new_tokens, seq_len) as RL's), so the trainer's sum(loss_sum) / sum(n) over micro-batches equals the full
-batch's aggregate. Plus lb_coef x the MoE load-balancing loss. The MTP block gets no gradient. Only the action
+batch's aggregate. Plus lb_coef x the MoE load-balancing loss, plus mtp_coef x the MTP head's cross-entropy on
+the student's sampled (action) tokens (`hat_jax.train.mtp`; skipped at mtp_coef = 0). Only the action
 positions enter the loss (either loss: the exact KL is computed at every position and masked), so a "live"
 episode's environment tokens are context for both models and never trained on.
 """
@@ -45,6 +46,7 @@ from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.rollout.logprobs import token_logprobs, token_logprobs_chunked
 from hat_jax.train.kl import exact_reverse_kl, sampled_reverse_kl_loss
 from hat_jax.train.losses import masked_mean, token_entropy_chunked
+from hat_jax.train.mtp import mtp_aux
 from hat_jax.train.rl_loss import counted_sequences
 from hat_jax.train.trainer import moe_aux, output_router_stats
 
@@ -63,17 +65,20 @@ def opd_loss_fn(model: Qwen3_5MoeForCausalLM, config: OPDConfig):
 
     micro: input_ids/attention_mask/action_mask [b, T] int32, old_logprobs/teacher_logprobs [b, T] float32;
     for "exact" also teacher_hidden [b, T, H_T] and teacher_kernel [H_T, V] (held out of the gradient).
+    With config.mtp_coef > 0 the student's MTP block runs too and aux carries its `mtp_loss` on action_mask.
     """
     chunk, temp, cd = config.vocab_chunk, config.temperature, COMPUTE_DTYPES[config.compute_dtype]
     top_k = model.config.num_experts_per_tok
     agg = dict(aggregation=config.aggregation, max_len=config.max_len, total_tokens=1.0, total_sequences=1.0)
     sg = jax.lax.stop_gradient
+    mtp = config.mtp_coef > 0
 
     def loss_fn(params, micro, rng):
         del rng  # no dropout
         ids, att, m = micro["input_ids"], micro["attention_mask"], micro["action_mask"]
         old, tlp = micro["old_logprobs"], micro["teacher_logprobs"]
-        out = model.apply({"params": params}, ids, attention_mask=att, return_logits=chunk is None)
+        out = model.apply({"params": params}, ids, attention_mask=att, return_logits=chunk is None,
+                          **({"with_mtp": True} if mtp else {}))
         kernel = params["lm_head"]["kernel"]
         if chunk is None:
             lp, ent = token_logprobs(out.logits, ids, temp), _entropy(sg(out.logits), temp)
@@ -101,6 +106,8 @@ def opd_loss_fn(model: Qwen3_5MoeForCausalLM, config: OPDConfig):
         aux["kl/reverse_k3"] = masked_mean(jnp.exp(-k1) - 1.0 + k1, m)
         aux["policy/ratio_mean"] = masked_mean(jnp.exp(sg(lp) - old), m)
         aux["policy/entropy"] = masked_mean(ent, m)
+        if mtp:
+            aux.update(mtp_aux(out, params, ids, m, att, top_k, vocab_chunk=chunk, compute_dtype=cd))
         n = jnp.sum(m.astype(jnp.float32)) if config.aggregation == "token-mean" else counted_sequences(m)
         return loss_sum, n, aux
 

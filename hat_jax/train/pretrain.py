@@ -15,8 +15,9 @@ docs/tuning.md, "Base pretraining"). The real preset imports its base (`hat_jax.
    live-stream SFT records, so the vocabulary covers the live-stream text the base never trains on and SFT
    from the base tokenizes exactly as SFT from scratch would. Copied to `<base>/tokenizer`.
 2. Pretraining objective: token-mean cross-entropy on EVERY non-pad token (loss_mask = attention_mask with
-   position 0 zeroed, as it has no context) + lb_coef x the MoE load-balancing loss, through the shared
-   trainer (`hat_jax.train.trainer`, the SFT loss function `sft_loss_fn`). Every token, not only the
+   position 0 zeroed, as it has no context) + lb_coef x the MoE load-balancing loss + mtp_coef x the MTP
+   head's cross-entropy on the same tokens (`hat_jax.train.mtp`), through the shared trainer
+   (`hat_jax.train.trainer`, the SFT loss function `sft_loss_fn`). Every token, not only the
    assistant's as in SFT: this is language-model pretraining (docs/tuning.md).
 3. Rows, packed (`pack=True`, the default): each chat is one document (loss_mask 1 on every token but its
    first), cut to seq_len when longer (counted in the data state and base_report.json, logged once; with
@@ -77,6 +78,7 @@ from hat_jax.rollout.logprobs import token_logprobs
 from hat_jax.train.checkpoints import config_hash
 from hat_jax.train.distributed import is_primary
 from hat_jax.train.metrics import MetricsWriter, read_metrics
+from hat_jax.train.mtp import DEFAULT_MTP_COEF, check_mtp_coef, check_mtp_model
 from hat_jax.train.optim import OptimConfig
 from hat_jax.train.sft import bpe_tokenizer_dir, run_masked_ce
 from hat_jax.train.stage import (StageRun, copy_tokenizer, add_set_progress, apply_overrides, cli, config_json,
@@ -101,6 +103,8 @@ class PretrainConfig:
         order each epoch. seq_len: tokens per row. batch_size: rows per optimizer step (accum_steps
         micro-batches of batch_size / accum_steps rows).
       steps, optim: optimizer steps; AdamW + warmup-cosine schedule. lb_coef: MoE load-balancing coefficient.
+      mtp_coef: weight of the MTP loss (`hat_jax.train.mtp`; >= 0, 0 skips the MTP forward; default 0.1,
+        DeepSeek-V3's lambda).
       compute_dtype: "float32" or "bfloat16" (params stay fp32).
       pack: pack several chats per row (module docstring, point 3); False = one chat per row, padded.
       pack_bins: rows the first-fit packer keeps open. truncate: cut chats longer than seq_len (counted);
@@ -121,6 +125,7 @@ class PretrainConfig:
     steps: int = 100
     optim: OptimConfig = OptimConfig(lr=3e-3, warmup_steps=10)
     lb_coef: float = 0.001
+    mtp_coef: float = DEFAULT_MTP_COEF
     compute_dtype: str = "float32"
     pack: bool = True
     pack_bins: int = 16
@@ -148,9 +153,11 @@ class PretrainConfig:
             if not isinstance(getattr(self, name), kind):
                 raise ValueError(f"PretrainConfig.{name}: expected a {kind.__name__}, got {getattr(self, name)!r}")
         try:
-            self.model_config()
+            model_config = self.model_config()
         except ValueError as err:
             raise ValueError(f"PretrainConfig.preset/model_overrides: {err}") from None
+        check_mtp_coef("PretrainConfig", self.mtp_coef)
+        check_mtp_model("PretrainConfig", self.mtp_coef, model_config)
 
     def model_config(self):
         return get_config(self.preset, **dict(self.model_overrides))

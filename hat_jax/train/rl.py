@@ -38,7 +38,9 @@ One RL step (a batch function for `hat_jax.train.trainer.run_stage`, called with
    + beta k3(logp, logp_ref) (DAPO clip-higher 0.2 / 0.28, arXiv 2503.14476; k3 in the loss as GRPO, only
    with beta > 0: the reference, default the init checkpoint, is then forwarded once per step), aggregated
    by `aggregation` ("token-mean" DAPO / verl default, "seq-mean-token-mean" GRPO, "seq-mean-token-sum-norm"
-   Dr.GRPO with L_max = min(max_turns * max_new_tokens, seq_len)), plus lb_coef x the MoE load-balancing loss.
+   Dr.GRPO with L_max = min(max_turns * max_new_tokens, seq_len)), plus lb_coef x the MoE load-balancing loss,
+   plus mtp_coef x the MTP head's cross-entropy on the sampled tokens, not scaled by the advantage
+   (`hat_jax.train.mtp`: the head learns to predict the policy; routing replay forces the main layers only).
    `routing_replay` (R3, arXiv 2510.11370) records the sampling-time top-k expert ids and forces them in
    the training forward; gate weights come from the live router logits. `ppo_epochs` x `ppo_minibatches`
    optimizer updates per rollout batch (default 1 x 1: one on-policy update, ratio = 1 up to numerics);
@@ -74,6 +76,7 @@ from hat_jax.sim.env import EnvConfig
 from hat_jax.train import checkpoints as ckpt
 from hat_jax.train.advantages import get_advantage_estimator
 from hat_jax.train.losses import check_aggregation
+from hat_jax.train.mtp import DEFAULT_MTP_COEF, check_mtp_coef, check_mtp_model
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
 from hat_jax.train.rl_loss import BATCH_KEYS, make_ref_logprobs, make_rl_train_step, rl_loss_fn
 from hat_jax.train.rl_rewards import host_batch, judge_rewards
@@ -113,7 +116,8 @@ class RLConfig:
         penalty shape.
       eps_low, eps_high: clip range. beta: k3 KL coefficient. aggregation: loss aggregation mode.
       routing_replay: force sampling-time expert ids in the update. optim: AdamW + schedule.
-      lb_coef: MoE load-balancing coefficient. ppo_epochs, ppo_minibatches: updates per rollout batch.
+      lb_coef: MoE load-balancing coefficient. mtp_coef: weight of the MTP loss on the sampled tokens
+        (`hat_jax.train.mtp`; >= 0, 0 skips the MTP forward; default 0.1, DeepSeek-V3's lambda). ppo_epochs, ppo_minibatches: updates per rollout batch.
       accum_steps: micro-batches per minibatch. compute_dtype: "float32" | "bfloat16" (rollouts and update;
         the frozen reference is held in it). param_dtype, mu_dtype, remat_policy, scan_layers, attention_impl, moe_impl, moe_token_chunk, vocab_chunk: as
         `SFTConfig`
@@ -147,6 +151,7 @@ class RLConfig:
     routing_replay: bool = False
     optim: OptimConfig = OptimConfig(lr=1e-5, warmup_steps=0, min_lr_ratio=1.0)
     lb_coef: float = 0.001
+    mtp_coef: float = DEFAULT_MTP_COEF
     ppo_epochs: int = 1
     ppo_minibatches: int = 1
     accum_steps: int = 1
@@ -169,6 +174,7 @@ class RLConfig:
         check_run_fields(self)
         check_dtypes("RLConfig", param_dtype=self.param_dtype, mu_dtype=self.mu_dtype)
         check_model_options("RLConfig", self)
+        check_mtp_coef("RLConfig", self.mtp_coef)
         if self.vocab_chunk is not None and self.vocab_chunk < 1:
             raise ValueError(f"RLConfig.vocab_chunk = {self.vocab_chunk}: expected >= 1 or None")
         get_advantage_estimator(self.estimator)      # ValueError listing the valid names
@@ -369,6 +375,7 @@ def run_rl(config: RLConfig, out_dir: str | Path, *, resume: bool = False, force
         model_config = _init_model_config(config.init)
     else:
         model_config = read_hf_config(out / CONFIG_FILE)
+    check_mtp_model("RLConfig", config.mtp_coef, model_config)
     mesh = default_mesh(config.mesh, model_config.num_experts)
     params = load_init_params(config.init, model_config, "RL init", mesh) if run.existing is None else None
     ref_params = None
@@ -385,9 +392,11 @@ def run_rl(config: RLConfig, out_dir: str | Path, *, resume: bool = False, force
                                   **model_options(config))
     loss_fn = rl_loss_fn(model, temperature=config.temperature, eps_low=config.eps_low, eps_high=config.eps_high,
                          beta=config.beta, aggregation=config.aggregation, max_len=config.max_len,
-                         routing_replay=config.routing_replay, vocab_chunk=config.vocab_chunk)
+                         routing_replay=config.routing_replay, vocab_chunk=config.vocab_chunk,
+                         mtp=config.mtp_coef > 0)
     train_step = make_rl_train_step(loss_fn, optimizer, accum_steps=config.accum_steps, epochs=config.ppo_epochs,
                                     minibatches=config.ppo_minibatches, lb_coef=config.lb_coef,
+                                    mtp_coef=config.mtp_coef,
                                     schedule=lr_schedule(optim), shardings=run.shardings)
 
     def step_fn(state, batch):

@@ -38,6 +38,7 @@ import optax
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.rollout.logprobs import token_logprobs, token_logprobs_chunked
 from hat_jax.train.losses import aggregate, check_aggregation, clipped_policy_loss, masked_mean, token_entropy_chunked
+from hat_jax.train.mtp import mtp_aux
 from hat_jax.train.trainer import LossFn, TrainState, accumulate_gradients, finite_flag, moe_aux, output_router_stats
 
 BATCH_KEYS = ("input_ids", "attention_mask", "action_mask", "old_logprobs", "advantages")
@@ -50,12 +51,14 @@ def forced_ids_rows(expert_ids: jax.Array) -> jax.Array:
 
 
 def policy_forward(model: Qwen3_5MoeForCausalLM, params, batch: Mapping[str, jax.Array], temperature: float,
-                   routing_replay: bool, vocab_chunk: int | None = None):
+                   routing_replay: bool, vocab_chunk: int | None = None, with_mtp: bool = False):
     """(token logprobs [B, T] at `temperature`, ModelOutput) of the policy on `batch` (module docstring). With
     `vocab_chunk` the logprobs stream the vocabulary in chunks (`token_logprobs_chunked`) and the output has no
-    logits (no [B, T, V] array)."""
+    logits (no [B, T, V] array). `with_mtp` also runs the MTP block (its own routing, never replayed)."""
     forced = forced_ids_rows(batch["expert_ids"]) if routing_replay else None
     chunked = {} if vocab_chunk is None else {"return_logits": False}
+    if with_mtp:
+        chunked["with_mtp"] = True
     out = model.apply({"params": params}, batch["input_ids"], attention_mask=batch["attention_mask"],
                       forced_expert_ids=forced, **chunked)
     if vocab_chunk is None:
@@ -77,7 +80,7 @@ def counted_sequences(action_mask: jax.Array) -> jax.Array:
 
 def rl_loss_fn(model: Qwen3_5MoeForCausalLM, *, temperature: float = 1.0, eps_low: float = 0.2,
                eps_high: float = 0.28, beta: float = 0.0, aggregation: str = "token-mean", max_len: int | None = None,
-               routing_replay: bool = False, vocab_chunk: int | None = None) -> LossFn:
+               routing_replay: bool = False, vocab_chunk: int | None = None, mtp: bool = False) -> LossFn:
     """loss_fn(params, micro, rng) -> (loss_sum, n, aux) for `hat_jax.train.trainer` (module docstring).
 
     Per token: `clipped_policy_loss` (max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high)) + beta k3(logp,
@@ -90,6 +93,8 @@ def rl_loss_fn(model: Qwen3_5MoeForCausalLM, *, temperature: float = 1.0, eps_lo
         max_len: L_max of "seq-mean-token-sum-norm" (required by it).
         routing_replay: force micro["expert_ids"] in the forward.
         vocab_chunk: None = full [B, T, V] logits; else logprobs and entropy over vocabulary chunks of this size.
+        mtp: also run the MTP block; aux then has `mtp_loss`, its cross-entropy on the action tokens with no
+            advantage weight (`hat_jax.train.mtp.mtp_aux`), and moe/mtp_expert_load_cv.
     Returns:
         the loss function; aux = moe_aux (lb_loss, moe/expert_load_cv) plus policy/clip_frac, policy/clip_frac_low,
         policy/clip_frac_high, policy/ratio_mean, policy/ratio_max, policy/entropy (token mean over action tokens),
@@ -105,7 +110,7 @@ def rl_loss_fn(model: Qwen3_5MoeForCausalLM, *, temperature: float = 1.0, eps_lo
 
     def loss_fn(params, micro, rng):
         del rng  # no dropout
-        lp, out = policy_forward(model, params, micro, temperature, routing_replay, vocab_chunk)
+        lp, out = policy_forward(model, params, micro, temperature, routing_replay, vocab_chunk, mtp)
         mask = micro["action_mask"]
         ref = micro["ref_logprobs"] if beta > 0 else None
         loss_sum, m = clipped_policy_loss(lp, micro["old_logprobs"], micro["advantages"], mask, eps_low=eps_low,
@@ -124,6 +129,9 @@ def rl_loss_fn(model: Qwen3_5MoeForCausalLM, *, temperature: float = 1.0, eps_lo
                     "policy/ratio_max": m["ratio_max"], "policy/entropy": ent, "kl/approx": m["approx_kl"]})
         if beta > 0:
             aux["kl/k3"] = m["kl"]
+        if mtp:
+            aux.update(mtp_aux(out, params, micro["input_ids"], mask, micro["attention_mask"], top_k,
+                               vocab_chunk=vocab_chunk, compute_dtype=model.dtype))
         return loss_sum, n, aux
 
     return loss_fn
@@ -148,7 +156,7 @@ def make_ref_logprobs(model: Qwen3_5MoeForCausalLM, temperature: float, vocab_ch
 
 
 def make_rl_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *, accum_steps: int,
-                       epochs: int = 1, minibatches: int = 1, lb_coef: float = 0.0,
+                       epochs: int = 1, minibatches: int = 1, lb_coef: float = 0.0, mtp_coef: float = 0.0,
                        schedule: optax.Schedule | None = None, shardings: TrainState | None = None,
                        donate: bool = True) -> Callable[[TrainState, Mapping[str, jax.Array]], tuple[TrainState, dict]]:
     """The jitted RL step: `epochs x minibatches` optimizer updates on one rollout batch.
@@ -177,7 +185,7 @@ def make_rl_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
             for j in range(minibatches):
                 rng, r = jax.random.split(rng)
                 mini = {k: v[j * accum_steps:(j + 1) * accum_steps] for k, v in batch.items()}
-                grads, metrics = accumulate_gradients(loss_fn, params, mini, r, lb_coef)
+                grads, metrics = accumulate_gradients(loss_fn, params, mini, r, lb_coef, mtp_coef)
                 metrics["grad_norm"] = optax.tree.norm(grads)
                 updates, opt_state = optimizer.update(grads, opt_state, params)
                 params = optax.apply_updates(params, updates)

@@ -10,7 +10,8 @@ per micro-batch `masked_token_ce_sum(logits, input_ids,
 loss_mask)` (`hat_jax.train.losses`; loss_mask = 1 on assistant-generated tokens only, as
 `hat_jax.harness.render.render_tokens` marks them), summed over the accumulated micro-batches and divided by
 the total number of loss tokens (`hat_jax.train.trainer`), plus lb_coef x the MoE load-balancing loss
-(transformers' `router_aux_loss_coef` convention, padding excluded). The MTP block gets no gradient here.
+(transformers' `router_aux_loss_coef` convention, padding excluded), plus mtp_coef x the MTP head's
+cross-entropy on the same loss tokens (`hat_jax.train.mtp`; skipped at mtp_coef = 0).
 
 Data: `hat_jax.data.world_data.sft_records(config.world)` (rejection-sampled oracle trajectories under the
 production harness) through `hat_jax.data.pipeline.sft_dataset`: trajectories truncated to `data.seq_len`
@@ -55,6 +56,7 @@ from hat_jax.model.sharding import default_mesh
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.rollout.checkpoint import tokenizer_from_checkpoint
 from hat_jax.train.losses import masked_token_ce_sum, masked_token_ce_sum_chunked
+from hat_jax.train.mtp import DEFAULT_MTP_COEF, check_mtp_coef, check_mtp_model, mtp_aux
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
 from hat_jax.train.stage import (StageRun, copy_tokenizer, add_out_steps, add_resume_force, add_set_progress,
                                  apply_overrides, check_dtypes, check_model_options, check_run_fields, cli, config_json,
@@ -79,7 +81,8 @@ class SFTConfig:
         batch per optimizer step, data.seq_len the row length, data.p_hsa the HSA switch (module docstring).
       optim: AdamW + schedule. steps: optimizer steps. accum_steps: micro-batches per step
         (data.batch_size / accum_steps rows each).
-      lb_coef: MoE load-balancing coefficient. compute_dtype: "float32" or "bfloat16" (activations).
+      lb_coef: MoE load-balancing coefficient. mtp_coef: weight of the MTP loss (`hat_jax.train.mtp`; >= 0,
+        0 skips the MTP forward; default 0.1, DeepSeek-V3's lambda). compute_dtype: "float32" or "bfloat16".
       param_dtype: "float32" | "bfloat16", the trained params (and the second Adam moment). mu_dtype: the first
         Adam moment's dtype (None: param_dtype). remat_policy: how each decoder layer is
         rematerialised in the backward pass (`hat_jax.model.transformer.REMAT_POLICIES`; "none", "full", ...).
@@ -105,6 +108,7 @@ class SFTConfig:
     steps: int = 100
     accum_steps: int = 1
     lb_coef: float = 0.001
+    mtp_coef: float = DEFAULT_MTP_COEF
     compute_dtype: str = "float32"
     param_dtype: str = "float32"
     mu_dtype: str | None = None
@@ -127,6 +131,7 @@ class SFTConfig:
         check_dtypes("SFTConfig", compute_dtype=self.compute_dtype, param_dtype=self.param_dtype,
                      mu_dtype=self.mu_dtype)
         check_model_options("SFTConfig", self)
+        check_mtp_coef("SFTConfig", self.mtp_coef)
         if self.vocab_chunk is not None and self.vocab_chunk < 1:
             raise ValueError(f"SFTConfig.vocab_chunk = {self.vocab_chunk}: expected >= 1 or None")
         if self.accum_steps < 1 or self.data.batch_size % self.accum_steps:
@@ -223,7 +228,7 @@ def sft_tokenizer(config: SFTConfig, records: Sequence[dict], out_dir: Path):
 
 # ---------------------------------------------------------------------------------------------- the stage
 
-def sft_loss_fn(model: Qwen3_5MoeForCausalLM, vocab_chunk: int | None = None):
+def sft_loss_fn(model: Qwen3_5MoeForCausalLM, vocab_chunk: int | None = None, mtp: bool = False):
     """loss_fn(params, micro_batch, rng) -> (CE sum over loss tokens, loss-token count, moe_aux).
 
     A micro-batch with "segment_ids" holds packed rows (`PACKED_DEVICE_KEYS`): the model runs with the
@@ -231,6 +236,8 @@ def sft_loss_fn(model: Qwen3_5MoeForCausalLM, vocab_chunk: int | None = None):
     targets inside a document (`masked_token_ce_sum` with segment_ids) and the MoE auxiliaries exclude
     padding (segment id 0). Otherwise it holds one document per row (`DEVICE_KEYS`, attention_mask). With
     `vocab_chunk` the CE is computed from the final hidden states over vocabulary chunks (no [B, T, V] logits).
+    With `mtp` the forward also runs the MTP block and aux gets its `mtp_loss` on the same loss tokens
+    (`hat_jax.train.mtp.mtp_aux`); without it the MTP block is not run.
     """
     top_k = model.config.num_experts_per_tok
 
@@ -238,19 +245,23 @@ def sft_loss_fn(model: Qwen3_5MoeForCausalLM, vocab_chunk: int | None = None):
         del rng  # no dropout
         ids = micro["input_ids"]
         segment_ids = micro.get("segment_ids")
+        opts = {"return_logits": vocab_chunk is None, **({"with_mtp": True} if mtp else {})}
         if segment_ids is not None:
-            out = model.apply({"params": params}, ids, segment_ids=segment_ids, return_logits=vocab_chunk is None)
+            out = model.apply({"params": params}, ids, segment_ids=segment_ids, **opts)
             token_mask = segment_ids > 0
         else:
-            out = model.apply({"params": params}, ids, attention_mask=micro["attention_mask"],
-                              return_logits=vocab_chunk is None)
+            out = model.apply({"params": params}, ids, attention_mask=micro["attention_mask"], **opts)
             token_mask = micro["attention_mask"]
         if vocab_chunk is None:
             ce, n = masked_token_ce_sum(out.logits, ids, micro["loss_mask"], segment_ids)
         else:
             ce, n = masked_token_ce_sum_chunked(out.hidden, params["lm_head"]["kernel"], ids, micro["loss_mask"],
                                                 vocab_chunk, model.dtype, segment_ids)
-        return ce, n, moe_aux(output_router_stats(out, token_mask, top_k))
+        aux = moe_aux(output_router_stats(out, token_mask, top_k))
+        if mtp:
+            aux.update(mtp_aux(out, params, ids, micro["loss_mask"], token_mask, top_k, segment_ids=segment_ids,
+                               vocab_chunk=vocab_chunk, compute_dtype=model.dtype))
+        return ce, n, aux
 
     return loss_fn
 
@@ -301,6 +312,7 @@ def run_sft(config: SFTConfig, out_dir: str | Path, *, resume: bool = False, for
     out = run.out
     out.mkdir(parents=True, exist_ok=True)
     model_config = config.model_config()
+    check_mtp_model("SFTConfig", config.mtp_coef, model_config)
 
     mesh = default_mesh(config.mesh, model_config.num_experts)
     params = _initial_params(config, model_config, mesh) if run.existing is None else None  # fail fast on a bad --init
@@ -341,8 +353,8 @@ def run_masked_ce(run: StageRun, config, model_config, params, batches, *, desc:
     load-balancing loss, `accum_steps` micro-batches of `DEVICE_KEYS`, `run.run` with the config's intervals.
 
     Args:
-      run: the stage's `StageRun`. config: a stage config with optim, lb_coef, compute_dtype, accum_steps, steps,
-        log_every, ckpt_every, max_to_keep and seed. model_config: the architecture. params: the initial params
+      run: the stage's `StageRun`. config: a stage config with optim, lb_coef, mtp_coef, compute_dtype, accum_steps,
+        steps, log_every, ckpt_every, max_to_keep and seed. model_config: the architecture. params: the initial params
         (None when resuming). batches: an iterator with get_state / set_state yielding host batches with
         `DEVICE_KEYS`, or packed ones with `PACKED_DEVICE_KEYS` (`hat_jax.data.packing.PackedBatches`).
         desc: progress label. mesh_shape: `default_mesh`'s shape. batch_metrics: as `run_stage`.
@@ -364,8 +376,10 @@ def run_masked_ce(run: StageRun, config, model_config, params, batches, *, desc:
         batches.set_state(data_state)  # PackedBatches refuses an unpacked pipeline's state (DataStateFormatError)
     model = Qwen3_5MoeForCausalLM(model_config, dtype=COMPUTE_DTYPES[config.compute_dtype],
                                   **model_options(config))
-    step_fn = make_train_step(sft_loss_fn(model, vocab_chunk), optimizer, lb_coef=config.lb_coef,
-                              schedule=lr_schedule(optim), shardings=run.shardings)
+    check_mtp_model(type(config).__name__, config.mtp_coef, model_config)
+    step_fn = make_train_step(sft_loss_fn(model, vocab_chunk, mtp=config.mtp_coef > 0), optimizer,
+                              lb_coef=config.lb_coef, mtp_coef=config.mtp_coef, schedule=lr_schedule(optim),
+                              shardings=run.shardings)
 
     def prepare(host):
         keys = PACKED_DEVICE_KEYS if "segment_ids" in host else DEVICE_KEYS

@@ -7,7 +7,8 @@ A stage supplies one loss function over a micro-batch,
 where `loss_sum` is the *sum* of the per-token (or per-sequence) losses of the micro-batch, `n_tokens` the
 count it is normalised by (independent of params) and `aux` a dict of scalars; `aux["lb_loss"]`, when
 present, is the micro-batch's MoE load-balancing loss (`moe_aux`, from the forward's per-layer router sums
-`output_router_stats`: the stages' models take them inside each layer, `router_stats=True`).
+`output_router_stats`: the stages' models take them inside each layer, `router_stats=True`), and
+`aux["mtp_loss"]`, when present, its MTP loss (`hat_jax.train.mtp`), weighted the same way with mtp_coef.
 
 Gradient accumulation: a step's batch has leading dims [accum, micro, ...]; a
 `jax.lax.scan` over the accum micro-batches sums the gradients of
@@ -16,7 +17,7 @@ Gradient accumulation: a step's batch has leading dims [accum, micro, ...]; a
 
 and divides once by N = sum_i n_i, so the objective is
 
-    L = (sum_i loss_sum_i) / N  +  lb_coef * (sum_i n_i lb_i) / N,
+    L = (sum_i loss_sum_i) / N  +  lb_coef * (sum_i n_i lb_i) / N  [+  mtp_coef * (sum_i n_i mtp_i) / N],
 
 i.e. the token mean over the *whole* batch (not a mean of per-micro-batch means) plus the
 load-balancing loss of each micro-batch weighted by its share of the loss tokens (equal to the plain
@@ -160,24 +161,28 @@ def moe_aux(stats: RouterStats) -> dict[str, jax.Array]:
 
 
 def accumulate_gradients(loss_fn: LossFn, params, batch: Mapping[str, jax.Array], rng: jax.Array,
-                         lb_coef: float = 0.0) -> tuple[Any, dict[str, jax.Array]]:
+                         lb_coef: float = 0.0, mtp_coef: float = 0.0) -> tuple[Any, dict[str, jax.Array]]:
     """Gradient of the batch objective L (module docstring), accumulated over micro-batches with a scan.
 
     Args:
         loss_fn: the stage's micro-batch loss. params: the model pytree.
         batch: leaves [accum, micro, ...]. rng: a typed key, split into one key per micro-batch.
-        lb_coef: coefficient of aux["lb_loss"].
+        lb_coef: coefficient of aux["lb_loss"]. mtp_coef: coefficient of aux["mtp_loss"] (when reported).
     Returns:
         (grads like params, stats): stats = {loss: sum loss_sum / N, lb_loss: sum n_i lb_i / N,
-        total_loss: L, loss_tokens: N, and each other aux key averaged over the micro-batches}; N is
-        floored at 1 for the division (a batch without loss tokens gives zero CE gradient).
+        total_loss: L, loss_tokens: N, mtp_loss: sum n_i mtp_i / N (when reported), and each other aux
+        key averaged over the micro-batches}; N is floored at 1 for the division (a batch without loss
+        tokens gives zero CE gradient).
     """
     def micro_grads(micro, r):
         def objective(p):
             loss_sum, n, aux = loss_fn(p, micro, r)
             n = jax.lax.stop_gradient(jnp.asarray(n, jnp.float32))
             lb = aux.get("lb_loss", jnp.zeros((), jnp.float32))
-            return loss_sum + lb_coef * n * lb, (loss_sum, n, lb, aux)
+            total = loss_sum + lb_coef * n * lb
+            if "mtp_loss" in aux:
+                total = total + mtp_coef * n * aux["mtp_loss"]
+            return total, (loss_sum, n, lb, aux)
 
         return jax.grad(objective, has_aux=True)(params)
 
@@ -194,14 +199,18 @@ def accumulate_gradients(loss_fn: LossFn, params, batch: Mapping[str, jax.Array]
     aux_sum = {k: jnp.sum(v.astype(jnp.float32)) for k, v in auxs.items()}
     denom = jnp.maximum(n, 1.0)
     grads = jax.tree_util.tree_map(lambda g: g / denom, grads)
-    stats = {k: v / accum for k, v in aux_sum.items() if k != "lb_loss"}
-    stats.update(loss=loss_sum / denom, lb_loss=lb_sum / denom, total_loss=(loss_sum + lb_coef * lb_sum) / denom,
-                 loss_tokens=n)
+    stats = {k: v / accum for k, v in aux_sum.items() if k not in ("lb_loss", "mtp_loss")}
+    total = loss_sum + lb_coef * lb_sum
+    if "mtp_loss" in auxs:
+        mtp_sum = jnp.sum(ns * auxs["mtp_loss"])
+        stats["mtp_loss"] = mtp_sum / denom
+        total = total + mtp_coef * mtp_sum
+    stats.update(loss=loss_sum / denom, lb_loss=lb_sum / denom, total_loss=total / denom, loss_tokens=n)
     return grads, stats
 
 
 def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *, lb_coef: float = 0.0,
-                    schedule: optax.Schedule | None = None, shardings: TrainState | None = None,
+                    mtp_coef: float = 0.0, schedule: optax.Schedule | None = None, shardings: TrainState | None = None,
                     donate: bool = True) -> Callable[[TrainState, Mapping[str, jax.Array]], tuple[TrainState, dict]]:
     """The jitted `train_step(state, batch) -> (state, metrics)`.
 
@@ -209,6 +218,7 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
         loss_fn: the stage's micro-batch loss (module docstring).
         optimizer: e.g. `hat_jax.train.optim.make_optimizer`.
         lb_coef: coefficient of `aux["lb_loss"]` (ignored when loss_fn reports none).
+        mtp_coef: coefficient of `aux["mtp_loss"]` (ignored when loss_fn reports none).
         schedule: step -> lr, only to report `lr` in the metrics (omitted when None).
         shardings: `state_shardings(...)` to keep the new state on (multi-device), or None.
         donate: donate the input state's buffers (the caller must not reuse `state`).
@@ -220,7 +230,7 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
 
     def step(state: TrainState, batch: Mapping[str, jax.Array]):
         rng, step_rng = jax.random.split(state.rng)
-        grads, metrics = accumulate_gradients(loss_fn, state.params, batch, step_rng, lb_coef)
+        grads, metrics = accumulate_gradients(loss_fn, state.params, batch, step_rng, lb_coef, mtp_coef)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         new = TrainState(optax.apply_updates(state.params, updates), opt_state, state.step + 1, rng)
         if shardings is not None:

@@ -1,0 +1,140 @@
+"""Offline MTP draft acceptance: how often the MTP head's greedy draft equals the main model's greedy next token,
+teacher-forced on held-out episodes (what greedy MTP speculative decoding would accept, without a sampler).
+
+Accounting (speculative decoding, Leviathan et al. 2023, arXiv 2211.17192; the MTP drafter of DeepSeek-V3,
+arXiv 2412.19437, section 5.4.3, and vLLM's `Qwen3_5MoeMTP`): at position t the main model has read tokens
+x_0..x_{t+1} (x_{t+1} is the token it just emitted) and the MTP block drafts d_t = argmax MTP(h_t, x_{t+1}),
+a guess of token t+2; the verifying main forward accepts it when d_t = g_{t+1} = argmax main(x_0..x_{t+1}),
+its own greedy choice of token t+2. A position counts when tokens t+1 and t+2 are both generated (loss mask
+1: an assistant token of a chat-rendered trajectory) and, in packed rows, in t's document. With one speculative
+token the mean accepted length (tokens per verifying forward) is 1 + acceptance.
+
+Depth 1 only: deeper drafts apply the MTP block recursively, whose attention then mixes the depth-1 states of
+earlier positions with the chain's own (a cached MTP forward per position); not computed here.
+
+Teacher-forced on the episode's tokens: on the model's own greedy trajectories this is exactly what greedy
+speculative decoding accepts; on other ones (oracle trajectories) the prefix is the episode's, not the model's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hat_jax.data.world_data import WorldDataConfig, eval_items, oracle_records
+from hat_jax.harness.render import render_tokens
+from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
+from hat_jax.sim.world_harness import production_harness
+
+
+def depth1_acceptance(logits: jax.Array, mtp_logits: jax.Array, input_ids: jax.Array, loss_mask: jax.Array,
+                      segment_ids: jax.Array | None = None) -> dict[str, jax.Array]:
+    """Per-position depth-1 acceptance counts of one batch (module docstring).
+
+    Args:
+        logits: [B, T, V] main logits (position t predicts token t+1). mtp_logits: [B, T, V] (position t
+            predicts token t+2). input_ids: [B, T] int32. loss_mask: [B, T] 0/1 over generated tokens.
+        segment_ids: [B, T] int32 of packed rows, or None.
+    Returns:
+        float32 scalars: positions (counted), accepted (d_t == g_{t+1}), main_correct (g_{t+1} == x_{t+2}),
+        draft_correct (d_t == x_{t+2}).
+    """
+    t = input_ids.shape[1]
+    greedy = jnp.argmax(logits, axis=-1)          # g_s: the main model's choice of token s+1
+    draft = jnp.argmax(mtp_logits, axis=-1)       # d_s: the MTP guess of token s+2
+    m = loss_mask.astype(bool)
+    counted = m[:, 1:t - 1] & m[:, 2:]
+    if segment_ids is not None:
+        counted = counted & (segment_ids[:, 2:] == segment_ids[:, :t - 2]) & (segment_ids[:, :t - 2] > 0)
+    d, g, x = draft[:, :t - 2], greedy[:, 1:t - 1], input_ids[:, 2:]
+    f = lambda a: jnp.sum((a & counted).astype(jnp.float32))
+    return {"positions": jnp.sum(counted.astype(jnp.float32)), "accepted": f(d == g), "main_correct": f(g == x),
+            "draft_correct": f(d == x)}
+
+
+def make_acceptance_fn(model: Qwen3_5MoeForCausalLM):
+    """Jitted (params, input_ids [B, T], attention_mask [B, T], loss_mask [B, T]) -> `depth1_acceptance` of
+    the model's teacher-forced forward with the MTP block.
+
+    Raises (when called):
+        ValueError: the model has no MTP block.
+    """
+
+    @jax.jit
+    def fn(params, input_ids, attention_mask, loss_mask):
+        out = model.apply({"params": params}, input_ids, attention_mask=attention_mask, with_mtp=True)
+        return depth1_acceptance(out.logits, out.mtp_logits, input_ids, loss_mask * attention_mask)
+
+    return fn
+
+
+def live_qa_oracle_episodes(tokenizer, world: WorldDataConfig, max_len: int | None = None
+                            ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Held-out episodes: the oracle's trajectories of the `live_qa` eval items (no viewer message of a training
+    task, `hat_jax.data.world_data.eval_items`; the original harness, no tool faults), rejection-sampled as SFT
+    records are (`oracle_records`) and rendered with the chat template under the production harness
+    (`render_tokens`: loss mask 1 on assistant-generated tokens).
+
+    Args:
+        tokenizer: the checkpoint's tokenizer. world: the world and the number of items (`eval_items`).
+        max_len: episodes are cut to this many tokens (None: whole).
+    Returns:
+        [(input_ids [T] int32, loss_mask [T] int32)], episodes without a generated token dropped.
+    """
+    tasks = [item.task for item in eval_items("live_qa", world)]
+    records, _ = oracle_records(dataclasses.replace(world, sft_fault_rates={}), tasks, prefix="mtp")
+    harness, out = production_harness(), []
+    for record in records:
+        ids, mask = render_tokens(tokenizer, harness, record["messages"])
+        ids, mask = ids[:max_len], mask[:max_len]
+        if mask.any():
+            out.append((ids, mask))
+    return out
+
+
+def padded_batches(episodes: Sequence[tuple[np.ndarray, np.ndarray]], batch_size: int, bucket: int, pad_id: int):
+    """Right-padded batches of (input_ids, loss_mask) episodes: dicts of [batch_size, L] int32 arrays (L the
+    longest episode rounded up to a multiple of `bucket`); a last partial batch is filled with empty rows."""
+    for i in range(0, len(episodes), batch_size):
+        chunk = list(episodes[i:i + batch_size])
+        width = -(-max(len(ids) for ids, _ in chunk) // bucket) * bucket
+        ids = np.full((batch_size, width), pad_id, np.int32)
+        att, loss = np.zeros((batch_size, width), np.int32), np.zeros((batch_size, width), np.int32)
+        for r, (x, m) in enumerate(chunk):
+            ids[r, :len(x)], att[r, :len(x)], loss[r, :len(x)] = x, 1, m
+        yield {"input_ids": ids, "attention_mask": att, "loss_mask": loss}
+
+
+def acceptance_report(model: Qwen3_5MoeForCausalLM, params, episodes: Sequence[tuple[np.ndarray, np.ndarray]], *,
+                      batch_size: int = 4, bucket: int = 256, pad_id: int = 0) -> dict[str, Any]:
+    """The acceptance figures of `episodes` ((input_ids [T], loss_mask [T]) int32 each) under `model`.
+
+    Returns:
+        {"episodes", "positions", "depths": [{"depth": 1, "acceptance", "per_position_acceptance"}],
+         "mean_accepted_length" (1 + acceptance, one speculative token), "main_greedy_matches_data",
+         "mtp_draft_matches_data"} (shares over the counted positions; 0 when none counts).
+    Raises:
+        ValueError: no episodes, or the model has no MTP block.
+    """
+    if not episodes:
+        raise ValueError("acceptance_report: no episodes")
+    if not model.config.mtp_num_hidden_layers:
+        raise ValueError("acceptance_report: the model has no MTP block (mtp_num_hidden_layers = 0)")
+    fn = make_acceptance_fn(model)
+    sums = {"positions": 0.0, "accepted": 0.0, "main_correct": 0.0, "draft_correct": 0.0}
+    for batch in padded_batches(episodes, batch_size, bucket, pad_id):
+        got = jax.device_get(fn(params, *(jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask",
+                                                                         "loss_mask"))))
+        for k in sums:
+            sums[k] += float(got[k])
+    n = max(sums["positions"], 1.0)
+    acceptance = sums["accepted"] / n
+    return {"episodes": len(episodes), "positions": int(sums["positions"]),
+            "depths": [{"depth": 1, "acceptance": acceptance, "per_position_acceptance": acceptance}],
+            "mean_accepted_length": 1.0 + acceptance, "main_greedy_matches_data": sums["main_correct"] / n,
+            "mtp_draft_matches_data": sums["draft_correct"] / n}

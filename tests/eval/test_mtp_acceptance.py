@@ -1,0 +1,85 @@
+"""The offline MTP acceptance (`hat_jax.eval.mtp_acceptance`, experiments/benchmarks/mtp_acceptance.py): the depth-1
+accounting on a hand case, and the benchmark end to end on a freshly initialised micro checkpoint, its figures
+equal to a direct per-episode count."""
+
+import json
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hat_jax.eval.mtp_acceptance import depth1_acceptance, live_qa_oracle_episodes
+from hat_jax.model import Qwen3_5MoeForCausalLM, get_config, init_params
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "experiments" / "benchmarks"
+
+
+def _one_hot(ids, v=4):
+    return jnp.asarray(np.eye(v, dtype=np.float32)[np.asarray(ids)])[None]
+
+
+def test_depth1_acceptance_hand_case():
+    ids = jnp.array([[3, 1, 2, 2, 0, 1]])
+    greedy = [1, 2, 2, 3, 1, 0]      # g_s, the main model's choice of token s+1
+    draft = [2, 2, 3, 1, 0, 0]       # d_s, the draft of token s+2
+    mask = jnp.array([[0, 1, 1, 1, 1, 0]])
+    got = jax.device_get(depth1_acceptance(_one_hot(greedy), _one_hot(draft), ids, mask))
+    # counted t: mask[t+1] and mask[t+2] -> t = 0, 1, 2; d_t vs g_{t+1}: (2, 2) yes, (2, 2) yes, (3, 3) yes
+    # d_t vs x_{t+2}: (2, 2) yes, (2, 2) yes, (3, 0) no; g_{t+1} vs x_{t+2}: (2, 2), (2, 2), (3, 0)
+    assert got == {"positions": 3.0, "accepted": 3.0, "main_correct": 2.0, "draft_correct": 2.0}
+    draft[1] = 0
+    got = jax.device_get(depth1_acceptance(_one_hot(greedy), _one_hot(draft), ids, mask))
+    assert got["accepted"] == 2.0
+    # packed rows: position 1 predicts across a document boundary at 3
+    seg = jnp.array([[1, 1, 1, 2, 2, 2]])
+    got = jax.device_get(depth1_acceptance(_one_hot(greedy), _one_hot(draft), ids, mask, seg))
+    assert got["positions"] == 1.0  # t = 0 only (t = 1, 2 reach into document 2)
+
+
+def test_benchmark_end_to_end_on_a_fresh_micro_checkpoint(tmp_path, monkeypatch):
+    from hat_jax.data.world_data import WorldDataConfig
+    from hat_jax.model.checkpoint_io import save_model_checkpoint
+    from hat_jax.tokenizer import load_tokenizer
+    from hat_jax.train.sft import bpe_tokenizer_dir
+
+    monkeypatch.setenv("HAT_JAX_CACHE", str(tmp_path / "cache"))
+    config = get_config("micro", vocab_size=4096)  # tiny's vocabulary: the production prompt is ~930 tokens
+    params = init_params(config, jax.random.key(0))
+    ckpt = tmp_path / "run"
+    save_model_checkpoint(ckpt / "model", params, config)
+    tok_dir = bpe_tokenizer_dir(4096, 8, WorldDataConfig(sft_tasks=8, rl_tasks=0, eval_items=0))
+    (ckpt / "tokenizer").mkdir()
+    for f in tok_dir.iterdir():
+        (ckpt / "tokenizer" / f.name).write_bytes(f.read_bytes())
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    sys.modules.pop("mtp_acceptance", None)
+    import mtp_acceptance
+
+    out = tmp_path / "acc.json"
+    report = mtp_acceptance.main(["--ckpt", str(ckpt / "model"), "--items", "2", "--max-len", "1536", "--batch", "2",
+                                  "--sft-tasks", "8", "--rl-tasks", "0", "--json", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(report))
+    assert report["episodes"] >= 1 and report["positions"] > 0
+    (row,) = report["depths"]
+    assert row["depth"] == 1 and 0.0 <= row["acceptance"] <= 1.0
+    assert report["mean_accepted_length"] == pytest.approx(1.0 + row["acceptance"])
+
+    # the same figures counted directly, one unpadded episode at a time
+    episodes = live_qa_oracle_episodes(load_tokenizer(ckpt / "tokenizer"), WorldDataConfig(sft_tasks=8, rl_tasks=0, eval_items=2),
+                                       1536)
+    model = Qwen3_5MoeForCausalLM(config)
+    forward = jax.jit(lambda p, x: model.apply({"params": p}, x, with_mtp=True))
+    positions = accepted = 0
+    for ids, mask in episodes:
+        o = forward(params, jnp.asarray(ids)[None])
+        g, d = np.argmax(np.asarray(o.logits[0]), -1), np.argmax(np.asarray(o.mtp_logits[0]), -1)
+        for t in range(len(ids) - 2):
+            if mask[t + 1] and mask[t + 2]:
+                positions += 1
+                accepted += int(d[t] == g[t + 1])
+    assert report["episodes"] == len(episodes) and report["positions"] == positions
+    assert row["acceptance"] == pytest.approx(accepted / positions, abs=1e-9)
