@@ -5,7 +5,8 @@ contiguous run of equal ids, and ids never decrease from one document to the nex
 before, between or after documents (the model's maths is exact in all three places; the packer puts it at
 the end of a row only). A row without packing is the one-segment case (ids 1 on its tokens).
 The convention is fla's `cu_seqlens` varlen layout (flash-linear-attention `chunk_gated_delta_rule`) and
-splash attention's `SegmentIds`, written per token.
+splash attention's `SegmentIds`, written per token. `uncached_inputs` turns either form of a call (segment ids,
+or an attention mask) into the masks and positions the layers take.
 """
 
 from __future__ import annotations
@@ -102,3 +103,41 @@ def check_segment_ids(segment_ids, positions=None) -> None:
         raise ValueError(f"positions row {row}: token {t} (document {seg[row, t]}) has position {pos[row, t]}; "
                          f"expected {expected[row, t]}, the per-document position (0 at a document's first "
                          f"token)")
+
+
+def uncached_inputs(ids: jax.Array, attention_mask, segment_ids, positions):
+    """Masks and positions of a call without a cache.
+
+    Args:
+        ids: [B, T] int32. attention_mask: [B, T] or None. segment_ids: [B, T] int or None.
+        positions: [B, T] int32 or None (then `default_positions`, or `segment_positions` of packed rows).
+    Returns:
+        (token_mask [B, T] bool, q_segment_ids [B, T] int32, kv_segment_ids [B, T] int32,
+         segment_ids [B, T] int32 or None, positions [B, T] int32).
+    Raises:
+        ValueError when both masks are given, or segment_ids is not an integer array shaped like ids.
+    """
+    if segment_ids is None:
+        token_mask = token_mask_of(ids, attention_mask)
+        # an unpacked row: every query in segment 1, keys in 1 (real) or 0 (padding): the causal + key-padding
+        # mask (a padding query attends the real keys before it, as in transformers)
+        q_seg, kv_seg = jnp.ones(ids.shape, jnp.int32), token_mask.astype(jnp.int32)
+        return token_mask, q_seg, kv_seg, None, default_positions(token_mask) if positions is None else positions
+    if attention_mask is not None:
+        raise ValueError("segment_ids and attention_mask are exclusive: with segment_ids the token mask is "
+                         "segment_ids > 0; expected attention_mask=None")
+    if segment_ids.shape != ids.shape or not jnp.issubdtype(segment_ids.dtype, jnp.integer):
+        raise ValueError(f"segment_ids: expected an integer array of shape {ids.shape} (that of input_ids), "
+                         f"got {segment_ids.dtype} {segment_ids.shape}")
+    seg = segment_ids.astype(jnp.int32)
+    return seg > 0, seg, seg, seg, segment_positions(seg) if positions is None else positions
+
+
+def token_mask_of(ids: jax.Array, attention_mask: jax.Array | None) -> jax.Array:
+    """[B, T] bool, True on real tokens (all True without an attention mask)."""
+    return jnp.ones(ids.shape, bool) if attention_mask is None else attention_mask.astype(bool)
+
+
+def default_positions(token_mask: jax.Array) -> jax.Array:
+    """[B, T] int32: the number of real tokens before each token (arange(T) without padding)."""
+    return jnp.maximum(jnp.cumsum(token_mask, axis=1) - 1, 0)

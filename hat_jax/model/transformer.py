@@ -45,7 +45,7 @@ from hat_jax.model.moe import SparseMoeBlock
 from hat_jax.model.norms import RMSNorm
 from hat_jax.model.rope import rope_cos_sin
 from hat_jax.model.router_stats import RouterStats, router_stats
-from hat_jax.model.segments import segment_positions
+from hat_jax.model.segments import token_mask_of, uncached_inputs
 from hat_jax.model.sharding import constrain
 
 # [B, T, H] activations: rows over the mesh's batch axes, length and hidden whole (`constrain`)
@@ -375,14 +375,14 @@ class Qwen3_5MoeForCausalLM(nn.Module):
         t = input_ids.shape[1]
         index = layer_caches = None
         if cache is None:
-            token_mask, q_seg, kv_seg, segment_ids, positions = _uncached_inputs(
+            token_mask, q_seg, kv_seg, segment_ids, positions = uncached_inputs(
                 input_ids, attention_mask, segment_ids, positions)
         elif segment_ids is not None:
             raise ValueError("segment_ids with a cache is not supported (a cache row holds one sequence); "
                              "expected cache=None, or attention_mask for cached decoding")
         else:
             check_cache_room(cache, t)
-            token_mask = _token_mask(input_ids, attention_mask)
+            token_mask = token_mask_of(input_ids, attention_mask)
             index = cache["index"]
             valid = jax.lax.dynamic_update_slice(cache["valid"], token_mask, (0, index))
             # every query in segment 1, the cache's real slots too: causal attention over the real slots
@@ -438,7 +438,7 @@ class Qwen3_5MoeForCausalLM(nn.Module):
         c = self.config
         if not c.mtp_num_hidden_layers:
             raise ValueError("config.mtp_num_hidden_layers is 0: this model has no MTP block")
-        token_mask, q_seg, kv_seg, segment_ids, positions = _uncached_inputs(
+        token_mask, q_seg, kv_seg, segment_ids, positions = uncached_inputs(
             next_ids, attention_mask, segment_ids, positions)
         if segment_ids is not None:
             crosses = jnp.pad(segment_ids[:, 1:] != segment_ids[:, :-1], ((0, 0), (0, 1)))
@@ -447,44 +447,6 @@ class Qwen3_5MoeForCausalLM(nn.Module):
         x, router_logits = self.mtp(self.model.embed_tokens(next_ids), hidden, cos, sin, token_mask, q_seg, kv_seg,
                                     segment_ids is not None)
         return x, router_logits[None]
-
-
-def _uncached_inputs(ids: jax.Array, attention_mask, segment_ids, positions):
-    """Masks and positions of a call without a cache.
-
-    Args:
-        ids: [B, T] int32. attention_mask: [B, T] or None. segment_ids: [B, T] int or None.
-        positions: [B, T] int32 or None (then the default of `Qwen3_5MoeForCausalLM.__call__`).
-    Returns:
-        (token_mask [B, T] bool, q_segment_ids [B, T] int32, kv_segment_ids [B, T] int32,
-         segment_ids [B, T] int32 or None, positions [B, T] int32).
-    Raises:
-        ValueError when both masks are given, or segment_ids is not an integer array shaped like ids.
-    """
-    if segment_ids is None:
-        token_mask = _token_mask(ids, attention_mask)
-        # an unpacked row: every query in segment 1, keys in 1 (real) or 0 (padding): the causal + key-padding
-        # mask (a padding query attends the real keys before it, as in transformers)
-        q_seg, kv_seg = jnp.ones(ids.shape, jnp.int32), token_mask.astype(jnp.int32)
-        return token_mask, q_seg, kv_seg, None, _default_positions(token_mask) if positions is None else positions
-    if attention_mask is not None:
-        raise ValueError("segment_ids and attention_mask are exclusive: with segment_ids the token mask is "
-                         "segment_ids > 0; expected attention_mask=None")
-    if segment_ids.shape != ids.shape or not jnp.issubdtype(segment_ids.dtype, jnp.integer):
-        raise ValueError(f"segment_ids: expected an integer array of shape {ids.shape} (that of input_ids), "
-                         f"got {segment_ids.dtype} {segment_ids.shape}")
-    seg = segment_ids.astype(jnp.int32)
-    return seg > 0, seg, seg, seg, segment_positions(seg) if positions is None else positions
-
-
-def _token_mask(ids: jax.Array, attention_mask: jax.Array | None) -> jax.Array:
-    """[B, T] bool, True on real tokens (all True without an attention mask)."""
-    return jnp.ones(ids.shape, bool) if attention_mask is None else attention_mask.astype(bool)
-
-
-def _default_positions(token_mask: jax.Array) -> jax.Array:
-    """[B, T] int32: the number of real tokens before each token (arange(T) without padding)."""
-    return jnp.maximum(jnp.cumsum(token_mask, axis=1) - 1, 0)
 
 
 def mtp_loss(mtp_logits: jax.Array, input_ids: jax.Array, loss_mask: jax.Array | None = None,
