@@ -111,14 +111,14 @@ def test_sampled_run_logs_metrics_and_resumes_bit_identically(ckpts, tmp_path):
     np.testing.assert_allclose(rows[0]["train/loss"], rows[0]["kl/reverse_k1"], atol=1e-4)  # -rho*A = k1 at rho 1
 
 
-EXACT = ("loss=exact", "lb_coef=0", "optim.lr=0.01", "optim.clip_norm=null", "prompt_pool=2")
+EXACT = ("loss=exact", "lb_coef=0", "mtp_coef=0", "optim.lr=0.01", "optim.clip_norm=null", "prompt_pool=2")
 
 
 def test_exact_kl_is_zero_when_the_teacher_is_the_student(ckpts, tmp_path):
     run_opd(config_for(ckpts, *EXACT, teacher=None, steps=4), tmp_path / "self", progress=False)
     first = read_metrics(tmp_path / "self")[0]
     assert abs(first["kl/reverse_exact"]) < 1e-6 and abs(first["kl/reverse_k1"]) < 1e-4, first
-    assert first["train/grad_norm"] < 1e-5, first  # the KL's minimum: zero gradient (lb_coef 0)
+    assert first["train/grad_norm"] < 1e-5, first  # the KL's minimum: zero gradient (lb_coef 0, mtp_coef 0)
 
 
 def test_exact_loss_moves_the_student_toward_the_teacher(ckpts, tmp_path):
