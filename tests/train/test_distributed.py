@@ -132,7 +132,7 @@ def assert_same_params(one_dir: Path, two_dir: Path) -> None:
     assert len(flat_one) == len(flat_two)
     for (path, a), b in zip(flat_one, flat_two):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=PARAM_ATOL,
-                                   err_msg=jax.tree_util.keystr(path)))
+                                   err_msg=jax.tree_util.keystr(path))
 
 
 def test_two_processes_end_with_the_params_of_one(runs):
