@@ -57,6 +57,6 @@ def get_config() -> Scale:
     teacher = dataclasses.replace(sft, model_overrides=sft.model_overrides + (("hidden_size", 48),))
     evaluation = EvalConfig(world=WorldDataConfig(sft_tasks=48, rl_tasks=16, eval_items=2), max_new_tokens=16,
                             max_turns=2, seq_len=2048, batch_size=2, bucket=2048, ifeval_limit=3,
-                            ifeval_mini_items=3, if_max_new_tokens=16)
+                            ifeval_mini_items=3, if_max_new_tokens=16, mtp_items=2)
     return Scale(name="micro", base=BaseSpec(pretrain=base), sft=sft, opd=opd, rl=rl, opd_live=opd_live,
                  teacher=TeacherSpec(sft=teacher), eval=evaluation)

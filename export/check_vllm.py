@@ -19,6 +19,11 @@ Prompts: chat-templated viewer questions through the folder's tokenizer, or (`--
 folder without a tokenizer) fixed random token ids. The VL drop-in layout is loaded with
 `language_model_only=True`.
 
+Beside vLLM's acceptance it puts hat-jax's offline one, when the folder's `hat_export.json` carries it (the
+experiment's evaluation, teacher-forced depth-1 acceptance on held-out Live QA oracle episodes; `to_hf.py`
+copies it there): the two measure the same thing with `--mtp 1`; with N > 1 vLLM's rate averages over draft
+depths 1..N (export/README.md, "Two acceptance figures").
+
 Prints a table and a JSON summary (`--out` writes it). Exit status: 0 when greedy outputs are identical and
 accepted draft tokens > 0; 1 when either fails; 2 when it cannot run here (no NVIDIA GPU, vllm not
 importable by this python, no config.json in HF_DIR), with a one-line message. Not part of CI.
@@ -185,6 +190,60 @@ def summarize(off: dict, on: dict) -> dict:
             "mtp_on": {k: v for k, v in on.items() if k != "outputs"}}
 
 
+def offline_acceptance(provenance: dict | None) -> tuple[dict | None, str | None]:
+    """hat-jax's offline MTP acceptance recorded in an export's `hat_export.json` (`provenance`, None when the
+    folder has none): (its `mtp_acceptance` {"acceptance_depth1" share in [0, 1], "mean_accepted_length",
+    "positions", "episodes", "results", ...}, None), or (None, why there is none)."""
+    if provenance is None:
+        return None, "the folder has no hat_export.json"
+    if "mtp_acceptance" not in provenance:
+        return None, "its hat_export.json predates the mtp_acceptance field (export the folder again)"
+    if provenance["mtp_acceptance"] is None:
+        return None, provenance.get("mtp_acceptance_reason") or "hat_export.json records none"
+    return provenance["mtp_acceptance"], None
+
+
+def acceptance_side_by_side(summary: dict, provenance: dict | None, mtp: int) -> dict:
+    """vLLM's measured acceptance (from `summarize`) beside hat-jax's offline one (`offline_acceptance`).
+
+    Returns:
+        {"num_speculative_tokens": mtp, "comparable": mtp == 1 (vLLM's rate is then its depth-1 acceptance),
+         "vllm_acceptance_rate", "vllm_mean_acceptance_length" (None without drafts),
+         "hat_jax_acceptance_depth1", "hat_jax_mean_accepted_length", "hat_jax_positions", "hat_jax_source"
+         (the results.json it came from; all four None when there is none), "hat_jax_reason" (why none, or None)}.
+    """
+    offline, reason = offline_acceptance(provenance)
+    get = (lambda k: None) if offline is None else offline.get  # noqa: E731
+    return {"num_speculative_tokens": mtp, "comparable": mtp == 1,
+            "vllm_acceptance_rate": summary["acceptance_rate"],
+            "vllm_mean_acceptance_length": summary["mean_acceptance_length"],
+            "hat_jax_acceptance_depth1": get("acceptance_depth1"),
+            "hat_jax_mean_accepted_length": get("mean_accepted_length"), "hat_jax_positions": get("positions"),
+            "hat_jax_source": get("results"), "hat_jax_reason": reason}
+
+
+def _figure(value, digits: int) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def acceptance_table(side: dict) -> list[str]:
+    """The acceptance rows of the printed table (`acceptance_side_by_side`'s dict)."""
+    mtp = side["num_speculative_tokens"]
+    rows = [f"| acceptance | hat-jax offline (teacher-forced, depth 1) | vLLM measured (MTP {mtp}) |", "|---|---|---|",
+            f"| per draft token | {_figure(side['hat_jax_acceptance_depth1'], 4)} | "
+            f"{_figure(side['vllm_acceptance_rate'], 4)} |",
+            f"| mean accepted length | {_figure(side['hat_jax_mean_accepted_length'], 4)} (1 speculative token) | "
+            f"{_figure(side['vllm_mean_acceptance_length'], 3)} ({mtp} speculative token{'s' * (mtp != 1)}) |", ""]
+    if side["hat_jax_reason"] is not None:
+        rows.append(f"hat-jax offline acceptance: none ({side['hat_jax_reason']})")
+    else:
+        rows.append(f"hat-jax offline acceptance: {side['hat_jax_positions']} positions, from {side['hat_jax_source']}")
+    if not side["comparable"]:
+        rows.append(f"with MTP {mtp} vLLM's rate averages over draft depths 1..{mtp} (a deeper draft counts only "
+                    "after the earlier ones are accepted); run with --mtp 1 to compare depth 1 with depth 1")
+    return rows
+
+
 def table(summary: dict, mtp: int) -> str:
     rows = ["| concurrency | MTP off tok/s | MTP on tok/s | on/off |", "|---|---|---|---|"]
     for c in ("c1", "c2"):
@@ -196,6 +255,8 @@ def table(summary: dict, mtp: int) -> str:
                 + (f" (differing prompts {summary['differing_prompts']})" if not summary["greedy_identical"] else ""))
     rows.append(f"accepted draft tokens: {summary['accepted_tokens']:.0f} of {summary['draft_tokens']:.0f} "
                 f"(rate {summary['acceptance_rate']}, mean acceptance length {summary['mean_acceptance_length']})")
+    if "acceptance" in summary:
+        rows += [""] + acceptance_table(summary["acceptance"])
     return "\n".join(rows)
 
 
@@ -218,9 +279,11 @@ def main(argv=None) -> int:
             return 1
     summary = dict(summarize(off, on), hf_dir=str(args.hf_dir), num_speculative_tokens=args.mtp,
                    max_new_tokens=args.max_new_tokens, prompts=args.prompts, dtype=args.dtype)
-    provenance = args.hf_dir / "hat_export.json"
-    if provenance.is_file():
-        summary["policy_version"] = json.loads(provenance.read_text()).get("policy_version")
+    path = args.hf_dir / "hat_export.json"
+    provenance = json.loads(path.read_text()) if path.is_file() else None
+    if provenance is not None:
+        summary["policy_version"] = provenance.get("policy_version")
+    summary["acceptance"] = acceptance_side_by_side(summary, provenance, args.mtp)
     print(table(summary, args.mtp))
     if args.out is not None:
         args.out.write_text(json.dumps(summary, indent=1) + "\n")

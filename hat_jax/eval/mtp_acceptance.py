@@ -138,3 +138,42 @@ def acceptance_report(model: Qwen3_5MoeForCausalLM, params, episodes: Sequence[t
             "depths": [{"depth": 1, "acceptance": acceptance, "per_position_acceptance": acceptance}],
             "mean_accepted_length": 1.0 + acceptance, "main_greedy_matches_data": sums["main_correct"] / n,
             "mtp_draft_matches_data": sums["draft_correct"] / n}
+
+
+# The compact figures an evaluation reports (`checkpoint_acceptance`, results.json's "mtp").
+FIGURE_KEYS = ("acceptance_depth1", "mean_accepted_length", "positions", "episodes")
+
+
+def checkpoint_acceptance(model: Qwen3_5MoeForCausalLM, params, tokenizer, world: WorldDataConfig, *, items: int,
+                          max_len: int, batch_size: int = 4, bucket: int = 256, pad_id: int = 0
+                          ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The depth-1 acceptance of a checkpoint on the oracle trajectories of `items` held-out `live_qa` eval items
+    (`live_qa_oracle_episodes` of `world` with `eval_items = items`, cut to `max_len` tokens).
+
+    Args:
+        model, params: the checkpoint (the model must have an MTP block). tokenizer: its tokenizer.
+        world: the evaluation's world (its SFT/RL task counts keep training messages out of the items).
+        items: eval items (>= 1). max_len: tokens per episode (>= 3). batch_size, bucket, pad_id: as
+            `acceptance_report`.
+    Returns:
+        (figures {"acceptance_depth1": share in [0, 1], "mean_accepted_length": 1 + acceptance (tokens per
+         verifying forward with one speculative token), "positions": int, "episodes": int},
+         details {"items", "max_len", "main_greedy_matches_data", "mtp_draft_matches_data", "wall_s"}).
+    Raises:
+        ValueError: items < 1 or max_len < 3 (names the argument); no episode with a generated token; the model
+            has no MTP block.
+    """
+    import time
+
+    for name, value, low in (("items", items, 1), ("max_len", max_len, 3)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"checkpoint_acceptance: {name} = {value!r}; expected an int >= {low}")
+    t0 = time.perf_counter()
+    episodes = live_qa_oracle_episodes(tokenizer, dataclasses.replace(world, eval_items=items), max_len)
+    report = acceptance_report(model, params, episodes, batch_size=batch_size, bucket=bucket, pad_id=pad_id)
+    acceptance = report["depths"][0]["acceptance"]
+    figures = {"acceptance_depth1": acceptance, "mean_accepted_length": report["mean_accepted_length"],
+               "positions": report["positions"], "episodes": report["episodes"]}
+    details = {"items": items, "max_len": max_len, "main_greedy_matches_data": report["main_greedy_matches_data"],
+               "mtp_draft_matches_data": report["mtp_draft_matches_data"], "wall_s": time.perf_counter() - t0}
+    return figures, details

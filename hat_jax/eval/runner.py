@@ -6,9 +6,10 @@ The HAT report, arXiv 2608.15763 (TaoLive, 2026), "Evaluation sets and metrics".
      "tool_robustness": {"adr", "rc", "tc", "avg"}, "prompt_robustness": {"adr", "llm", "tco", "avg"},
      "ifeval": {"prompt_strict", "inst_strict", "prompt_loose", "inst_loose"} or None (skipped),
      "ifeval_mini": {the same four} or None (ifeval_mini_items = 0),
+     "mtp": {"acceptance_depth1", "mean_accepted_length", "positions", "episodes"} or None (not measured),
      "extra": {per suite: timing and length statistics; "seq_len", "wall_s", ...}}
 
-every metric a float on the paper's 0-100 scale; only the suites of `EvalConfig.suites` are present.
+every suite metric a float on the paper's 0-100 scale; only the suites of `EvalConfig.suites` are present.
 Decoding is greedy by default (`EvalConfig.temperature` 0); with a temperature > 0 (e.g. the paper's serving
 setting, 1.0 / top-p 0.95) every batch samples with a key derived from `EvalConfig.seed` and its index, so a
 score is still a function of the params and the config.
@@ -24,6 +25,12 @@ score is still a function of the params and the config.
 - `out_dir`: `<suite>.jsonl` (one line per item: item, per-sample scores, judgement, turn texts, episode),
   `ifeval.jsonl` / `ifeval_mini.jsonl` (one line per prompt: record, completion, scored response,
   verdicts) and `scores.json` (the returned dict).
+- mtp: the MTP head's offline draft acceptance (`hat_jax.eval.mtp_acceptance.checkpoint_acceptance`): the share
+  of positions where its greedy draft equals the main model's greedy next token, teacher-forced at depth 1 on
+  the oracle trajectories of `mtp_items` held-out live_qa items (a share in [0, 1], not 0-100); None, with the
+  reason in `extra["mtp"]["skipped"]`, for a model without an MTP block, a sampler that is not a `JaxSampler`,
+  or `mtp_items` = 0. No timing: the speculative decode speed-up is a benchmark's
+  (experiments/benchmarks/spec_decode_bench.py, export/check_vllm.py).
 """
 
 from __future__ import annotations
@@ -67,6 +74,9 @@ class EvalConfig:
       compute_dtype: "float32" or "bfloat16" (the sampler's compute dtype).
       temperature, top_p: decoding of every suite (0 = greedy; a small model decoded greedily can loop on
         one tool call, which sampling breaks). seed: the sampling keys (batch c uses fold_in(key(seed), c)).
+      mtp_items: live_qa eval items whose oracle trajectories (cut to seq_len tokens) score the MTP draft
+        acceptance (module docstring; one teacher-forced forward per episode, its [1, T, V] logits twice, padded
+        to a multiple of `bucket`; no decoding); 0: skip.
     Raises (on construction):
       ValueError: an unknown suite or dtype, or a count out of range (names the field and valid values).
     """
@@ -87,6 +97,7 @@ class EvalConfig:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    mtp_items: int = 8
 
     def __post_init__(self) -> None:
         SamplingConfig(temperature=self.temperature, top_p=self.top_p, max_new_tokens=1)  # names a bad value
@@ -98,9 +109,10 @@ class EvalConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"EvalConfig.{name} = {value!r}: expected an int >= 1")
-        n = self.ifeval_mini_items
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"EvalConfig.ifeval_mini_items = {n!r}: expected an int >= 0")
+        for name in ("ifeval_mini_items", "mtp_items"):
+            n = getattr(self, name)
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise ValueError(f"EvalConfig.{name} = {n!r}: expected an int >= 0")
         lim = self.ifeval_limit
         if lim is not None and (isinstance(lim, bool) or not isinstance(lim, int) or not 1 <= lim <= IFEVAL_LINES):
             raise ValueError(f"EvalConfig.ifeval_limit = {lim!r}: expected None or an int in [1, {IFEVAL_LINES}]")
@@ -207,6 +219,31 @@ def _instruction_suites(sampler: Sampler, config: EvalConfig, out: Path | None, 
     return results, extra
 
 
+def _mtp_acceptance(sampler: Sampler, config: EvalConfig, seq_len: int) -> tuple[dict | None, dict]:
+    """The "mtp" figures of the module docstring and their extra ({"skipped": reason} when not measured)."""
+    if not config.mtp_items:
+        return None, {"skipped": "EvalConfig.mtp_items is 0"}
+    if not isinstance(sampler, JaxSampler):
+        return None, {"skipped": f"the sampler is a {type(sampler).__name__}, not a JaxSampler (no params to run "
+                                 "the teacher-forced forward on)"}
+    model_config = sampler.model_config
+    if not model_config.mtp_num_hidden_layers:
+        return None, {"skipped": "the model has no MTP block (mtp_num_hidden_layers = 0)"}
+    from hat_jax.eval.mtp_acceptance import checkpoint_acceptance
+    from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
+
+    model = Qwen3_5MoeForCausalLM(model_config, dtype=sampler.dtype, moe_impl=sampler.moe_impl,
+                                   moe_token_chunk=sampler.moe_token_chunk)
+    figures, extra = checkpoint_acceptance(model, sampler.params, sampler.tokenizer, config.world,
+                                           items=config.mtp_items, max_len=seq_len,
+                                           batch_size=1, bucket=config.bucket,
+                                           pad_id=model_config.pad_token_id or 0)
+    log.info("eval mtp: depth-1 acceptance %.4f, mean accepted length %.4f (%d positions, %d episodes, %.1f s)",
+             figures["acceptance_depth1"], figures["mean_accepted_length"], figures["positions"],
+             figures["episodes"], extra["wall_s"])
+    return figures, extra
+
+
 def evaluate(sampler: Sampler, config: EvalConfig, *, out_dir: str | Path | None = None,
              progress: bool = True) -> dict:
     """Scores a policy on every suite of `config` (module docstring).
@@ -221,7 +258,8 @@ def evaluate(sampler: Sampler, config: EvalConfig, *, out_dir: str | Path | None
     Raises:
       TypeError: config is not an EvalConfig.
       ValueError: a prompt of a live item that does not fit seq_len (names the task); an IFEval file that is
-        not the official one. FileNotFoundError: a given IFEval file is missing. ImportError: the IFEval
+        not the official one; no live_qa oracle episode with a generated token within seq_len (mtp, raised
+        before any suite runs). FileNotFoundError: a given IFEval file is missing. ImportError: the IFEval
         checker packages are missing.
     """
     if not isinstance(config, EvalConfig):
@@ -233,11 +271,13 @@ def evaluate(sampler: Sampler, config: EvalConfig, *, out_dir: str | Path | None
     if seq_len != config.seq_len:
         log.info("eval: seq_len %d lowered to %d (max_position_embeddings %d - max_new_tokens %d)", config.seq_len,
                  seq_len, positions, config.max_new_tokens)
+    mtp = _mtp_acceptance(sampler, config, seq_len)   # first: a failure here costs seconds, not the suites' time
     results, extra = _live_suites(sampler, config, seq_len, out, progress)
     extra = {"seq_len": float(seq_len), **extra}
     instruction, instruction_extra = _instruction_suites(sampler, config, out, progress)
     results.update(instruction)
     extra.update(instruction_extra)
+    results["mtp"], extra["mtp"] = mtp
     extra["wall_s"] = time.perf_counter() - t_start
     results["extra"] = extra
     if out is not None:

@@ -6,7 +6,9 @@ results.json (every metric on the paper's 0-100 scale):
      "stages": [{"name", "harness", "steps", "wall_s", ...}],
      "metrics": {"live_qa": {"acc", "eff", "avg"}, "variant_qa": {...}, "tool_robustness": {"adr", "rc", "tc", "avg"},
                  "prompt_robustness": {"adr", "llm", "tco", "avg"}, "ifeval": {...}, "ifeval_mini": {...}},
-     "per_seed": [{the same metrics for each seed}], ...extra fields (chain, paper, intervals, base, eval_wall_s)}
+     "per_seed": [{the same metrics for each seed}],
+     "mtp": {"acceptance_depth1", "mean_accepted_length", "positions", "episodes", "per_seed": [...]} or null,
+     ...extra fields (chain, paper, intervals, base, eval_wall_s)}
 
 With several seeds, "metrics" holds the mean over seeds and "intervals" the 95% confidence interval of the
 mean (Student's t with n - 1 degrees of freedom, `scipy.stats.t`), clipped to the metrics' 0-100 range (with 3
@@ -15,6 +17,13 @@ skipped) is null in the mean. Means and bounds keep 4 decimals, so that results.
 same value the evaluation log rounds (2 decimals would round 11.646 to 11.65, then to 11.7, against the log's
 11.6). A suite that was not run is null: IFEval without its data, or a suite left out with
 `--set eval.suites=[...]` or `--set eval.ifeval_mini_items=0`.
+
+"mtp" (`mtp_summary`) is the MTP head's offline draft acceptance of each seed's final checkpoint
+(`hat_jax.eval.runner`, "mtp": teacher-forced, depth 1, on held-out Live QA oracle episodes): a share in [0, 1],
+not on the 0-100 scale. Its "acceptance_depth1" and "mean_accepted_length" are means over seeds (6 decimals;
+null when some seed was not measured), "positions" and "episodes" the counts summed over the measured seeds, and
+"per_seed" one entry per seed {"seed", "checkpoint", the four figures (null when not measured)}. It is null
+when no seed was measured (a model without an MTP block, `eval.mtp_items=0`); the reason is in "extra".
 """
 
 from __future__ import annotations
@@ -26,6 +35,11 @@ from typing import Any
 from hat_jax.experiments.declarations import METRIC_LABELS, SUITE_KEYS, Experiment, Group
 
 RESULT_KEYS = ("experiment", "preset", "seeds", "wall_s", "stages", "metrics", "per_seed")
+MTP_FIGURES = ("acceptance_depth1", "mean_accepted_length", "positions", "episodes")
+# What results.md says of the ratio it does not measure (timings on a shared CPU are noise).
+SPEED_SOURCE = ("`python experiments/benchmarks/spec_decode_bench.py --checkpoint {ckpt} --k 1` (JAX: decode tokens/s "
+                "with 0 and 1 speculative tokens, on random prompts), or for an export on a GPU "
+                "`export/check_vllm.py HF_DIR --mtp 1` (vLLM; export/README.md)")
 
 
 def metric_value(metrics: Mapping[str, Any], path: str) -> float | None:
@@ -67,6 +81,40 @@ def aggregate(per_seed: Sequence[Mapping[str, Any]]) -> tuple[dict, dict]:
     return mean, intervals
 
 
+def mtp_summary(records: Sequence[Mapping[str, Any]]) -> dict | None:
+    """results.json's "mtp" (module docstring) from the seed records ({"seed", "checkpoint", "metrics"}, the
+    metrics holding the evaluation's "mtp" figures or null); None when no seed was measured."""
+    per_seed = []
+    for r in records:
+        figures = (r.get("metrics") or {}).get("mtp")
+        per_seed.append({"seed": int(r["seed"]), "checkpoint": r.get("checkpoint"),
+                         **{k: None if figures is None else figures[k] for k in MTP_FIGURES}})
+    measured = [e for e in per_seed if e["acceptance_depth1"] is not None]
+    if not measured:
+        return None
+    complete = len(measured) == len(per_seed)
+    mean = lambda k: round(sum(e[k] for e in measured) / len(measured), 6) if complete else None  # noqa: E731
+    return {"acceptance_depth1": mean("acceptance_depth1"), "mean_accepted_length": mean("mean_accepted_length"),
+            "positions": sum(int(e["positions"]) for e in measured),
+            "episodes": sum(int(e["episodes"]) for e in measured), "per_seed": per_seed}
+
+
+def _check_mtp(block: Any) -> None:
+    if block is None:
+        return
+    if not isinstance(block, Mapping) or (set(MTP_FIGURES) | {"per_seed"}) - set(block):
+        raise ValueError(f"results.json: mtp must be null or hold {', '.join(MTP_FIGURES)}, per_seed; got {block!r}")
+    for where, entry in [("mtp", block)] + [(f"mtp.per_seed[{i}]", e) for i, e in enumerate(block["per_seed"])]:
+        acc, length = entry.get("acceptance_depth1"), entry.get("mean_accepted_length")
+        if acc is None:
+            continue
+        if not isinstance(acc, (int, float)) or not 0 <= acc <= 1:
+            raise ValueError(f"results.json: {where}.acceptance_depth1 = {acc!r}; expected a share in [0, 1]")
+        if not isinstance(length, (int, float)) or abs(length - 1 - acc) > 1e-5:
+            raise ValueError(f"results.json: {where}.mean_accepted_length = {length!r}; expected 1 + acceptance_depth1 "
+                             f"= {1 + acc!r}")
+
+
 def check_results(data: Mapping[str, Any]) -> None:
     """Raises ValueError naming the first field that does not follow the results.json schema."""
     for key in RESULT_KEYS:
@@ -93,6 +141,7 @@ def check_results(data: Mapping[str, Any]) -> None:
                     raise ValueError(f"results.json: {where}.{suite}.{key} = {value!r}; expected a number in [0, 100]")
     if len(data["per_seed"]) != len(data["seeds"]):
         raise ValueError(f"results.json: {len(data['per_seed'])} per_seed entries for seeds {data['seeds']}")
+    _check_mtp(data.get("mtp"))
 
 
 def _label(path: str) -> str:
@@ -135,6 +184,41 @@ def ifeval_skip_reason(results: Mapping[str, Any]) -> str | None:
     return None
 
 
+def mtp_skip_reason(results: Mapping[str, Any]) -> str | None:
+    """Why the MTP acceptance was not measured for some seed (from the evaluation's `extra`), or None."""
+    for extra in results.get("extra") or []:
+        reason = ((extra or {}).get("mtp") or {}).get("skipped")
+        if reason:
+            return str(reason)
+    return None
+
+
+def mtp_markdown(results: Mapping[str, Any]) -> list[str]:
+    """results.md's "MTP draft acceptance" section (lines): the figures, what they mean, where the speed-up
+    comes from."""
+    block = results.get("mtp")
+    lines = ["## MTP draft acceptance", ""]
+    if block is None:
+        reason = mtp_skip_reason(results) or "this results.json predates the measurement"
+        return lines + [f"Not measured: {reason}.", ""]
+    seeds = block["per_seed"]
+    if block["acceptance_depth1"] is None:
+        head = "Not measured for every seed (no mean)"
+    else:
+        head = (f"Depth-1 acceptance {block['acceptance_depth1']:.4f}, mean accepted length "
+                f"{block['mean_accepted_length']:.4f}" + (f" (mean over {len(seeds)} seeds)" if len(seeds) > 1 else ""))
+    lines.append(f"{head}; {block['positions']} positions in {block['episodes']} held-out Live QA oracle episodes.")
+    if len(seeds) > 1:
+        lines += [""] + [f"- seed {e['seed']}: " + ("not measured" if e["acceptance_depth1"] is None else
+                                                    f"{e['acceptance_depth1']:.4f} ({e['positions']} positions)")
+                         for e in seeds]
+    lines += ["", "The share of positions where the MTP head's greedy draft equals the main model's greedy next "
+              "token, teacher-forced at depth 1 (`hat_jax.eval.mtp_acceptance`); with 1 speculative token the mean "
+              "accepted length (tokens per verifying forward) is 1 + acceptance. The decode speed-up with MTP on "
+              f"vs off is not timed here: {SPEED_SOURCE.format(ckpt=seeds[0]['checkpoint'] or 'CKPT')}.", ""]
+    return lines
+
+
 def experiment_markdown(results: Mapping[str, Any], experiment: Experiment) -> str:
     """results.md: the chain, the stages' wall time, and every metric beside the paper's number."""
     seeds = results["seeds"]
@@ -158,8 +242,10 @@ def experiment_markdown(results: Mapping[str, Any], experiment: Experiment) -> s
     if skipped:
         lines += ["", f"IFEval skipped: {skipped}."]
     lines += ["", "Paper: Qwen3.6-35B-A3B on the report's private sets (arXiv 2608.15763); ours: the simulator's "
-              "held-out suites at this preset's scale. IF-mini is the in-domain IFEval-style gauge (no paper number)."]
-    return "\n".join(lines) + "\n"
+              "held-out suites at this preset's scale. IF-mini is the in-domain IFEval-style gauge (no paper number).",
+              ""]
+    lines += mtp_markdown(results)
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def group_markdown(group: Group, results: Mapping[str, Mapping[str, Any]], preset: str) -> str:

@@ -9,7 +9,8 @@ Outputs in `DIR/<experiment>/`:
   the chain's total step count, so `tensorboard --logdir DIR` shows every row of a table side by side
   (stage curves live in `DIR/stages/<chain>-<key>/seed<k>`, `hat_jax.experiments.chain`).
 - `stages/`: `<i>-<stage>.json` pointers to the stage run dirs (checkpoints) of seed 0, one per stage.
-- `results.json`, `results.md` (`hat_jax.experiments.results`). Their `wall_s` is the time this experiment
+- `results.json`, `results.md` (`hat_jax.experiments.results`; "mtp": the MTP draft acceptance the evaluation
+  measured on each seed's final checkpoint, `hat_jax.eval.runner`). Their `wall_s` is the time this experiment
   spent over all its invocations (stages it trained, the base when it pretrained it, the evaluations; stages
   reused from another experiment count 0); `wall_s_this_invocation` is the last command's.
 """
@@ -25,7 +26,7 @@ from typing import Any
 
 from hat_jax.experiments.chain import evaluate_cached, run_chain, stage_template, write_json_atomic
 from hat_jax.experiments.declarations import SUITE_KEYS, Experiment
-from hat_jax.experiments.results import aggregate, check_results, experiment_markdown
+from hat_jax.experiments.results import aggregate, check_results, experiment_markdown, mtp_summary
 from hat_jax.experiments.scales import Scale, describe
 from hat_jax.train.distributed import is_primary
 
@@ -123,6 +124,9 @@ def _log_eval_scalars(directory: Path, metrics: Mapping[str, Any], step: int) ->
         return
     values = {f"eval/{suite}/{key}": float(v) for suite, block in _metrics_only(metrics).items() if block
               for key, v in block.items()}
+    mtp = metrics.get("mtp")
+    if mtp:
+        values.update({f"eval/mtp/{key}": float(mtp[key]) for key in ("acceptance_depth1", "mean_accepted_length")})
     with MetricsWriter(directory) as writer:
         writer.scalars(step, values)
 
@@ -187,6 +191,7 @@ def run_experiment(experiment: Experiment, scale: Scale, seeds: Sequence[int], o
         "intervals": intervals, "chain": [str(s) for s in experiment.chain], "paper": dict(experiment.paper),
         "base": seed_records[0]["base"], "eval_wall_s": [r["eval_wall_s"] for r in seed_records],
         "extra": [r["metrics"].get("extra") for r in seed_records], "budget": describe(scale, kinds),
+        "mtp": mtp_summary(seed_records),
     }
     check_results(results)
     write_json_atomic(results_path, results)

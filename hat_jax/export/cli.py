@@ -12,7 +12,9 @@
   eos/pad ids, and the provenance file `hat_export.json` (`PROVENANCE_FILE`): the checkpoint exported, its
   step, experiment/stage/seed when known, layout and dtype, the export time, the hat-jax git commit, and
   `policy_version`, 12 hex digits of the SHA-256 of the written weight files and config.json (the same
-  checkpoint exported with the same options always gets the same version; the deployment reports carry it).
+  checkpoint exported with the same options always gets the same version; the deployment reports carry it),
+  and `mtp_acceptance`: the MTP draft acceptance the experiment's evaluation measured on this very checkpoint
+  (`hat_jax.export.sources.recorded_mtp_acceptance`; null, with `mtp_acceptance_reason`, when none was).
 Both check everything they can before writing (the drop-in source's architecture is compared with the
 checkpoint's model_config.json before the parameters are read), so a failure leaves no output behind.
 """
@@ -32,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from hat_jax.cache import atomic_dir, write_text_atomic
-from hat_jax.export.sources import ExportSource, resolve_export_source
+from hat_jax.export.sources import ExportSource, recorded_mtp_acceptance, resolve_export_source
 from hat_jax.model.checkpoint_io import load_model_checkpoint, save_model_checkpoint
 from hat_jax.model.config import Qwen3_5MoeTextConfig
 from hat_jax.model.hf_io import (INDEX_FILE, TOKENIZER_FILES, architecture_differences, load_hf_checkpoint,
@@ -125,9 +127,16 @@ def _git_commit() -> tuple[str | None, bool | None]:
 
 
 def provenance(source: ExportSource, out_dir: Path, written: list[str], *, layout: str, dropin_source: Path | None,
-               dtype: str, expert_layout: str, tokenizer: Path | None) -> dict:
-    """The content of `hat_export.json` (module docstring); `policy_version` is a str."""
+               dtype: str, expert_layout: str, tokenizer: Path | None,
+               mtp_acceptance: tuple[dict | None, str | None] | None = None) -> dict:
+    """The content of `hat_export.json` (module docstring); `policy_version` is a str.
+
+    `mtp_acceptance`: `recorded_mtp_acceptance(source)` when already read (None: read it here).
+    Raises:
+        ValueError: an unreadable results.json of the source's experiment (`recorded_mtp_acceptance`).
+    """
     commit, dirty = _git_commit()
+    mtp, mtp_reason = recorded_mtp_acceptance(source) if mtp_acceptance is None else mtp_acceptance
     return {
         "policy_version": policy_version(out_dir, written),
         "source_checkpoint": str(source.directory), "params_item": str(source.params_item), "step": source.step,
@@ -138,6 +147,7 @@ def provenance(source: ExportSource, out_dir: Path, written: list[str], *, layou
         "tokenizer": str(tokenizer) if tokenizer else None,
         "exported_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "hat_jax_commit": commit, "hat_jax_dirty": dirty,
+        "mtp_acceptance": mtp, "mtp_acceptance_reason": mtp_reason,
     }
 
 
@@ -165,7 +175,7 @@ def export_hf(ckpt: str | Path | ExportSource, out_dir: str | Path, *, layout: s
         FileExistsError: `out_dir` is not empty and not `force`. CheckpointError: a checkpoint without the
         MTP block, a bad layout or source, a drop-in source of another architecture (names the fields).
         FileNotFoundError / UnfinishedStageError / ValueError: see `resolve_export_source`; an unreadable
-        checkpoint.
+        checkpoint or results.json (`recorded_mtp_acceptance`, read before anything is written).
     """
     out_dir = Path(out_dir)
     if not force:
@@ -175,6 +185,7 @@ def export_hf(ckpt: str | Path | ExportSource, out_dir: str | Path, *, layout: s
     resolved = ckpt if isinstance(ckpt, ExportSource) else resolve_export_source(ckpt)
     if layout == "dropin":
         check_dropin_source(resolved.config_path, Path(source))   # before reading a 70 GB checkpoint
+    mtp_acceptance = recorded_mtp_acceptance(resolved)            # an unreadable results.json: before writing
     config, params = load_model_checkpoint(resolved.directory, host=True)  # into host memory, no device copy
     if not config.mtp_num_hidden_layers:
         raise CheckpointError(f"{resolved.directory}: the checkpoint has no MTP block (mtp_num_hidden_layers=0); "
@@ -189,7 +200,8 @@ def export_hf(ckpt: str | Path | ExportSource, out_dir: str | Path, *, layout: s
     record = provenance(resolved, out_dir, written, layout=layout, dropin_source=Path(source) if source else None,
                         dtype=dtype, expert_layout=expert_layout,
                         tokenizer=tokenizer_dir or (Path(source) if source and any(
-                            (Path(source) / n).is_file() for n in TOKENIZER_FILES) else None))
+                            (Path(source) / n).is_file() for n in TOKENIZER_FILES) else None),
+                        mtp_acceptance=mtp_acceptance)
     write_text_atomic(out_dir / PROVENANCE_FILE, json.dumps(record, indent=1, sort_keys=True) + "\n")
     return _file_lines(out_dir, written + [PROVENANCE_FILE])
 

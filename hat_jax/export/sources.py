@@ -11,6 +11,9 @@ Accepted, in the order they are recognised:
 - a model checkpoint (`params/` + `model_config.json`) or a training run dir (an Orbax CheckpointManager
   root: its latest step).
 The file names of an experiment's output are the contract with `hat_jax.experiments`.
+
+`recorded_mtp_acceptance` finds the MTP draft acceptance an experiment's evaluation measured on the resolved
+checkpoint (results.json's "mtp", `hat_jax.experiments.results`), for `hat_export.json`.
 """
 
 from __future__ import annotations
@@ -197,3 +200,56 @@ def resolve_export_source(ckpt: str | Path, seed: int | None = None, allow_unfin
     if in_stages or (root / DONE_FILE).is_file():
         return _stage(root, requested, allow_unfinished)
     return _checkpoint(root, requested)
+
+
+def _same_checkpoint(recorded: str | None, directory: Path) -> bool:
+    """Whether a results.json checkpoint path names `directory`: the same path, or the same
+    `<chain>-<key>/seed<k>` tail (an output root that was moved or copied; the key hashes the stage's identity)."""
+    if not recorded:
+        return False
+    path = Path(recorded)
+    return path == directory or (path.parent.name, path.name) == (directory.parent.name, directory.name)
+
+
+def _results_candidates(source: ExportSource) -> list[Path]:
+    """The results.json files that may hold figures of `source`: its experiment dir's, or for a stage dir
+    DIR/stages/<chain>-<key>/seed<k> every DIR/<experiment>/results.json."""
+    if source.kind == "experiment":
+        return [source.requested.resolve() / RESULTS]
+    if source.kind == "stage" and source.directory.parent.parent.name == "stages":
+        return sorted(source.directory.parent.parent.parent.glob(f"*/{RESULTS}"))
+    return []
+
+
+def recorded_mtp_acceptance(source: ExportSource) -> tuple[dict | None, str | None]:
+    """The MTP draft acceptance measured on exactly the checkpoint of `source`, from a results.json.
+
+    Only a finished stage's figures count (the evaluation scored its final checkpoint, which is what is
+    exported), or a base row's; the seed and the checkpoint path of results.json's `mtp.per_seed` entry must be
+    the source's.
+    Returns:
+        ({"acceptance_depth1": share in [0, 1], "mean_accepted_length", "positions", "episodes", "seed",
+          "checkpoint", "experiment", "results": the results.json path}, None), or (None, the reason there are
+        none: a plain checkpoint, an unfinished stage, no results.json, or none with figures of it).
+    Raises:
+        ValueError: an unreadable results.json.
+    """
+    if source.kind == "checkpoint":
+        return None, ("the exported source is a model checkpoint or training run dir, not an experiment or stage "
+                      "dir: no results.json to read (experiments/benchmarks/mtp_acceptance.py --ckpt measures it)")
+    if source.stage_record is None and source.stage != "base":     # a base row's checkpoint has no stage record
+        return None, f"the stage {source.directory} is unfinished: no evaluation scored this checkpoint"
+    candidates = [p for p in _results_candidates(source) if p.is_file()]
+    if not candidates:
+        return None, f"no {RESULTS} found for {source.directory} (its experiment's evaluation has not finished)"
+    for path in candidates:
+        data = _read_json(path, "results")
+        for entry in (data.get("mtp") or {}).get("per_seed") or []:
+            if entry.get("seed") == source.seed and _same_checkpoint(entry.get("checkpoint"), source.directory) \
+                    and entry.get("acceptance_depth1") is not None:
+                return {**{k: entry[k] for k in ("acceptance_depth1", "mean_accepted_length", "positions",
+                                                   "episodes", "seed", "checkpoint")},
+                        "experiment": data.get("experiment"), "results": str(path)}, None
+    where = ", ".join(map(str, candidates))
+    return None, (f"{where} holds no MTP acceptance of seed {source.seed} of {source.directory} (measured by the "
+                  f"evaluation only when the model has an MTP block and eval.mtp_items > 0)")

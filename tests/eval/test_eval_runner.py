@@ -1,5 +1,6 @@
 """`evaluate` end to end on the micro model (random init, a BPE covering the eval prompts) with tiny sizes:
-the full key schema, value ranges, out_dir files; `evaluate_checkpoint` on the same params; config errors.
+the full key schema, value ranges, out_dir files, the MTP draft acceptance; `evaluate_checkpoint` on the same
+params; config errors.
 
 Shapes are chosen for one sampler compilation: batch_size 2 everywhere, prompt bucket = seq_len (one prompt
 width), the same max_new_tokens for the live turns and the instruction-following completions."""
@@ -22,7 +23,8 @@ from hat_jax.model.checkpoint_io import save_model_checkpoint
 
 NEW = 8
 CONFIG = EvalConfig(world=TINY_WORLD, max_new_tokens=NEW, max_turns=2, seq_len=1536, batch_size=2, bucket=1536,
-                    ifeval_data=str(SHARED_IFEVAL), ifeval_limit=3, ifeval_mini_items=3, if_max_new_tokens=NEW)
+                    ifeval_data=str(SHARED_IFEVAL), ifeval_limit=3, ifeval_mini_items=3, if_max_new_tokens=NEW,
+                    mtp_items=2)
 SCHEMA = {"live_qa": {"acc", "eff", "avg"}, "variant_qa": {"acc", "eff", "avg"},
           "tool_robustness": {"adr", "rc", "tc", "avg"}, "prompt_robustness": {"adr", "llm", "tco", "avg"}}
 IF_KEYS = {"prompt_strict", "inst_strict", "prompt_loose", "inst_loose"}
@@ -64,7 +66,7 @@ def _in_range(d):
 
 def test_full_schema_and_ranges(results):
     res, _ = results
-    assert list(res) == [*SUITES, "ifeval", "ifeval_mini", "extra"]
+    assert list(res) == [*SUITES, "ifeval", "ifeval_mini", "mtp", "extra"]
     for suite, keys in SCHEMA.items():
         assert set(res[suite]) == keys and _in_range(res[suite]), (suite, res[suite])
     assert set(res["ifeval_mini"]) == IF_KEYS and _in_range(res["ifeval_mini"])
@@ -79,6 +81,29 @@ def test_full_schema_and_ranges(results):
         assert e["episodes"] == 2 and e["turns"] >= 1 and 0 <= e["truncated_pct"] <= 100 and e["wall_s"] > 0
         assert e["tokens_generated"] >= 2 and e["reasoning_tokens"] >= 0
     assert ex["seq_len"] == 1536 and ex["wall_s"] > 0 and ex["ifeval_mini"]["prompts"] == 3
+    mtp = res["mtp"]
+    assert set(mtp) == {"acceptance_depth1", "mean_accepted_length", "positions", "episodes"}
+    assert mtp["episodes"] == 2 and isinstance(mtp["positions"], int) and mtp["positions"] > 0
+    assert 0.0 <= mtp["acceptance_depth1"] <= 1.0 and mtp["mean_accepted_length"] == 1.0 + mtp["acceptance_depth1"]
+    assert ex["mtp"]["items"] == 2 and ex["mtp"]["max_len"] == 1536 and ex["mtp"]["wall_s"] > 0
+
+
+def test_mtp_acceptance_is_skipped_with_a_reason(model, config):
+    from hat_jax.eval.runner import _mtp_acceptance
+
+    model_config, params, tok = model
+    no_mtp = config.sampler(params, model_config.replace(mtp_num_hidden_layers=0), tok)
+    assert _mtp_acceptance(no_mtp, config, 1536) == (None, {"skipped": "the model has no MTP block "
+                                                                      "(mtp_num_hidden_layers = 0)"})
+    sampler = config.sampler(params, model_config, tok)
+    off = dataclasses.replace(config, mtp_items=0)
+    assert _mtp_acceptance(sampler, off, 1536) == (None, {"skipped": "EvalConfig.mtp_items is 0"})
+
+    class Remote:  # an inference server behind the Sampler protocol: no params to run a forward on
+        model_config = sampler.model_config
+
+    figures, extra = _mtp_acceptance(Remote(), config, 1536)
+    assert figures is None and "not a JaxSampler" in extra["skipped"]
 
 
 def test_out_dir_files(results):
@@ -101,10 +126,11 @@ def test_evaluate_checkpoint_reproduces(model, config, results, tmp_path):
     tok.save_pretrained(str(ckpt / "tokenizer"))
     small = dataclasses.replace(config, suites=("live_qa",), ifeval=False)
     again = evaluate_checkpoint(ckpt, small, progress=False)
-    assert list(again) == ["live_qa", "ifeval", "ifeval_mini", "extra"] and again["ifeval"] is None
+    assert list(again) == ["live_qa", "ifeval", "ifeval_mini", "mtp", "extra"] and again["ifeval"] is None
     assert again["extra"]["ifeval"] == {"skipped": "EvalConfig.ifeval is False"}
     res, _ = results
     assert again["live_qa"] == res["live_qa"] and again["ifeval_mini"] == res["ifeval_mini"]  # greedy: same scores
+    assert again["mtp"] == res["mtp"]
     with pytest.raises(FileNotFoundError, match="no tokenizer folder"):
         evaluate_checkpoint(save_model_checkpoint(tmp_path / "bare" / "ckpt", params, model_config), small)
 
@@ -118,6 +144,8 @@ def test_config_errors():
         EvalConfig(compute_dtype="fp8")
     with pytest.raises(ValueError, match="EvalConfig.batch_size = 0: expected an int >= 1"):
         EvalConfig(batch_size=0)
+    with pytest.raises(ValueError, match=r"EvalConfig.mtp_items = -1: expected an int >= 0"):
+        EvalConfig(mtp_items=-1)
     with pytest.raises(ValueError, match="EvalConfig.world.eval_items = 0"):
         EvalConfig(world=dataclasses.replace(TINY_WORLD, eval_items=0))
     assert EvalConfig(suites=["live_qa"]).suites == ("live_qa",)

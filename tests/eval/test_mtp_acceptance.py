@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hat_jax.eval.mtp_acceptance import depth1_acceptance, live_qa_oracle_episodes
+from hat_jax.eval.mtp_acceptance import checkpoint_acceptance, depth1_acceptance, live_qa_oracle_episodes
 from hat_jax.model import Qwen3_5MoeForCausalLM, get_config, init_params
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "experiments" / "benchmarks"
@@ -83,3 +83,12 @@ def test_benchmark_end_to_end_on_a_fresh_micro_checkpoint(tmp_path, monkeypatch)
                 accepted += int(d[t] == g[t + 1])
     assert report["episodes"] == len(episodes) and report["positions"] == positions
     assert row["acceptance"] == pytest.approx(accepted / positions, abs=1e-9)
+
+
+def test_checkpoint_acceptance_names_a_bad_count():
+    from hat_jax.data.world_data import WorldDataConfig
+
+    with pytest.raises(ValueError, match=r"checkpoint_acceptance: items = -2; expected an int >= 1"):
+        checkpoint_acceptance(None, None, None, WorldDataConfig(), items=-2, max_len=64)
+    with pytest.raises(ValueError, match=r"checkpoint_acceptance: max_len = 2; expected an int >= 3"):
+        checkpoint_acceptance(None, None, None, WorldDataConfig(), items=1, max_len=2)

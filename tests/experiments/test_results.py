@@ -5,7 +5,8 @@ import copy
 import pytest
 
 from hat_jax.experiments.declarations import load_all
-from hat_jax.experiments.results import aggregate, check_results, experiment_markdown, group_markdown, mean_interval
+from hat_jax.experiments.results import (aggregate, check_results, experiment_markdown, group_markdown, mean_interval,
+                                         mtp_summary)
 
 
 def _metrics(x: float, ifeval=True) -> dict:
@@ -102,3 +103,56 @@ def test_results_md_splits_the_time_and_says_why_ifeval_was_skipped():
     assert "base 307 s (pretrained here)" in experiment_markdown(res, experiment)
     table = group_markdown(load_all()["table6"], {"table6_both": res}, "micro")
     assert table.endswith("\nIFEval skipped: no IFEval data: pass --ifeval-data FILE.\n")  # Table 6 has an IFE-P column
+
+
+def _seed(seed: int, acceptance: float | None, positions: int = 40) -> dict:
+    figures = None if acceptance is None else {"acceptance_depth1": acceptance, "mean_accepted_length": 1 + acceptance,
+                                               "positions": positions, "episodes": 2}
+    return {"seed": seed, "checkpoint": f"/runs/stages/sft-hsa.rl-hsa-abc/seed{seed}", "metrics": {"mtp": figures}}
+
+
+def test_mtp_summary_means_over_seeds_and_is_checked():
+    # seeds 0, 1: 10/40 = 0.25 and 14/40 = 0.35 accepted; mean 0.3, mean accepted length 1.3
+    block = mtp_summary([_seed(0, 0.25), _seed(1, 0.35)])
+    assert {k: block[k] for k in ("acceptance_depth1", "mean_accepted_length", "positions", "episodes")} == {
+        "acceptance_depth1": 0.3, "mean_accepted_length": 1.3, "positions": 80, "episodes": 4}
+    assert block["per_seed"][1] == {"seed": 1, "checkpoint": "/runs/stages/sft-hsa.rl-hsa-abc/seed1",
+                                    "acceptance_depth1": 0.35, "mean_accepted_length": 1.35, "positions": 40,
+                                    "episodes": 2}
+    partial = mtp_summary([_seed(0, 0.25), _seed(1, None)])       # a seed not measured: no mean, as for suites
+    assert partial["acceptance_depth1"] is None and partial["positions"] == 40
+    assert partial["per_seed"][1]["acceptance_depth1"] is None
+    assert mtp_summary([_seed(0, None)]) is None and mtp_summary([{"seed": 0, "metrics": {}}]) is None
+    res = dict(_results(), seeds=[0, 1], per_seed=[_results()["per_seed"][0]] * 2, mtp=block)
+    check_results(res)
+    check_results(dict(res, mtp=partial))
+    check_results(dict(res, mtp=None))
+    bad = copy.deepcopy(res)
+    bad["mtp"]["per_seed"][0]["acceptance_depth1"] = 25.0          # a percentage, not a share
+    with pytest.raises(ValueError, match=r"mtp\.per_seed\[0\]\.acceptance_depth1 = 25\.0; expected a share in \[0, 1\]"):
+        check_results(bad)
+    bad = copy.deepcopy(res)
+    bad["mtp"]["mean_accepted_length"] = 2.3
+    with pytest.raises(ValueError, match=r"mtp\.mean_accepted_length = 2\.3; expected 1 \+ acceptance_depth1"):
+        check_results(bad)
+    with pytest.raises(ValueError, match=r"mtp must be null or hold acceptance_depth1"):
+        check_results(dict(res, mtp={"acceptance_depth1": 0.3}))
+
+
+def test_results_md_has_the_mtp_section():
+    experiment = next(r for r in load_all()["table6"].rows if r.name == "table6_both")
+    res = dict(_results(), mtp=mtp_summary([_seed(0, 0.25)]))
+    md = experiment_markdown(res, experiment)
+    section = md[md.index("## MTP draft acceptance"):]
+    assert section.startswith("## MTP draft acceptance\n\nDepth-1 acceptance 0.2500, mean accepted length 1.2500; "
+                              "40 positions in 2 held-out Live QA oracle episodes.\n")
+    assert "greedy draft equals the main model's greedy next token, teacher-forced at depth 1" in section
+    assert "mean accepted length (tokens per verifying forward) is 1 + acceptance" in section
+    assert ("experiments/benchmarks/spec_decode_bench.py --checkpoint /runs/stages/sft-hsa.rl-hsa-abc/seed0 --k 1"
+            in section and "export/check_vllm.py HF_DIR --mtp 1" in section)
+    two = dict(_results(), seeds=[0, 1], mtp=mtp_summary([_seed(0, 0.25), _seed(1, 0.35)]))
+    md = experiment_markdown(two, experiment)
+    assert "mean accepted length 1.3000 (mean over 2 seeds); 80 positions in 4" in md
+    assert "- seed 1: 0.3500 (40 positions)" in md
+    none = dict(_results(), mtp=None, extra=[{"mtp": {"skipped": "EvalConfig.mtp_items is 0"}}])
+    assert "## MTP draft acceptance\n\nNot measured: EvalConfig.mtp_items is 0.\n" in experiment_markdown(none, experiment)

@@ -1,5 +1,6 @@
 """End to end on the micro preset: `experiments/run.py` runs table6_both and a Table 4 row (sharing its SFT
-stage), writes results.json / results.md, refuses bad input, resumes, and the notebook executes on the outputs."""
+stage), writes results.json / results.md (with the MTP draft acceptance of the final checkpoint), refuses bad input,
+resumes, and the notebook executes on the outputs."""
 
 import importlib.util
 import json
@@ -56,6 +57,38 @@ def test_results_follow_the_schema_and_share_the_sft_stage(runs):
     assert row4["wall_s"] == pytest.approx(row4["stages"][1]["wall_s"] + sum(row4["eval_wall_s"]), abs=0.01)
     if both["metrics"]["ifeval"] is None:
         assert "IFEval skipped:" in md and "--ifeval-data FILE" in md
+
+
+def test_results_carry_the_mtp_acceptance_of_the_final_checkpoint(runs):
+    from hat_jax.eval.runner import _mtp_acceptance
+    from hat_jax.experiments.scales import get_scale
+    from hat_jax.rollout import load_sampler
+
+    out, _ = runs
+    both = json.loads((out / "table6_both" / "results.json").read_text())
+    mtp = both["mtp"]
+    (seed,) = mtp["per_seed"]
+    final = both["stages"][-1]["dirs"][0]
+    assert seed["seed"] == 0 and seed["checkpoint"] == final and seed["episodes"] == mtp["episodes"] == 2
+    # the same figures measured afresh on the final checkpoint with the micro eval config
+    config = get_scale("micro").eval
+    sampler = load_sampler(final, config.compute_dtype, bucket=config.bucket)
+    seq_len = min(config.seq_len, sampler.model_config.max_position_embeddings - config.max_new_tokens)
+    figures, extra = _mtp_acceptance(sampler, config, seq_len)
+    assert {k: seed[k] for k in figures} == figures and figures["positions"] > 0
+    assert mtp["acceptance_depth1"] == round(figures["acceptance_depth1"], 6)
+    assert mtp["mean_accepted_length"] == round(1 + figures["acceptance_depth1"], 6)
+    assert mtp["positions"] == figures["positions"] and both["extra"][0]["mtp"]["items"] == 2
+    md = (out / "table6_both" / "results.md").read_text()
+    section = md[md.index("## MTP draft acceptance"):]
+    assert section.startswith(f"## MTP draft acceptance\n\nDepth-1 acceptance {mtp['acceptance_depth1']:.4f}, mean "
+                              f"accepted length {mtp['mean_accepted_length']:.4f}; {mtp['positions']} positions in 2 "
+                              "held-out Live QA oracle episodes.")
+    assert f"spec_decode_bench.py --checkpoint {final} --k 1" in section
+    # the cached evaluation holds them too, so a row reusing this final stage reports the same figures
+    (cached,) = [p for p in (out / "evals").glob("*/seed0/*/metrics.json")
+                 if json.loads(p.read_text())["checkpoint"] == final]
+    assert json.loads(cached.read_text())["metrics"]["mtp"] == figures
 
 
 def test_rerun_refuses_or_resumes(runs):

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from export_helpers import CONFIG, RL, SFT, TEXTS, random_params, write_stage
+from export_helpers import CONFIG, MTP_FIGURES, RL, SFT, TEXTS, random_params, write_stage
 
 
 @pytest.fixture(scope="session")
@@ -20,7 +20,8 @@ def tokenizer_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory, tokenizer_dir) -> Path:
-    """The output root of the module docstring; the rl stage (the experiment's last) holds `random_params(seed=1)`."""
+    """The output root of the module docstring; the rl stage (the experiment's last) holds `random_params(seed=1)`;
+    table6_both's results.json holds `MTP_FIGURES` for it."""
     root = tmp_path_factory.mktemp("runs")
     write_stage(root / "stages" / SFT / "seed0", random_params(seed=0), (1, 2), tokenizer_dir)
     write_stage(root / "stages" / RL / "seed0", random_params(seed=1), (3,), tokenizer_dir)
@@ -29,4 +30,7 @@ def runs(tmp_path_factory, tokenizer_dir) -> Path:
     (exp / "run_config.json").write_text(json.dumps({"experiment": "table6_both", "seeds": [0],
                                                      "chain": ["sft:hsa", "rl:hsa"], "preset": "micro"}))
     (exp / "seed0.json").write_text(json.dumps({"seed": 0, "checkpoint": str(root / "stages" / RL / "seed0")}))
+    # the evaluation's MTP figures of that checkpoint, as `hat_jax.experiments.results.mtp_summary` writes them
+    (exp / "results.json").write_text(json.dumps({"experiment": "table6_both", "mtp": dict(
+        MTP_FIGURES, per_seed=[dict(MTP_FIGURES, seed=0, checkpoint=str(root / "stages" / RL / "seed0"))])}))
     return root

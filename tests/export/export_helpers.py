@@ -3,7 +3,8 @@
 
     runs/stages/sft-hsa-0123456789/seed0/          StageCheckpointer steps 1 and 2, stage_done.json, tokenizer/
     runs/stages/sft-hsa.rl-hsa-abcdef0123/seed0/   StageCheckpointer step 3, stage_done.json, tokenizer/
-    runs/table6_both/                              run_config.json + seed0.json naming the rl stage dir
+    runs/table6_both/                              run_config.json + seed0.json naming the rl stage dir,
+                                                   results.json with the rl stage's MTP acceptance (`MTP_FIGURES`)
 
 Parameters: `params_shapes(micro)` filled with N(0, 0.05), except the output head N(0, 0.5) so that the
 greedy argmax has margins far above fp32 rounding (1e-5) and free-running greedy tokens are comparable.
@@ -23,6 +24,7 @@ from hat_jax.model import get_config, params_shapes
 
 CONFIG = get_config("micro")
 SFT, RL = "sft-hsa-0123456789", "sft-hsa.rl-hsa-abcdef0123"
+MTP_FIGURES = {"acceptance_depth1": 0.375, "mean_accepted_length": 1.375, "positions": 48, "episodes": 2}
 TEXTS = ["这款口红多少钱？今天直播间有优惠。", "hello there, the price is 99 yuan",
          "有没有适合油皮的粉底液？"] * 4
 

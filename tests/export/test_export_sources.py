@@ -1,6 +1,7 @@
 """`export/to_hf.py --ckpt` accepts a run dir, a stage dir and an experiment dir, refuses an unfinished stage, a
 corrupt checkpoint and a drop-in source of another architecture with messages that name the path, and writes
-`hat_export.json` with a deterministic `policy_version`."""
+`hat_export.json` with a deterministic `policy_version` and the MTP acceptance results.json recorded for exactly the
+exported checkpoint."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from export_helpers import CONFIG, RL, SFT, random_params, write_stage
+from export_helpers import CONFIG, MTP_FIGURES, RL, SFT, random_params, write_stage
 
-from hat_jax.export.sources import UnfinishedStageError, resolve_export_source
+from hat_jax.export.sources import UnfinishedStageError, recorded_mtp_acceptance, resolve_export_source
 from hat_jax.model.checkpoint_io import save_model_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,6 +60,11 @@ def test_experiment_without_seed_record_uses_the_one_last_stage_dir(runs, tmp_pa
     resolved = resolve_export_source(copy / "table3_base")
     assert (resolved.directory, resolved.stage, resolved.step) == (base, "base", None)
     assert resolved.experiment == "table3_base"
+    entry = dict(MTP_FIGURES, seed=0, checkpoint=str(base))    # the base row evaluates the base: its figures
+    (copy / "table3_base" / "results.json").write_text(json.dumps({"experiment": "table3_base",
+                                                                   "mtp": dict(MTP_FIGURES, per_seed=[entry])}))
+    assert recorded_mtp_acceptance(resolved) == (
+        dict(entry, experiment="table3_base", results=str(copy / "table3_base" / "results.json")), None)
 
 
 def test_unfinished_stage_is_refused_unless_allowed(runs, tmp_path):
@@ -87,6 +93,10 @@ def test_cli_experiment_dir_writes_provenance_and_a_servable_folder(runs, tmp_pa
         "source_checkpoint": str(runs / "stages" / RL / "seed0"), "step": 3, "experiment": "table6_both",
         "stage": RL, "seed": 0, "layout": "text", "dtype": "bfloat16"}
     assert record["exported_at"].endswith("+00:00") and "hat_jax_commit" in record
+    results = str(runs / "table6_both" / "results.json")
+    expected_mtp = dict(MTP_FIGURES, seed=0, checkpoint=str(runs / "stages" / RL / "seed0"), experiment="table6_both",
+                        results=results)
+    assert record["mtp_acceptance"] == expected_mtp and record["mtp_acceptance_reason"] is None
     assert json.loads((out / "config.json").read_text())["architectures"] == ["Qwen3_5MoeForCausalLM"]
     tok = transformers.AutoTokenizer.from_pretrained(str(out), local_files_only=True)
     chat = tok.apply_chat_template([{"role": "user", "content": "这款口红多少钱？"}], tokenize=False,
@@ -97,9 +107,47 @@ def test_cli_experiment_dir_writes_provenance_and_a_servable_folder(runs, tmp_pa
     # Deterministic: the same checkpoint and options give the same version; other weights another one.
     again, other = tmp_path / "again", tmp_path / "other"
     assert to_hf("--ckpt", runs / "stages" / RL / "seed0", "--out", again).returncode == 0
-    assert json.loads((again / "hat_export.json").read_text())["policy_version"] == record["policy_version"]
+    again_record = json.loads((again / "hat_export.json").read_text())
+    assert again_record["policy_version"] == record["policy_version"]
+    assert again_record["mtp_acceptance"] == expected_mtp          # the stage dir: found in DIR/*/results.json
     assert to_hf("--ckpt", runs / "stages" / SFT, "--out", other).returncode == 0
-    assert json.loads((other / "hat_export.json").read_text())["policy_version"] != record["policy_version"]
+    other_record = json.loads((other / "hat_export.json").read_text())
+    assert other_record["policy_version"] != record["policy_version"]
+    assert other_record["mtp_acceptance"] is None                  # the SFT stage: no experiment ends there
+    assert other_record["mtp_acceptance_reason"] == (
+        f"{results} holds no MTP acceptance of seed 0 of {runs / 'stages' / SFT / 'seed0'} (measured by the evaluation "
+        "only when the model has an MTP block and eval.mtp_items > 0)")
+
+
+def test_mtp_acceptance_only_of_the_exported_checkpoint(runs, tmp_path):
+    copy, gone = tmp_path / "runs", str(tmp_path / "gone" / "stages" / RL / "seed0")
+    shutil.copytree(runs / "stages" / RL, copy / "stages" / RL)  # a moved output root: its recorded paths are gone
+    shutil.copytree(runs / "table6_both", copy / "table6_both")
+    data = json.loads((copy / "table6_both" / "results.json").read_text())
+    data["mtp"]["per_seed"][0]["checkpoint"] = gone
+    (copy / "table6_both" / "results.json").write_text(json.dumps(data))
+    (copy / "table6_both" / "seed0.json").write_text(json.dumps({"seed": 0, "checkpoint": gone}))
+    source = resolve_export_source(copy / "table6_both")
+    assert source.directory == copy / "stages" / RL / "seed0"
+    got, reason = recorded_mtp_acceptance(source)             # the same <chain>-<key>/seed0: its figures
+    assert reason is None and got == dict(MTP_FIGURES, seed=0, checkpoint=gone, experiment="table6_both",
+                                          results=str(copy / "table6_both" / "results.json"))
+    data["mtp"]["per_seed"][0]["seed"] = 1                     # figures of another seed's checkpoint
+    (copy / "table6_both" / "results.json").write_text(json.dumps(data))
+    got, reason = recorded_mtp_acceptance(resolve_export_source(copy / "table6_both"))
+    assert got is None and "holds no MTP acceptance of seed 0" in reason
+    (copy / "table6_both" / "results.json").write_text(json.dumps({"experiment": "table6_both", "mtp": None}))
+    assert recorded_mtp_acceptance(resolve_export_source(copy / "table6_both"))[0] is None
+    (copy / "table6_both" / "results.json").unlink()
+    got, reason = recorded_mtp_acceptance(resolve_export_source(copy / "table6_both"))
+    assert got is None and reason.startswith("no results.json found for")
+    plain = resolve_export_source(save_model_checkpoint(tmp_path / "ckpt", random_params(), CONFIG))
+    got, reason = recorded_mtp_acceptance(plain)
+    assert got is None and "not an experiment or stage dir" in reason and "mtp_acceptance.py --ckpt" in reason
+    stage = tmp_path / "stages" / "sft-hsa-9999999999" / "seed0"
+    write_stage(stage, random_params(), (1,), None, done=False)
+    got, reason = recorded_mtp_acceptance(resolve_export_source(stage, allow_unfinished=True))
+    assert got is None and "is unfinished" in reason
 
 
 @pytest.mark.parametrize("case", ["missing", "outputs_root", "corrupt_params", "dropin_mismatch"])

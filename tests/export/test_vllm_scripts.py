@@ -1,10 +1,12 @@
 """`export/serve_vllm.sh` and `export/check_vllm.py` without vLLM or a GPU: the scripts parse, refuse to run
 where they cannot (exit 1 / 2 with one clear line), build the documented vllm command, and check_vllm's
 comparison, table and exit status work end to end against a stand-in `vllm` module (a fake engine whose MTP
-setting decodes faster and reports spec_decode counters)."""
+setting decodes faster and reports spec_decode counters); its pure summary puts hat-jax's offline acceptance (from
+the folder's hat_export.json) beside vLLM's measured one."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -50,6 +52,18 @@ class LLM:
 '''
 
 
+OFFLINE = {"acceptance_depth1": 0.375, "mean_accepted_length": 1.375, "positions": 48, "episodes": 2, "seed": 0,
+           "checkpoint": "/runs/stages/sft-hsa.rl-hsa-abcdef0123/seed0", "experiment": "table6_both",
+           "results": "/runs/table6_both/results.json"}
+
+
+def _check_module():
+    spec = importlib.util.spec_from_file_location("check_vllm", CHECK)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture()
 def fake_bin(tmp_path):
     """A folder with an `nvidia-smi` that lists one GPU (`gpu/`) and one that fails (`nogpu/`)."""
@@ -66,7 +80,8 @@ def hf_dir(tmp_path):
     folder = tmp_path / "hat_text"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"architectures": ["Qwen3_5MoeForCausalLM"], "vocab_size": 512}))
-    (folder / "hat_export.json").write_text(json.dumps({"policy_version": "0123456789ab"}))
+    (folder / "hat_export.json").write_text(json.dumps({"policy_version": "0123456789ab", "mtp_acceptance": OFFLINE,
+                                                        "mtp_acceptance_reason": None}))
     return folder
 
 
@@ -135,3 +150,50 @@ def test_check_vllm_compares_mtp_on_and_off(fake_bin, hf_dir, tmp_path, differs)
     assert summary["mtp_on"]["timing"]["c2"]["decode_tok_s_total"] == pytest.approx(
         2 * summary["mtp_on"]["timing"]["c2"]["decode_tok_s_per_request"], rel=1e-3)
     assert summary["speedup"]["c1"] > 1.2                     # the fake decodes twice as fast with MTP
+    assert summary["acceptance"] == {
+        "num_speculative_tokens": 3, "comparable": False, "vllm_acceptance_rate": summary["acceptance_rate"],
+        "vllm_mean_acceptance_length": 2.0, "hat_jax_acceptance_depth1": 0.375, "hat_jax_mean_accepted_length": 1.375,
+        "hat_jax_positions": 48, "hat_jax_source": "/runs/table6_both/results.json", "hat_jax_reason": None}
+    assert "| per draft token | 0.3750 | 0.3333 |" in proc.stdout
+
+
+def _setting(mtp: int, tok_s: tuple[float, float], outputs, counts=(0.0, 0.0, 0.0)) -> dict:
+    timing = {c: {"decode_s": [1.0], "decode_tok_s_per_request": v, "decode_tok_s_total": v * int(c[1])}
+              for c, v in zip(("c1", "c2"), tok_s)}
+    return {"mtp": mtp, "outputs": outputs, "timing": timing,
+            "spec_decode": dict(zip(("num_drafts", "num_draft_tokens", "num_accepted_tokens"), counts))}
+
+
+def test_summary_puts_offline_and_vllm_acceptance_side_by_side():
+    check = _check_module()
+    off = _setting(0, (100.0, 80.0), [[1, 2, 3], [4, 5, 6]])
+    on = _setting(1, (150.0, 100.0), [[1, 2, 3], [4, 5, 6]], counts=(40.0, 40.0, 30.0))
+    summary = check.summarize(off, on)
+    # one speculative token: rate = 30 / 40 draft tokens = 0.75, mean length 1 + 30 / 40 drafts = 1.75
+    assert (summary["acceptance_rate"], summary["mean_acceptance_length"]) == (0.75, 1.75)
+    assert summary["speedup"] == {"c1": 1.5, "c2": 1.25} and summary["greedy_identical"]
+    side = check.acceptance_side_by_side(summary, {"mtp_acceptance": OFFLINE}, 1)
+    assert side == {"num_speculative_tokens": 1, "comparable": True, "vllm_acceptance_rate": 0.75,
+                    "vllm_mean_acceptance_length": 1.75, "hat_jax_acceptance_depth1": 0.375,
+                    "hat_jax_mean_accepted_length": 1.375, "hat_jax_positions": 48,
+                    "hat_jax_source": "/runs/table6_both/results.json", "hat_jax_reason": None}
+    text = check.table(dict(summary, acceptance=side), 1)
+    assert "| acceptance | hat-jax offline (teacher-forced, depth 1) | vLLM measured (MTP 1) |" in text
+    assert "| per draft token | 0.3750 | 0.7500 |" in text
+    assert "| mean accepted length | 1.3750 (1 speculative token) | 1.750 (1 speculative token) |" in text
+    assert "hat-jax offline acceptance: 48 positions, from /runs/table6_both/results.json" in text
+    assert "averages over draft depths" not in text
+    # three speculative tokens: 30 accepted of 120 draft tokens in 40 drafts; not the depth-1 figure
+    summary = check.summarize(off, _setting(3, (150.0, 100.0), off["outputs"], counts=(40.0, 120.0, 30.0)))
+    assert (summary["acceptance_rate"], summary["mean_acceptance_length"]) == (0.25, 1.75)
+    side = check.acceptance_side_by_side(summary, {"mtp_acceptance": None,
+                                                   "mtp_acceptance_reason": "the exported source is a model checkpoint"}, 3)
+    assert side["hat_jax_acceptance_depth1"] is None and side["comparable"] is False
+    text = check.table(dict(summary, acceptance=side), 3)
+    assert "| per draft token | n/a | 0.2500 |" in text and "(3 speculative tokens) |" in text
+    assert "hat-jax offline acceptance: none (the exported source is a model checkpoint)" in text
+    assert "averages over draft depths 1..3" in text and "--mtp 1" in text
+    assert check.offline_acceptance(None) == (None, "the folder has no hat_export.json")
+    assert "predates the mtp_acceptance field" in check.offline_acceptance({"policy_version": "x"})[1]
+    no_drafts = check.summarize(off, _setting(1, (150.0, 100.0), off["outputs"]))
+    assert check.acceptance_side_by_side(no_drafts, None, 1)["vllm_acceptance_rate"] is None
