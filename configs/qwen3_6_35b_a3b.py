@@ -31,11 +31,11 @@ def get_config() -> Scale:
     # rematerialised (only its input is kept for the backward pass), the vocabulary (248,320) in 8,192-wide
     # chunks, so no [B, T, V] array exists, and the experts by expert parallelism: tokens sent by ragged
     # all-to-all to the devices holding their experts, megablox's grouped matmul there (TPU; on a GPU host set
-    # moe_impl=ep_ragged_dot), each device's 16,384 tokens in chunks of 2,048 (moe_token_chunk: the MoE's
-    # assignment and receive buffers an eighth the size; 2,048 rather than 4,096 is what brings the SFT step
-    # under 28 GiB per chip on v6e-64 with fp32 params and moments); attention_impl "auto" is splash on TPU
-    # (figures: docs/real_scale.md).
-    fits = dict(scan_layers=True, remat_policy="full", vocab_chunk=8192, moe_impl="ep_megablox", moe_token_chunk=2048)
+    # moe_impl=ep_ragged_dot), each device's 16,384 tokens in chunks of 1,024 (moe_token_chunk: the MoE's
+    # assignment and receive buffers a sixteenth the size; with the MTP layer 1,024 rather than 2,048 is what
+    # brings the SFT step under 28 GiB per chip on v6e-64 with fp32 params and moments: 27.13 against 28.68);
+    # attention_impl "auto" is splash on TPU (figures: docs/real_scale.md).
+    fits = dict(scan_layers=True, remat_policy="full", vocab_chunk=8192, moe_impl="ep_megablox", moe_token_chunk=1024)
     sft = SFTConfig(**fits, preset=PRESET,
                     data=SFTDataConfig(seq_len=16384, batch_size=64, p_hsa=0.5, num_epochs=None),
                     optim=OptimConfig(lr=1e-5, warmup_steps=50, weight_decay=0.01), steps=2000,
@@ -55,6 +55,7 @@ def get_config() -> Scale:
                   optim=OptimConfig(lr=1e-6, warmup_steps=0, min_lr_ratio=1.0), ckpt_every=20, mtp_coef=MTP_COEF)
     opd_live = dataclasses.replace(opd, prompts="live", max_new_tokens=2048, seq_len=32768, bucket=1024)
     evaluation = EvalConfig(world=WorldDataConfig(eval_items=978), max_new_tokens=2048, max_turns=8, seq_len=32768,
-                            batch_size=64, bucket=1024, if_max_new_tokens=2048, compute_dtype="bfloat16")
+                            batch_size=64, bucket=1024, if_max_new_tokens=2048, compute_dtype="bfloat16",
+                            mtp_vocab_chunk=8192)  # the MTP acceptance's argmaxes without [1, 32768, 248320] logits
     return Scale(name=PRESET, base=BaseSpec(), sft=sft, opd=opd, rl=rl, opd_live=opd_live, teacher=TeacherSpec(),
                  eval=evaluation)

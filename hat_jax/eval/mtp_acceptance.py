@@ -32,21 +32,63 @@ from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.sim.world_harness import production_harness
 
 
-def depth1_acceptance(logits: jax.Array, mtp_logits: jax.Array, input_ids: jax.Array, loss_mask: jax.Array,
-                      segment_ids: jax.Array | None = None) -> dict[str, jax.Array]:
+def greedy_tokens_chunked(hidden: jax.Array, kernel: jax.Array, chunk: int, compute_dtype=jnp.float32) -> jax.Array:
+    """`argmax(hidden @ kernel, -1)` over vocabulary chunks, never holding the [B, T, V] logits.
+
+    A `jax.lax.scan` over chunks of `chunk` columns keeps the running maximum and its index, replaced only by a
+    strictly larger value, so ties resolve to the lowest index as in `jnp.argmax` (exact: each chunk's logits
+    are the same dot products as the full matmul's).
+
+    Args:
+        hidden: [B, T, H]. kernel: [H, V] (the lm_head). chunk: columns per chunk (>= 1; clipped to V, the last
+            chunk padded with -inf columns). compute_dtype: the matmul dtype (accumulation float32).
+    Returns:
+        [B, T] int32 token ids.
+    Raises:
+        ValueError: chunk < 1.
+    """
+    if chunk < 1:
+        raise ValueError(f"greedy_tokens_chunked: chunk = {chunk}; expected >= 1")
+    v = kernel.shape[1]
+    chunk = min(chunk, v)
+    n = -(-v // chunk)
+    k = jnp.pad(kernel.astype(compute_dtype), ((0, 0), (0, n * chunk - v)))
+    k = k.reshape(kernel.shape[0], n, chunk).transpose(1, 0, 2)          # [n, H, chunk]
+    x = hidden.astype(compute_dtype)
+    lead = hidden.shape[:-1]
+
+    def body(carry, xs):
+        best, arg = carry
+        kc, start = xs
+        z = jnp.einsum("...h,hc->...c", x, kc, preferred_element_type=jnp.float32)
+        z = jnp.where(start + jnp.arange(chunk) < v, z, -jnp.inf)
+        top, idx = jnp.max(z, axis=-1), jnp.argmax(z, axis=-1).astype(jnp.int32) + start
+        better = top > best
+        return (jnp.where(better, top, best), jnp.where(better, idx, arg)), None
+
+    init = (jnp.full(lead, -jnp.inf, jnp.float32), jnp.zeros(lead, jnp.int32))
+    (_, arg), _ = jax.lax.scan(body, init, (k, jnp.arange(n, dtype=jnp.int32) * chunk))
+    return arg
+
+
+def depth1_acceptance(logits: jax.Array | None, mtp_logits: jax.Array | None, input_ids: jax.Array,
+                      loss_mask: jax.Array, segment_ids: jax.Array | None = None, *,
+                      greedy: jax.Array | None = None, draft: jax.Array | None = None) -> dict[str, jax.Array]:
     """Per-position depth-1 acceptance counts of one batch (module docstring).
 
     Args:
         logits: [B, T, V] main logits (position t predicts token t+1). mtp_logits: [B, T, V] (position t
             predicts token t+2). input_ids: [B, T] int32. loss_mask: [B, T] 0/1 over generated tokens.
         segment_ids: [B, T] int32 of packed rows, or None.
+        greedy, draft: [B, T] int32, their argmaxes already taken (`greedy_tokens_chunked`); then logits and
+            mtp_logits are not read (pass None).
     Returns:
         float32 scalars: positions (counted), accepted (d_t == g_{t+1}), main_correct (g_{t+1} == x_{t+2}),
         draft_correct (d_t == x_{t+2}).
     """
     t = input_ids.shape[1]
-    greedy = jnp.argmax(logits, axis=-1)          # g_s: the main model's choice of token s+1
-    draft = jnp.argmax(mtp_logits, axis=-1)       # d_s: the MTP guess of token s+2
+    greedy = jnp.argmax(logits, axis=-1) if greedy is None else greedy     # g_s: the main model's token s+1
+    draft = jnp.argmax(mtp_logits, axis=-1) if draft is None else draft    # d_s: the MTP guess of token s+2
     m = loss_mask.astype(bool)
     counted = m[:, 1:t - 1] & m[:, 2:]
     if segment_ids is not None:
@@ -57,9 +99,10 @@ def depth1_acceptance(logits: jax.Array, mtp_logits: jax.Array, input_ids: jax.A
             "draft_correct": f(d == x)}
 
 
-def make_acceptance_fn(model: Qwen3_5MoeForCausalLM):
+def make_acceptance_fn(model: Qwen3_5MoeForCausalLM, vocab_chunk: int | None = None):
     """Jitted (params, input_ids [B, T], attention_mask [B, T], loss_mask [B, T]) -> `depth1_acceptance` of
-    the model's teacher-forced forward with the MTP block.
+    the model's teacher-forced forward with the MTP block. With `vocab_chunk` the argmaxes are taken over
+    vocabulary chunks from the hidden states (`greedy_tokens_chunked`: no [B, T, V] logits; the same tokens).
 
     Raises (when called):
         ValueError: the model has no MTP block.
@@ -67,8 +110,15 @@ def make_acceptance_fn(model: Qwen3_5MoeForCausalLM):
 
     @jax.jit
     def fn(params, input_ids, attention_mask, loss_mask):
-        out = model.apply({"params": params}, input_ids, attention_mask=attention_mask, with_mtp=True)
-        return depth1_acceptance(out.logits, out.mtp_logits, input_ids, loss_mask * attention_mask)
+        out = model.apply({"params": params}, input_ids, attention_mask=attention_mask, with_mtp=True,
+                          return_logits=vocab_chunk is None)
+        mask = loss_mask * attention_mask
+        if vocab_chunk is None:
+            return depth1_acceptance(out.logits, out.mtp_logits, input_ids, mask)
+        kernel = params["lm_head"]["kernel"]
+        greedy = greedy_tokens_chunked(out.hidden, kernel, vocab_chunk, model.dtype)
+        draft = greedy_tokens_chunked(out.mtp_hidden, kernel, vocab_chunk, model.dtype)
+        return depth1_acceptance(None, None, input_ids, mask, greedy=greedy, draft=draft)
 
     return fn
 
@@ -111,8 +161,10 @@ def padded_batches(episodes: Sequence[tuple[np.ndarray, np.ndarray]], batch_size
 
 
 def acceptance_report(model: Qwen3_5MoeForCausalLM, params, episodes: Sequence[tuple[np.ndarray, np.ndarray]], *,
-                      batch_size: int = 4, bucket: int = 256, pad_id: int = 0) -> dict[str, Any]:
-    """The acceptance figures of `episodes` ((input_ids [T], loss_mask [T]) int32 each) under `model`.
+                      batch_size: int = 4, bucket: int = 256, pad_id: int = 0, vocab_chunk: int | None = None
+                      ) -> dict[str, Any]:
+    """The acceptance figures of `episodes` ((input_ids [T], loss_mask [T]) int32 each) under `model`
+    (`vocab_chunk`: as `make_acceptance_fn`).
 
     Returns:
         {"episodes", "positions", "depths": [{"depth": 1, "acceptance", "per_position_acceptance"}],
@@ -125,7 +177,7 @@ def acceptance_report(model: Qwen3_5MoeForCausalLM, params, episodes: Sequence[t
         raise ValueError("acceptance_report: no episodes")
     if not model.config.mtp_num_hidden_layers:
         raise ValueError("acceptance_report: the model has no MTP block (mtp_num_hidden_layers = 0)")
-    fn = make_acceptance_fn(model)
+    fn = make_acceptance_fn(model, vocab_chunk)
     sums = {"positions": 0.0, "accepted": 0.0, "main_correct": 0.0, "draft_correct": 0.0}
     for batch in padded_batches(episodes, batch_size, bucket, pad_id):
         got = jax.device_get(fn(params, *(jnp.asarray(batch[k]) for k in ("input_ids", "attention_mask",
@@ -145,16 +197,16 @@ FIGURE_KEYS = ("acceptance_depth1", "mean_accepted_length", "positions", "episod
 
 
 def checkpoint_acceptance(model: Qwen3_5MoeForCausalLM, params, tokenizer, world: WorldDataConfig, *, items: int,
-                          max_len: int, batch_size: int = 4, bucket: int = 256, pad_id: int = 0
-                          ) -> tuple[dict[str, Any], dict[str, Any]]:
+                          max_len: int, batch_size: int = 4, bucket: int = 256, pad_id: int = 0,
+                          vocab_chunk: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """The depth-1 acceptance of a checkpoint on the oracle trajectories of `items` held-out `live_qa` eval items
     (`live_qa_oracle_episodes` of `world` with `eval_items = items`, cut to `max_len` tokens).
 
     Args:
         model, params: the checkpoint (the model must have an MTP block). tokenizer: its tokenizer.
         world: the evaluation's world (its SFT/RL task counts keep training messages out of the items).
-        items: eval items (>= 1). max_len: tokens per episode (>= 3). batch_size, bucket, pad_id: as
-            `acceptance_report`.
+        items: eval items (>= 1). max_len: tokens per episode (>= 3). batch_size, bucket, pad_id, vocab_chunk:
+            as `acceptance_report`.
     Returns:
         (figures {"acceptance_depth1": share in [0, 1], "mean_accepted_length": 1 + acceptance (tokens per
          verifying forward with one speculative token), "positions": int, "episodes": int},
@@ -170,7 +222,8 @@ def checkpoint_acceptance(model: Qwen3_5MoeForCausalLM, params, tokenizer, world
             raise ValueError(f"checkpoint_acceptance: {name} = {value!r}; expected an int >= {low}")
     t0 = time.perf_counter()
     episodes = live_qa_oracle_episodes(tokenizer, dataclasses.replace(world, eval_items=items), max_len)
-    report = acceptance_report(model, params, episodes, batch_size=batch_size, bucket=bucket, pad_id=pad_id)
+    report = acceptance_report(model, params, episodes, batch_size=batch_size, bucket=bucket, pad_id=pad_id,
+                               vocab_chunk=vocab_chunk)
     acceptance = report["depths"][0]["acceptance"]
     figures = {"acceptance_depth1": acceptance, "mean_accepted_length": report["mean_accepted_length"],
                "positions": report["positions"], "episodes": report["episodes"]}

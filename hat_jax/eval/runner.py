@@ -76,7 +76,9 @@ class EvalConfig:
         one tool call, which sampling breaks). seed: the sampling keys (batch c uses fold_in(key(seed), c)).
       mtp_items: live_qa eval items whose oracle trajectories (cut to seq_len tokens) score the MTP draft
         acceptance (module docstring; one teacher-forced forward per episode, its [1, T, V] logits twice, padded
-        to a multiple of `bucket`; no decoding); 0: skip.
+        to a multiple of `bucket`; no decoding); 0: skip. mtp_vocab_chunk: None computes those logits whole;
+        a width takes the greedy tokens over vocabulary chunks of it instead (no [1, T, V] array; the same
+        tokens), as the real preset needs (32,768 x 248,320 float32 logits are 30 GiB).
     Raises (on construction):
       ValueError: an unknown suite or dtype, or a count out of range (names the field and valid values).
     """
@@ -98,6 +100,7 @@ class EvalConfig:
     top_p: float = 1.0
     seed: int = 0
     mtp_items: int = 8
+    mtp_vocab_chunk: int | None = None
 
     def __post_init__(self) -> None:
         SamplingConfig(temperature=self.temperature, top_p=self.top_p, max_new_tokens=1)  # names a bad value
@@ -113,6 +116,9 @@ class EvalConfig:
             n = getattr(self, name)
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                 raise ValueError(f"EvalConfig.{name} = {n!r}: expected an int >= 0")
+        chunk = self.mtp_vocab_chunk
+        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+            raise ValueError(f"EvalConfig.mtp_vocab_chunk = {chunk!r}: expected None or an int >= 1")
         lim = self.ifeval_limit
         if lim is not None and (isinstance(lim, bool) or not isinstance(lim, int) or not 1 <= lim <= IFEVAL_LINES):
             raise ValueError(f"EvalConfig.ifeval_limit = {lim!r}: expected None or an int in [1, {IFEVAL_LINES}]")
@@ -237,7 +243,8 @@ def _mtp_acceptance(sampler: Sampler, config: EvalConfig, seq_len: int) -> tuple
     figures, extra = checkpoint_acceptance(model, sampler.params, sampler.tokenizer, config.world,
                                            items=config.mtp_items, max_len=seq_len,
                                            batch_size=1, bucket=config.bucket,
-                                           pad_id=model_config.pad_token_id or 0)
+                                           pad_id=model_config.pad_token_id or 0,
+                                           vocab_chunk=config.mtp_vocab_chunk)
     log.info("eval mtp: depth-1 acceptance %.4f, mean accepted length %.4f (%d positions, %d episodes, %.1f s)",
              figures["acceptance_depth1"], figures["mean_accepted_length"], figures["positions"],
              figures["episodes"], extra["wall_s"])

@@ -146,6 +146,8 @@ def test_config_errors():
         EvalConfig(batch_size=0)
     with pytest.raises(ValueError, match=r"EvalConfig.mtp_items = -1: expected an int >= 0"):
         EvalConfig(mtp_items=-1)
+    with pytest.raises(ValueError, match=r"EvalConfig.mtp_vocab_chunk = 0: expected None or an int >= 1"):
+        EvalConfig(mtp_vocab_chunk=0)
     with pytest.raises(ValueError, match="EvalConfig.world.eval_items = 0"):
         EvalConfig(world=dataclasses.replace(TINY_WORLD, eval_items=0))
     assert EvalConfig(suites=["live_qa"]).suites == ("live_qa",)

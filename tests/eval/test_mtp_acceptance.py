@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hat_jax.eval.mtp_acceptance import checkpoint_acceptance, depth1_acceptance, live_qa_oracle_episodes
+from hat_jax.eval.mtp_acceptance import (checkpoint_acceptance, depth1_acceptance, greedy_tokens_chunked,
+                                         live_qa_oracle_episodes, make_acceptance_fn)
 from hat_jax.model import Qwen3_5MoeForCausalLM, get_config, init_params
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "experiments" / "benchmarks"
@@ -92,3 +93,31 @@ def test_checkpoint_acceptance_names_a_bad_count():
         checkpoint_acceptance(None, None, None, WorldDataConfig(), items=-2, max_len=64)
     with pytest.raises(ValueError, match=r"checkpoint_acceptance: max_len = 2; expected an int >= 3"):
         checkpoint_acceptance(None, None, None, WorldDataConfig(), items=1, max_len=2)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 5, 11, 64])
+def test_chunked_greedy_tokens_equal_the_full_argmax_ties_included(chunk):
+    h = jax.random.normal(jax.random.key(1), (2, 7, 6))
+    kernel = jax.random.normal(jax.random.key(2), (6, 11))
+    kernel = kernel.at[:, 10].set(kernel[:, 4])  # tied columns across chunk borders
+    big = jnp.zeros(6).at[0].set(10.0)
+    kernel = kernel.at[:, 2].set(big).at[:, 9].set(big)
+    h = h.at[0, 0].set(jnp.zeros(6).at[0].set(1.0))  # logits 10 at columns 2 and 9, |N(0, 1)| elsewhere
+    full = jnp.argmax(jnp.einsum("bth,hv->btv", h, kernel), -1)
+    got = greedy_tokens_chunked(h, kernel, chunk)
+    assert got.dtype == jnp.int32 and int(full[0, 0]) == 2
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(full))
+    with pytest.raises(ValueError, match="chunk = 0; expected >= 1"):
+        greedy_tokens_chunked(h, kernel, 0)
+
+
+def test_acceptance_over_vocabulary_chunks_equals_the_full_logits():
+    config = get_config("micro")
+    params = init_params(config, jax.random.key(0))
+    model = Qwen3_5MoeForCausalLM(config)
+    ids = jax.random.randint(jax.random.key(3), (2, 24), 0, config.vocab_size)
+    att = jnp.ones((2, 24), jnp.int32).at[1, 20:].set(0)
+    loss = jnp.ones((2, 24), jnp.int32).at[:, :4].set(0)
+    full = jax.device_get(make_acceptance_fn(model)(params, ids, att, loss))
+    chunked = jax.device_get(make_acceptance_fn(model, vocab_chunk=100)(params, ids, att, loss))
+    assert full["positions"] == 34.0 and chunked == full
