@@ -62,6 +62,9 @@ def test_micro_sft_compiles_for_v5p_2x2x1(micro_report):
     assert report["analytic_flops_per_chip"] == (6.0 * matmul * tokens + 12.0 * 1 * 4 * 32 * 64 * tokens) / 4
     assert 0.5 < report["flops_per_chip"] / report["analytic_flops_per_chip"] < 3.0
     assert report["collectives"]["all-reduce"]["count"] > 0 and report["collectives"]["all-gather"]["bytes"] > 0
+    gathers = report["programs"][0]["expert_weight_all_gathers"]
+    assert 0 <= gathers["count"] <= report["collectives"]["all-gather"]["count"]
+    assert "of the all-gathers, of expert weights:" in stdout
     assert "train_step: compiled in" in stdout and "HBM 95.0 GiB per chip" in stdout
 
 
@@ -115,6 +118,32 @@ def test_hlo_collectives_counts_and_sizes():
         "all-reduce": {"count": 1, "bytes": 2048 * 8 * 128 * 4, "largest": 2048 * 8 * 128 * 4,
                        "largest_shape": "f32[2048,8,128]"},
     }
+
+
+def test_expert_weight_gathers_are_found_by_the_local_experts_shape():
+    import jax
+    import jax.numpy as jnp
+
+    from hat_jax.aot.report import expert_weight_gathers, expert_weight_shapes
+
+    args = {"params": {"layers": {"mlp": {"experts": {
+        "gate_up_proj": jax.ShapeDtypeStruct((10, 256, 2048, 1024), jnp.float32),   # scanned: [blocks, E, H, 2I]
+        "down_proj": jax.ShapeDtypeStruct((10, 256, 512, 2048), jnp.float32)}},
+        "shared_expert": {"gate_up_proj": jax.ShapeDtypeStruct((10, 2048, 1024), jnp.float32)}}}}
+    shapes = expert_weight_shapes(args, {"data": 1, "fsdp": 8, "expert": 8, "tensor": 2})
+    # each of the last two dimensions whole or split by tensor (2): 4 shapes per weight; the shared expert none
+    assert shapes == {(32, 2048, 1024), (32, 1024, 1024), (32, 2048, 512), (32, 1024, 512),
+                      (32, 512, 2048), (32, 256, 2048), (32, 512, 1024), (32, 256, 1024)}
+    hlo = "\n".join([
+        "  %ag.1 = bf16[1,32,2048,1024]{3,2,1,0} all-gather(bf16[1,4,2048,1024]{3,2,1,0} %p), dimensions={1}",
+        "  %ag.2 = bf16[32,512,2048]{2,1,0} all-gather(bf16[32,64,2048]{2,1,0} %q), dimensions={1}",
+        "  %ag.3 = bf16[2048,8192]{1,0} all-gather(bf16[256,8192]{1,0} %r), dimensions={0}",
+        "  %ar.4 = bf16[32,2048,1024]{2,1,0} all-reduce(bf16[32,2048,1024]{2,1,0} %s), to_apply=%add",
+    ])
+    assert expert_weight_gathers(hlo, shapes) == {"count": 2, "bytes": (32 * 2048 * 1024 + 32 * 512 * 2048) * 2,
+                                                  "largest_shape": "bf16[1,32,2048,1024]"}
+    assert expert_weight_gathers(hlo, expert_weight_shapes(args, {"expert": 32})) == {
+        "count": 0, "bytes": 0, "largest_shape": ""}
 
 
 def test_topology_names_and_meshes():

@@ -5,7 +5,8 @@ and aliased (donated) bytes; total = arguments + outputs - aliased + temporaries
 bytes (state held on the chip besides the arguments). `compiled.cost_analysis()` gives the chip's FLOPs and
 the compiler's time estimate. A program above HBM is refused by the TPU compiler; its report then holds the
 bytes the compiler's message states and the message itself (the largest allocations). The collectives are read from the partitioned HLO (`compiled.as_text()`):
-count and result bytes per kind (an op inside a loop body is counted once, not per iteration).
+count and result bytes per kind (an op inside a loop body is counted once, not per iteration), and the
+all-gathers of expert weights among them (`expert_weight_gathers`, by their result shapes).
 The stage's peak is its program with the largest total.
 """
 
@@ -65,6 +66,46 @@ def hlo_collectives(hlo: str) -> dict[str, dict[str, Any]]:
     return dict(sorted(out.items()))
 
 
+def expert_weight_shapes(args: Any, mesh_shape: Mapping[str, int]) -> set[tuple[int, ...]]:
+    """The shapes an all-gather of one device's experts would produce: for every argument leaf under an
+    `experts` module, with (E, d1, d2) its last three dimensions, (E / expert, d1', d2') for each d' in
+    {d, d / tensor} (the local experts, their fsdp part gathered, their tensor part gathered or not)."""
+    e_axis, t_axis = mesh_shape.get("expert", 1), mesh_shape.get("tensor", 1)
+    out: set[tuple[int, ...]] = set()
+    for path, leaf in jax.tree_util.tree_leaves_with_path(args):
+        if "'experts'" not in jax.tree_util.keystr(path) or len(leaf.shape) < 3:
+            continue
+        e, d1, d2 = leaf.shape[-3:]
+        pick = lambda d: {d, d // t_axis} if d % t_axis == 0 else {d}
+        out.update((e // e_axis, a, b) for a in pick(d1) for b in pick(d2))
+    return out
+
+
+def expert_weight_gathers(hlo: str, shapes: set[tuple[int, ...]]) -> dict[str, Any]:
+    """{"count", "bytes", "largest_shape"} of the all-gathers in an HLO module's text whose result, leading
+    1-sized dimensions dropped (a layer of the scanned stack), has one of `shapes` (`expert_weight_shapes`):
+    the gathers of expert weights that expert parallelism with the experts' hidden dimension unsharded avoids.
+    Static counts (a loop body once), as `hlo_collectives`."""
+    count, total, largest, largest_shape = 0, 0, 0, ""
+    for line in hlo.splitlines():
+        m = _OP.search(line)
+        if m is None or m.group(2) != "all-gather":
+            continue
+        found = _SHAPE.findall(m.group(1))
+        if not found:
+            continue
+        dtype, dims = found[-1]
+        shape = [int(d) for d in dims.split(",") if d]
+        while len(shape) > 3 and shape[0] == 1:
+            shape = shape[1:]
+        if tuple(shape) in shapes:
+            size = _DTYPE_BYTES.get(dtype, 4) * int(np.prod(shape))
+            count, total = count + 1, total + size
+            if size > largest:
+                largest, largest_shape = size, f"{dtype}[{dims}]"
+    return {"count": count, "bytes": total, "largest_shape": largest_shape}
+
+
 def _cost(compiled) -> dict:
     cost = compiled.cost_analysis()
     if isinstance(cost, Sequence) and not isinstance(cost, Mapping):
@@ -114,7 +155,9 @@ def compile_program(program: Program, topology: Topology, mesh) -> dict[str, Any
         "flops_ratio": flops / analytic if analytic else None,
         "tokens": int(program.tokens),
         "compiler_seconds": float(estimate) if estimate is not None and float(estimate) > 0 else None,
-        "collectives": hlo_collectives(compiled.as_text()),
+        "collectives": hlo_collectives(hlo := compiled.as_text()),
+        "expert_weight_all_gathers": expert_weight_gathers(hlo, expert_weight_shapes(program.args,
+                                                                                     dict(mesh.shape))),
     }
 
 
@@ -139,6 +182,7 @@ def _over_hbm(program: Program, topology: Topology, message: str, seconds: float
                            "total": None if temps is None else temps + int(program.resident)},
         "flops_per_chip": None, "analytic_flops_per_chip": analytic, "flops_ratio": None,
         "tokens": int(program.tokens), "compiler_seconds": None, "collectives": {},
+        "expert_weight_all_gathers": None,
         "error": message.strip()[:4000],
     }
 
@@ -193,4 +237,8 @@ def format_report(report: Mapping[str, Any]) -> str:
         for kind, c in r["collectives"].items():
             lines.append(f"    {kind}: {c['count']} ops, {c['bytes'] / 2**20:.1f} MiB results, largest "
                          f"{c['largest_shape']} ({c['largest'] / 2**20:.1f} MiB)")
+        g = r.get("expert_weight_all_gathers")
+        if g is not None:
+            lines.append(f"    of the all-gathers, of expert weights: {g['count']} ops, {g['bytes'] / 2**20:.1f} MiB"
+                         + (f", largest {g['largest_shape']}" if g["count"] else ""))
     return "\n".join(lines)
