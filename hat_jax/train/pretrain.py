@@ -41,12 +41,7 @@ renames the folder to its final name (atomic on POSIX), so the final folder only
 on `base-<hash12>.lock` serialises concurrent callers: the second waits and finds the finished base (a killed
 holder releases the lock; the next caller resumes its partial folder).
 
-Recall probe (`recall_probe_figures`): `hat_jax.data.corpus.recall_probe` prompts (fresh tool chats cut just
-before the tool name, in the assistant's `<function=`), scored teacher-forced: prompt + expected name + ">"
-is tokenised, the target tokens are those after the longest token prefix it shares with the prompt alone
-(the prompt's last token may merge with the name's first piece). "exact" = every target token is the
-argmax (equivalently, greedy decoding copies the name exactly, in the tokenizer's own segmentation);
-"first_token" = the first target token is the argmax; "name_nll" = mean NLL per target token (nats).
+Recall probe: `hat_jax.train.recall_probe`, measured on the finished base, written to base_report.json.
 """
 
 from __future__ import annotations
@@ -64,29 +59,26 @@ from typing import Any
 
 import grain
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from hat_jax.cache import exclusive_lock, write_text_atomic
-from hat_jax.data.corpus import pretraining_chats, recall_probe, render_chat
+from hat_jax.data.corpus import pretraining_chats, render_chat
 from hat_jax.data.packing import PackedBatches, fit_document, pack_documents, refuse_packed_state
 from hat_jax.data.world_data import WorldDataConfig, cache_root
 from hat_jax.model.config import get_config
 from hat_jax.model.params import COMPUTE_DTYPES, INIT_SCHEME, init_params
-from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
-from hat_jax.rollout.logprobs import token_logprobs
 from hat_jax.train.checkpoints import config_hash
 from hat_jax.train.distributed import is_primary
 from hat_jax.train.metrics import MetricsWriter, read_metrics
 from hat_jax.train.mtp import DEFAULT_MTP_COEF, check_mtp_coef, check_mtp_model
 from hat_jax.train.optim import OptimConfig
+from hat_jax.train.recall_probe import recall_probe_figures
 from hat_jax.train.sft import bpe_tokenizer_dir, run_masked_ce
 from hat_jax.train.stage import (StageRun, copy_tokenizer, add_set_progress, apply_overrides, cli, config_json,
                                  parse_stage_args, stage_parser, stage_section)
 
 log = logging.getLogger(__name__)
 REPORT = "base_report.json"
-PROBE_SEED = 0  # one probe set for every base, so bases of different configs are compared on the same items
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,63 +303,6 @@ def pretraining_batches(chats: Sequence[tuple[list, list]], tokenizer, config: P
     rows = pack_documents(docs, config.seq_len, bins=config.pack_bins, pad_id=int(tokenizer.pad_token_id or 0),
                           sum_features=("truncated",))
     return PackedBatches(iter(rows.batch(config.batch_size, drop_remainder=True)), "pretraining")
-
-
-# ---------------------------------------------------------------------------------------------- recall probe
-
-def probe_targets(tokenizer, probes) -> list[tuple[list[int], int]]:
-    """[(ids of prompt + expected name + ">", c)]: the targets are ids[c:], after the longest token prefix
-    shared with the prompt alone (c >= 1), so decode(ids[c:]) = the prompt's tail from c on + name + ">"."""
-    rows = []
-    for probe in probes:
-        prompt = render_chat(probe.messages, probe.tools, add_generation_prompt=True) + probe.assistant_prefix
-        a = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        full = list(tokenizer(prompt + probe.expected_name + ">", add_special_tokens=False)["input_ids"])
-        c = 0
-        while c < min(len(a), len(full)) and a[c] == full[c]:
-            c += 1
-        rows.append((full, max(c, 1)))
-    return rows
-
-
-def recall_probe_figures(params, model_config, tokenizer, n: int, *, seed: int = PROBE_SEED, batch_size: int = 16,
-                         dtype=jnp.float32) -> dict:
-    """The recall probe, teacher-forced (module docstring).
-
-    Args:
-        params, model_config: the model. tokenizer: its tokenizer. n: probe prompts (`recall_probe(n, seed)`).
-        batch_size: prompts per forward (one compiled shape: rows padded to the longest, rounded up to 64).
-    Returns:
-        {"n", "exact" and "first_token" (shares in [0, 1]), "name_nll" (nats per target token),
-        "target_tokens" (mean per probe)}; zeros with n = 0.
-    """
-    if n == 0:
-        return {"n": 0, "exact": 0.0, "first_token": 0.0, "name_nll": 0.0, "target_tokens": 0.0}
-    rows = probe_targets(tokenizer, recall_probe(n, seed))
-    length = -(-max(len(f) for f, _ in rows) // 64) * 64
-    batch_size = min(batch_size, n)
-    model = Qwen3_5MoeForCausalLM(model_config, dtype=dtype)
-
-    @jax.jit
-    def score(p, ids, mask):
-        logits = model.apply({"params": p}, ids, attention_mask=mask).logits
-        hit = jnp.pad(jnp.argmax(logits[:, :-1], axis=-1) == ids[:, 1:], ((0, 0), (1, 0)))
-        return token_logprobs(logits, ids), hit
-
-    exact, first, nll, count = [], [], 0.0, 0
-    pad = int(tokenizer.pad_token_id or 0)
-    for s in range(0, n, batch_size):
-        chunk = rows[s:s + batch_size]
-        chunk = chunk + [chunk[-1]] * (batch_size - len(chunk))  # one shape; the repeats are not counted
-        ids = pretraining_rows([f for f, _ in chunk], length, pad)
-        lp, hit = jax.device_get(score(params, jnp.asarray(ids["input_ids"]), jnp.asarray(ids["attention_mask"])))
-        for i, (full, c) in enumerate(chunk[:min(batch_size, n - s)]):
-            exact.append(bool(hit[i, c:len(full)].all()))
-            first.append(bool(hit[i, c]))
-            nll -= float(lp[i, c:len(full)].sum())
-            count += len(full) - c
-    return {"n": n, "exact": float(np.mean(exact)), "first_token": float(np.mean(first)), "name_nll": nll / count,
-            "target_tokens": count / n}
 
 
 # ---------------------------------------------------------------------------------------------- training

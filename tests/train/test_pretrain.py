@@ -190,10 +190,11 @@ def test_base_layout_report_and_cache(base, monkeypatch):
     # The probe's targets: the tokens after the longest token prefix the prompt and prompt + name + ">" share.
     from hat_jax.data.corpus import recall_probe, render_chat
     from hat_jax.tokenizer import load_tokenizer
+    from hat_jax.train.recall_probe import probe_targets
 
     tok = load_tokenizer(base / "tokenizer")
     probes = recall_probe(4, 0)
-    for probe, (ids, c) in zip(probes, pretrain.probe_targets(tok, probes), strict=True):
+    for probe, (ids, c) in zip(probes, probe_targets(tok, probes), strict=True):
         prompt = render_chat(probe.messages, probe.tools, add_generation_prompt=True) + probe.assistant_prefix
         head, tail = tok.decode(ids[:c]), tok.decode(ids[c:])
         assert prompt.startswith(head) and head + tail == prompt + probe.expected_name + ">"
