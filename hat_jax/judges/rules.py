@@ -32,12 +32,13 @@ guardrails"); each judge's docstring gives its full rule:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from hat_jax.harness.constraints import check_constraint
 from hat_jax.harness.state import DISTRACTOR_PREFIX, SKILL_TOOL_IMPL, HarnessState
 from hat_jax.judges import facts, phrases
+from hat_jax.judges.metric_table import JudgeMetric, check_metric_table
 from hat_jax.judges.gold import (BAD_STATUSES, FAILED_STATUSES, failed_gold_calls, gold_ok, gold_plan, gold_products,
                                   match_gold_calls, matches_gold)
 from hat_jax.sim.tools import TOOL_IMPLS
@@ -373,32 +374,6 @@ def skill_selection(episode: Episode, harness: HarnessState) -> MetricResult:
 
 
 # ------------------------------------------------------------------ the metric table
-@dataclasses.dataclass(frozen=True)
-class JudgeMetric:
-    """One rule-judge metric, named once here.
-
-    Attributes:
-      name: the `Judgement` field and `Judgement.scores()` key (hand labels use it too).
-      judge: (episode, harness) -> MetricResult.
-      values: the values it takes, e.g. (0, 1) (stored as int) or (0, 0.5, 1); None for a fraction in [0, 1].
-      short: its key in a suite's results (results.json, tables); "" means the name.
-      suites: the live-stream suites that report it (`hat_jax.data.suites.SUITES`).
-    """
-
-    name: str
-    judge: Callable[[Episode, HarnessState], MetricResult]
-    values: tuple[float, ...] | None
-    short: str = ""
-    suites: tuple[str, ...] = ()
-
-    def __post_init__(self):
-        object.__setattr__(self, "short", self.short or self.name)
-
-    def cast(self, value: float) -> int | float:
-        """`value` as the `Judgement` field stores it: int for a 0/1 metric, else float."""
-        return int(value) if self.values == (0, 1) else float(value)
-
-
 _LIVE, _TOOLS, _PROMPT = ("live_qa", "variant_qa"), ("tool_robustness",), ("prompt_robustness",)
 JUDGE_METRICS: tuple[JudgeMetric, ...] = (
     JudgeMetric("accuracy", accuracy, (0, 1), "acc", _LIVE),
@@ -411,38 +386,10 @@ JUDGE_METRICS: tuple[JudgeMetric, ...] = (
     JudgeMetric("tool_rationality", tool_rationality, None),
     JudgeMetric("skill_selection", skill_selection, (0, 1)),
 )
-_JUDGEMENT_EXTRA = ("rc_fraction", "severity", "reasons", "silent_without_cause")
 
 
-def check_metric_table(table: Sequence[JudgeMetric], judgement_fields: Sequence[str]) -> None:
-    """Refuses an incomplete or inconsistent metric table (called at import on `JUDGE_METRICS`).
-
-    Raises:
-      ValueError: naming the metric and the key: a repeated name or short key, a judge that is not
-        callable, values that are not numbers in [0, 1], or a metric without its `Judgement` field (or a
-        `Judgement` metric field without a table row).
-    """
-    seen: dict[str, str] = {}
-    for m in table:
-        for key, label in ((m.name, "name"), (m.short, "short")):
-            if key in seen and not (label == "short" and seen[key] == m.name):
-                raise ValueError(f"judge metric {m.name!r}: {label} {key!r} is already used by {seen[key]!r}")
-            seen[key] = m.name
-        if not callable(m.judge):
-            raise ValueError(f"judge metric {m.name!r}: judge must be a function (episode, harness) -> MetricResult")
-        if m.values is not None and not (m.values and all(isinstance(v, (int, float)) and 0 <= v <= 1
-                                                          for v in m.values)):
-            raise ValueError(f"judge metric {m.name!r}: values = {m.values!r}; expected numbers in [0, 1] or None")
-    names = [m.name for m in table]
-    missing = [n for n in names if n not in judgement_fields]
-    if missing:
-        raise ValueError(f"judge metric {missing[0]!r}: Judgement has no field {missing[0]!r}")
-    extra = [f for f in judgement_fields if f not in names and f not in _JUDGEMENT_EXTRA]
-    if extra:
-        raise ValueError(f"Judgement field {extra[0]!r}: no judge metric {extra[0]!r} in the table")
-
-
-check_metric_table(JUDGE_METRICS, [f.name for f in dataclasses.fields(Judgement)])
+NON_METRIC_FIELDS = ("rc_fraction", "severity", "reasons", "silent_without_cause")  # Judgement fields, no table row
+check_metric_table(JUDGE_METRICS, [f.name for f in dataclasses.fields(Judgement)], NON_METRIC_FIELDS)
 METRICS: tuple[str, ...] = tuple(m.name for m in JUDGE_METRICS)
 SHORT_KEYS: dict[str, str] = {m.name: m.short for m in JUDGE_METRICS}
 # suite -> the metrics it reports (table order), suites in order of first mention; its result keys add "avg".

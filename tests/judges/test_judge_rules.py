@@ -328,5 +328,5 @@ def test_an_incomplete_metric_table_fails_naming_the_metric_and_the_key():
     ]
     for bad, message in cases:
         with pytest.raises(ValueError, match=message):
-            rules.check_metric_table(bad, fields)
-    rules.check_metric_table(table, fields)
+            rules.check_metric_table(bad, fields, rules.NON_METRIC_FIELDS)
+    rules.check_metric_table(table, fields, rules.NON_METRIC_FIELDS)
