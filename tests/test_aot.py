@@ -100,6 +100,14 @@ def test_mesh_errors_name_the_mesh():
     proc = _aot([*SMALL, "--mesh", "1,1,4,1", "--set", "model.num_experts=2"])
     assert proc.returncode == 2
     assert "experts" in proc.stderr and "dimension 2 is not divisible by mesh axes expert (size 4)" in proc.stderr
+    proc = _aot([*SMALL, "--set", "sft.mesh=[1,2,1,1]"])  # the stage's own mesh field is the default
+    assert proc.returncode == 2 and "mesh (data=1, fsdp=2, expert=1, tensor=1) has 2 devices" in proc.stderr
+    proc = _aot([*SMALL, "--mesh", "1,1,4,1", "--set", "sft.mesh=[1,2,2,1]"])
+    assert proc.returncode == 2 and "--mesh 1,1,4,1 and sft.mesh = [1, 2, 2, 1] disagree" in proc.stderr
+    proc = _aot([*SMALL, "--set", "sft.data.batch_size=2"])  # 2 rows on 4 batch devices
+    assert proc.returncode == 2 and "rows of a micro-batch" in proc.stderr and "divide by 4" in proc.stderr
+    proc = _aot([*SMALL, "--json", "/proc/no-such-dir/sft.json"])
+    assert proc.returncode == 2 and "--json /proc/no-such-dir/sft.json: cannot create its folder" in proc.stderr
 
 
 def test_hlo_collectives_counts_and_sizes():
@@ -131,18 +139,22 @@ def test_expert_weight_gathers_are_found_by_the_local_experts_shape():
         "down_proj": jax.ShapeDtypeStruct((10, 256, 512, 2048), jnp.float32)}},
         "shared_expert": {"gate_up_proj": jax.ShapeDtypeStruct((10, 2048, 1024), jnp.float32)}}}}
     shapes = expert_weight_shapes(args, {"data": 1, "fsdp": 8, "expert": 8, "tensor": 2})
-    # each of the last two dimensions whole or split by tensor (2): 4 shapes per weight; the shared expert none
-    assert shapes == {(32, 2048, 1024), (32, 1024, 1024), (32, 2048, 512), (32, 1024, 512),
-                      (32, 512, 2048), (32, 256, 2048), (32, 512, 1024), (32, 256, 1024)}
+    # the 32 local experts or all 256, each of the last two dimensions whole or split by tensor (2): 8 shapes
+    # per weight; the shared expert none
+    local = {(32, 2048, 1024), (32, 1024, 1024), (32, 2048, 512), (32, 1024, 512),
+             (32, 512, 2048), (32, 256, 2048), (32, 512, 1024), (32, 256, 1024)}
+    assert shapes == local | {(256, a, b) for _, a, b in local}
     hlo = "\n".join([
         "  %ag.1 = bf16[1,32,2048,1024]{3,2,1,0} all-gather(bf16[1,4,2048,1024]{3,2,1,0} %p), dimensions={1}",
         "  %ag.2 = bf16[32,512,2048]{2,1,0} all-gather(bf16[32,64,2048]{2,1,0} %q), dimensions={1}",
         "  %ag.3 = bf16[2048,8192]{1,0} all-gather(bf16[256,8192]{1,0} %r), dimensions={0}",
         "  %ar.4 = bf16[32,2048,1024]{2,1,0} all-reduce(bf16[32,2048,1024]{2,1,0} %s), to_apply=%add",
+        "  %ag.5 = bf16[256,512,2048]{2,1,0} all-gather(bf16[32,512,2048]{2,1,0} %t), dimensions={0}",  # token-local
     ])
-    assert expert_weight_gathers(hlo, shapes) == {"count": 2, "bytes": (32 * 2048 * 1024 + 32 * 512 * 2048) * 2,
-                                                  "largest_shape": "bf16[1,32,2048,1024]"}
-    assert expert_weight_gathers(hlo, expert_weight_shapes(args, {"expert": 32})) == {
+    assert expert_weight_gathers(hlo, shapes) == {
+        "count": 3, "bytes": (32 * 2048 * 1024 + 32 * 512 * 2048 + 256 * 512 * 2048) * 2,
+        "largest_shape": "bf16[256,512,2048]"}
+    assert expert_weight_gathers("\n".join(hlo.splitlines()[2:4]), expert_weight_shapes(args, {"expert": 32})) == {
         "count": 0, "bytes": 0, "largest_shape": ""}
 
 

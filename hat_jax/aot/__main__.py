@@ -6,7 +6,8 @@
 
 Needs libtpu (`pip install -e ".[tpu-aot]"`); run with JAX_PLATFORMS=cpu (nothing runs on a TPU). `--set`
 takes the experiment presets' `section.field=value` (`hat_jax.experiments.scales`) and `model.<field>=value`
-for the model of every stage. The default mesh is `hat_jax.model.sharding.fully_sharded_shape` for the slice.
+for the model of every stage. The mesh: --mesh, else the stage config's `mesh`, else
+`hat_jax.model.sharding.fully_sharded_shape` for the slice.
 `--flops-check` compiles the SFT step at a shape whose compiled FLOPs are comparable with the analytic count
 (`hat_jax.aot.programs.flops_check_assignments`), after the `--set` assignments.
 Prints the figures (`hat_jax.aot.report.format_report`); exit 2 with `error: ...` on bad input.
@@ -33,11 +34,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     from hat_jax.experiments.scales import SCALES
 
     parser = argparse.ArgumentParser(prog="python -m hat_jax.aot", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="qwen3_6_35b_a3b", help=f"experiment preset: {', '.join(SCALES)}")
+    parser.add_argument("--preset", default="qwen3_6_35b_a3b",
+                        help=f"experiment preset: {', '.join(SCALES)} (default qwen3_6_35b_a3b: a 35B compile takes "
+                             "5-15 minutes and ~12 GiB of memory)")
     parser.add_argument("--topology", required=True, help=f"TPU slice: {', '.join(valid_names())} or libtpu's "
                                                           "'v5p:4x4x2' form")
     parser.add_argument("--stage", required=True, choices=STAGES)
-    parser.add_argument("--mesh", help="data,fsdp,expert,tensor sizes (default: fsdp x expert over every chip)")
+    parser.add_argument("--mesh", help="data,fsdp,expert,tensor sizes (default: the stage's `mesh` field when "
+                                       "set, e.g. --set sft.mesh=[1,1,32,1], else fsdp x expert over every chip)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="section.field=value of the preset (sft.data.seq_len=4096, rl.accum_steps=8) or "
                              "model.<field>=value (model.num_hidden_layers=4)")
@@ -80,7 +84,16 @@ def run(args: argparse.Namespace) -> dict:
     model_overrides, rest = split_model_overrides(args.set)
     scale = apply_scale_overrides(get_scale(args.preset), rest)
     model_config = stage_model_config(args.stage, scale, model_overrides)
-    shape = parse_mesh(args.mesh) if args.mesh else fully_sharded_shape(topology.chips, model_config.num_experts)
+    section = "rl" if args.stage == "generate" else args.stage
+    configured = getattr(scale, section).mesh
+    if args.mesh and configured is not None and tuple(parse_mesh(args.mesh)) != tuple(configured):
+        raise ValueError(f"--mesh {args.mesh} and {section}.mesh = {list(configured)} disagree: give one of them")
+    if args.mesh:
+        shape = parse_mesh(args.mesh)
+    elif configured is not None:
+        shape = tuple(configured)
+    else:
+        shape = fully_sharded_shape(topology.chips, model_config.num_experts)
     check_mesh(shape, topology.chips)
     if args.flops_check:
         scale = apply_scale_overrides(scale, flops_check_assignments(args.stage, shape[0] * shape[1] * shape[2]))
@@ -97,11 +110,15 @@ def run(args: argparse.Namespace) -> dict:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    if args.json:  # before compiling: a 35B compile takes minutes
+        try:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ValueError(f"--json {args.json}: cannot create its folder ({err})") from err
     report = run(args)
     print(format_report(report))
     if args.json:
         path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
     return 0
 
