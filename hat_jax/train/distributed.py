@@ -41,7 +41,32 @@ DEFAULT_TIMEOUT_S = 60
 
 
 class DistributedStartError(RuntimeError):
-    """The processes of a run disagree on how many they are, or on their ids (the message lists them)."""
+    """The processes of a run disagree on how many they are, or on their ids (the message lists them), or a
+    process finds no coordinator to join."""
+
+
+def wait_for_coordinator(coordinator: str, timeout_s: float, process_id: int) -> None:
+    """Waits until something accepts TCP connections at `coordinator` (HOST:PORT), polling every 0.5 s: a
+    process other than 0 checks that process 0's coordinator is up before joining, since JAX aborts the process
+    (SIGABRT, a C++ stack trace) when it cannot register in time.
+
+    Raises:
+      DistributedStartError: nothing listens there within `timeout_s` seconds (names the address and process).
+    """
+    import socket
+
+    host, _, port = coordinator.rpartition(":")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+                return
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise DistributedStartError(
+                    f"process {process_id}: no coordinator at {coordinator} after {timeout_s:g} s; process 0 hosts "
+                    f"it: start it with the same --coordinator (or raise --init-timeout)") from None
+            time.sleep(0.5)
 
 
 def add_distributed_args(parser: argparse.ArgumentParser) -> None:
@@ -115,15 +140,22 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     """`jax.distributed.initialize` (auto-detected when the three are None), gloo CPU collectives, then
     `check_processes`. Logs what it joins before connecting (an abort inside JAX then has its context).
 
+    A process other than 0 first waits for the coordinator to listen (`wait_for_coordinator`); a process that
+    JAX's coordinator does not register within the timeout (another process missing) is aborted by JAX itself.
+
     Raises:
-      DistributedStartError: as `check_processes`. RuntimeError: JAX's, e.g. called twice.
+      DistributedStartError: as `check_processes`; no coordinator within timeout_s (process id > 0).
+      RuntimeError: JAX's, e.g. called twice.
     """
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     who = ("auto-detected processes" if coordinator is None
            else f"coordinator {coordinator} as process {process_id} of {num_processes}")
     log.info("joining the JAX distributed runtime: %s (waiting up to %d s for every process)", who, timeout_s)
     t0 = time.perf_counter()
-    jax.distributed.initialize(coordinator, num_processes, process_id, initialization_timeout=timeout_s)
+    if coordinator is not None and process_id:
+        wait_for_coordinator(coordinator, timeout_s, process_id)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator, num_processes, process_id,
+                               initialization_timeout=max(1, int(timeout_s - (time.perf_counter() - t0))))
     check_processes(num_processes, process_id)
     log.info("process %d of %d: %d local of %d devices (%.1f s to join)", jax.process_index(), jax.process_count(),
              jax.local_device_count(), jax.device_count(), time.perf_counter() - t0)

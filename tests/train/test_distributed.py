@@ -197,6 +197,16 @@ def test_bad_process_arguments_are_named(args, message):
         explicit_processes(*args, env={})
 
 
+def test_a_process_without_its_coordinator_fails_with_the_reason():
+    from hat_jax.train.distributed import DistributedStartError, initialize
+
+    t0 = time.monotonic()
+    with pytest.raises(DistributedStartError, match=rf"process 1: no coordinator at 127.0.0.1:{(port := free_port())} "
+                                                    r"after 2 s; process 0 hosts it"):
+        initialize(f"127.0.0.1:{port}", 2, 1, timeout_s=2)  # raises before JAX's runtime is touched
+    assert time.monotonic() - t0 < 10
+
+
 def test_processes_from_the_environment():
     env = {"JAX_COORDINATOR_ADDRESS": "10.0.0.2:8476", "JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "3"}
     assert explicit_processes(None, None, None, env=env) == ("10.0.0.2:8476", 4, 3)
