@@ -40,9 +40,9 @@ def check_divisible(program: Program, mesh) -> None:
         if bad is not None:
             dim, axes, size = bad
             names = (axes,) if isinstance(axes, str) else tuple(axes)
-            hint = ("; these are the rows of a micro-batch (the stage's batch size / accum_steps): give a batch "
-                    f"size, accum_steps or mesh whose rows per micro-batch divide by {size}"
-                    if set(names) <= {"data", "fsdp", "expert"} else "")
+            hint = ("; these are the rows of a micro-batch (the stage's batch size / accum_steps; for generate, "
+                    "rl.rollout_wave_rows): give a batch size, accum_steps, wave size or mesh whose rows divide by "
+                    f"{size}" if set(names) <= {"data", "fsdp", "expert"} else "")
             raise ValueError(f"{program.name}: argument {jax.tree_util.keystr(path)} of shape {tuple(leaf.shape)}"
                              f" has dimension {dim}, not divisible by mesh axes {axes} (size {size}) of mesh "
                              f"{dict(mesh.shape)}{hint}")
