@@ -22,7 +22,7 @@ import numpy as np
 
 from hat_jax.aot.programs import Program
 from hat_jax.aot.topology import GiB, Topology
-from hat_jax.model.sharding import indivisible_dim, mesh_context
+from hat_jax.model.sharding import DEFAULT_RULES, indivisible_dim, mesh_context
 
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute", "ragged-all-to-all")
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
@@ -42,17 +42,15 @@ def check_divisible(program: Program, mesh) -> None:
             names = (axes,) if isinstance(axes, str) else tuple(axes)
             hint = ("; these are the rows of a micro-batch (the stage's batch size / accum_steps; for generate, "
                     "rl.rollout_wave_rows): give a batch size, accum_steps, wave size or mesh whose rows divide by "
-                    f"{size}" if set(names) <= {"data", "fsdp", "expert"} else "")
+                    f"{size}" if set(names) <= set(dict(DEFAULT_RULES)["batch"]) else "")
             raise ValueError(f"{program.name}: argument {jax.tree_util.keystr(path)} of shape {tuple(leaf.shape)}"
                              f" has dimension {dim}, not divisible by mesh axes {axes} (size {size}) of mesh "
                              f"{dict(mesh.shape)}{hint}")
 
 
-def hlo_collectives(hlo: str) -> dict[str, dict[str, Any]]:
-    """{kind: {"count", "bytes" (sum of result sizes), "largest" (bytes), "largest_shape"}} of the collectives
-    in an HLO module's text (asynchronous `-start` ops counted, their `-done` halves not; the result of a
-    start op is the last shape of its tuple)."""
-    out: dict[str, dict[str, Any]] = {}
+def _collective_ops(hlo: str):
+    """(kind, dtype, dims as ints, the dims text, result bytes) of each collective op line of an HLO module's text
+    (asynchronous `-start` ops, whose result is the last shape of their tuple; `-done` halves skipped)."""
     for line in hlo.splitlines():
         m = _OP.search(line)
         if m is None:
@@ -61,8 +59,17 @@ def hlo_collectives(hlo: str) -> dict[str, dict[str, Any]]:
         if not shapes:
             continue
         dtype, dims = shapes[-1]
-        size = _DTYPE_BYTES.get(dtype, 4) * int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
-        entry = out.setdefault(m.group(2), {"count": 0, "bytes": 0, "largest": 0, "largest_shape": ""})
+        shape = [int(d) for d in dims.split(",") if d]
+        yield m.group(2), dtype, shape, dims, _DTYPE_BYTES.get(dtype, 4) * int(np.prod(shape or [1]))
+
+
+def hlo_collectives(hlo: str) -> dict[str, dict[str, Any]]:
+    """{kind: {"count", "bytes" (sum of result sizes), "largest" (bytes), "largest_shape"}} of the collectives
+    in an HLO module's text (asynchronous `-start` ops counted, their `-done` halves not; the result of a
+    start op is the last shape of its tuple)."""
+    out: dict[str, dict[str, Any]] = {}
+    for kind, dtype, _, dims, size in _collective_ops(hlo):
+        entry = out.setdefault(kind, {"count": 0, "bytes": 0, "largest": 0, "largest_shape": ""})
         entry["count"] += 1
         entry["bytes"] += size
         if size > entry["largest"]:
@@ -94,19 +101,10 @@ def expert_weight_gathers(hlo: str, shapes: set[tuple[int, ...]]) -> dict[str, A
     share an expert weight's shape (micro's [2, 32, 64] attention projection on expert 4) and be counted; at
     the real preset's sizes none does."""
     count, total, largest, largest_shape = 0, 0, 0, ""
-    for line in hlo.splitlines():
-        m = _OP.search(line)
-        if m is None or m.group(2) != "all-gather":
-            continue
-        found = _SHAPE.findall(m.group(1))
-        if not found:
-            continue
-        dtype, dims = found[-1]
-        shape = [int(d) for d in dims.split(",") if d]
+    for kind, dtype, shape, dims, size in _collective_ops(hlo):
         while len(shape) > 3 and shape[0] == 1:
             shape = shape[1:]
-        if tuple(shape) in shapes:
-            size = _DTYPE_BYTES.get(dtype, 4) * int(np.prod(shape))
+        if kind == "all-gather" and tuple(shape) in shapes:
             count, total = count + 1, total + size
             if size > largest:
                 largest, largest_shape = size, f"{dtype}[{dims}]"

@@ -29,46 +29,8 @@ import numpy as np
 from hat_jax.data.world_data import WorldDataConfig, eval_items, oracle_records
 from hat_jax.harness.render import render_tokens
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
+from hat_jax.rollout.logprobs import greedy_tokens_chunked
 from hat_jax.sim.world_harness import production_harness
-
-
-def greedy_tokens_chunked(hidden: jax.Array, kernel: jax.Array, chunk: int, compute_dtype=jnp.float32) -> jax.Array:
-    """`argmax(hidden @ kernel, -1)` over vocabulary chunks, never holding the [B, T, V] logits.
-
-    A `jax.lax.scan` over chunks of `chunk` columns keeps the running maximum and its index, replaced only by a
-    strictly larger value, so ties resolve to the lowest index as in `jnp.argmax` (exact: each chunk's logits
-    are the same dot products as the full matmul's).
-
-    Args:
-        hidden: [B, T, H]. kernel: [H, V] (the lm_head). chunk: columns per chunk (>= 1; clipped to V, the last
-            chunk padded with -inf columns). compute_dtype: the matmul dtype (accumulation float32).
-    Returns:
-        [B, T] int32 token ids.
-    Raises:
-        ValueError: chunk < 1.
-    """
-    if chunk < 1:
-        raise ValueError(f"greedy_tokens_chunked: chunk = {chunk}; expected >= 1")
-    v = kernel.shape[1]
-    chunk = min(chunk, v)
-    n = -(-v // chunk)
-    k = jnp.pad(kernel.astype(compute_dtype), ((0, 0), (0, n * chunk - v)))
-    k = k.reshape(kernel.shape[0], n, chunk).transpose(1, 0, 2)          # [n, H, chunk]
-    x = hidden.astype(compute_dtype)
-    lead = hidden.shape[:-1]
-
-    def body(carry, xs):
-        best, arg = carry
-        kc, start = xs
-        z = jnp.einsum("...h,hc->...c", x, kc, preferred_element_type=jnp.float32)
-        z = jnp.where(start + jnp.arange(chunk) < v, z, -jnp.inf)
-        top, idx = jnp.max(z, axis=-1), jnp.argmax(z, axis=-1).astype(jnp.int32) + start
-        better = top > best
-        return (jnp.where(better, top, best), jnp.where(better, idx, arg)), None
-
-    init = (jnp.full(lead, -jnp.inf, jnp.float32), jnp.zeros(lead, jnp.int32))
-    (_, arg), _ = jax.lax.scan(body, init, (k, jnp.arange(n, dtype=jnp.int32) * chunk))
-    return arg
 
 
 def depth1_acceptance(logits: jax.Array | None, mtp_logits: jax.Array | None, input_ids: jax.Array,

@@ -175,19 +175,11 @@ def _time_line(results: Mapping[str, Any]) -> str:
             f"{evals:.0f} s (the last command took {results.get('wall_s_this_invocation', results['wall_s']):.0f} s).")
 
 
-def ifeval_skip_reason(results: Mapping[str, Any]) -> str | None:
-    """Why IFEval was not scored (from the evaluation's `extra`), or None when it was."""
+def skip_reason(results: Mapping[str, Any], name: str) -> str | None:
+    """Why the evaluation's `name` part ("ifeval", "mtp") was not measured for some seed (its `extra[name]
+    ["skipped"]`), or None when it was."""
     for extra in results.get("extra") or []:
-        reason = ((extra or {}).get("ifeval") or {}).get("skipped")
-        if reason:
-            return str(reason)
-    return None
-
-
-def mtp_skip_reason(results: Mapping[str, Any]) -> str | None:
-    """Why the MTP acceptance was not measured for some seed (from the evaluation's `extra`), or None."""
-    for extra in results.get("extra") or []:
-        reason = ((extra or {}).get("mtp") or {}).get("skipped")
+        reason = ((extra or {}).get(name) or {}).get("skipped")
         if reason:
             return str(reason)
     return None
@@ -199,7 +191,7 @@ def mtp_markdown(results: Mapping[str, Any]) -> list[str]:
     block = results.get("mtp")
     lines = ["## MTP draft acceptance", ""]
     if block is None:
-        reason = mtp_skip_reason(results) or "this results.json predates the measurement"
+        reason = skip_reason(results, "mtp") or "this results.json predates the measurement"
         return lines + [f"Not measured: {reason}.", ""]
     seeds = block["per_seed"]
     if block["acceptance_depth1"] is None:
@@ -238,7 +230,7 @@ def experiment_markdown(results: Mapping[str, Any], experiment: Experiment) -> s
             path = f"{suite}.{key}"
             paper = experiment.paper.get(path)
             lines.append(f"| {_label(path)} | {_cell(results, path)} | {'' if paper is None else f'{paper:.1f}'} |")
-    skipped = ifeval_skip_reason(results)
+    skipped = skip_reason(results, "ifeval")
     if skipped:
         lines += ["", f"IFEval skipped: {skipped}."]
     lines += ["", "Paper: Qwen3.6-35B-A3B on the report's private sets (arXiv 2608.15763); ours: the simulator's "
@@ -271,7 +263,7 @@ def group_markdown(group: Group, results: Mapping[str, Mapping[str, Any]], prese
             paper = diff["paper"].get(c)
             parts.append(ours + (f" ({paper:+.1f})" if paper is not None else ""))
         lines.append(f"| {diff['name']} | " + " | ".join(parts) + " |")
-    reasons = {ifeval_skip_reason(res) for res in results.values() if res} - {None}
+    reasons = {skip_reason(res, "ifeval") for res in results.values() if res} - {None}
     if reasons and any(c.startswith("ifeval.") for c in group.columns):
         lines += ["", f"IFEval skipped: {sorted(reasons)[0]}."]
     return "\n".join(lines) + "\n"

@@ -128,15 +128,11 @@ def _git_commit() -> tuple[str | None, bool | None]:
 
 def provenance(source: ExportSource, out_dir: Path, written: list[str], *, layout: str, dropin_source: Path | None,
                dtype: str, expert_layout: str, tokenizer: Path | None,
-               mtp_acceptance: tuple[dict | None, str | None] | None = None) -> dict:
-    """The content of `hat_export.json` (module docstring); `policy_version` is a str.
-
-    `mtp_acceptance`: `recorded_mtp_acceptance(source)` when already read (None: read it here).
-    Raises:
-        ValueError: an unreadable results.json of the source's experiment (`recorded_mtp_acceptance`).
-    """
+               mtp_acceptance: tuple[dict | None, str | None]) -> dict:
+    """The content of `hat_export.json` (module docstring); `policy_version` is a str. `mtp_acceptance`:
+    `recorded_mtp_acceptance(source)`, read by the caller before anything is written."""
     commit, dirty = _git_commit()
-    mtp, mtp_reason = recorded_mtp_acceptance(source) if mtp_acceptance is None else mtp_acceptance
+    mtp, mtp_reason = mtp_acceptance
     return {
         "policy_version": policy_version(out_dir, written),
         "source_checkpoint": str(source.directory), "params_item": str(source.params_item), "step": source.step,

@@ -142,3 +142,38 @@ def token_logprobs_chunked(hidden: jax.Array, lm_head_kernel: jax.Array, input_i
     init = (jnp.full((rows,), -jnp.inf, jnp.float32), jnp.zeros((rows,), jnp.float32), jnp.zeros((rows,), jnp.float32))
     (m, s, picked), _ = jax.lax.scan(jax.checkpoint(body, prevent_cse=False), init, jnp.arange(n_chunks))
     return next_token_values(picked - (m + jnp.log(s)), b, t)
+
+
+def greedy_tokens_chunked(hidden: jax.Array, kernel: jax.Array, chunk: int, compute_dtype=jnp.float32) -> jax.Array:
+    """`argmax(hidden @ kernel, -1)` over vocabulary chunks (`vocab_chunk_logits`), never holding [B, T, V].
+
+    A `jax.lax.scan` over the chunks keeps the running maximum and its column, replaced only by a strictly
+    larger value (columns a shifted last chunk repeats are excluded), so ties resolve to the lowest id as in
+    `jnp.argmax`; each chunk's logits are the full matmul's dot products, so the tokens are the same.
+
+    Args:
+        hidden: [B, T, H]. kernel: [H, V] (the lm_head). chunk: columns per chunk (>= 1; clipped to V).
+        compute_dtype: the matmul dtype (accumulation float32).
+    Returns:
+        [B, T] int32 token ids.
+    Raises:
+        ValueError: chunk < 1.
+    """
+    if chunk < 1:
+        raise ValueError(f"greedy_tokens_chunked: chunk = {chunk}; expected >= 1")
+    b, t, _ = hidden.shape
+    size, n_chunks = chunk_plan(kernel.shape[1], chunk)
+    x = predicting_rows(hidden)
+
+    def body(carry, i):
+        best, arg = carry
+        z, cols, fresh = vocab_chunk_logits(x, kernel, i, size, 1.0, compute_dtype)
+        z = jnp.where(fresh[None, :], z, -jnp.inf)
+        top, idx = jnp.max(z, axis=-1), cols[jnp.argmax(z, axis=-1)]
+        better = top > best
+        return (jnp.where(better, top, best), jnp.where(better, idx, arg)), None
+
+    rows = x.shape[0]
+    init = (jnp.full((rows,), -jnp.inf, jnp.float32), jnp.zeros((rows,), jnp.int32))
+    (_, arg), _ = jax.lax.scan(body, init, jnp.arange(n_chunks))
+    return arg.reshape(b, t)
