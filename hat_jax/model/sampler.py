@@ -51,6 +51,7 @@ import numpy as np
 from hat_jax.model.cache import init_cache
 from hat_jax.model.config import Qwen3_5MoeTextConfig
 from hat_jax.model.moe import MOE_IMPLS
+from hat_jax.model.process_sync import start_together
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 
 
@@ -287,7 +288,8 @@ def _decode(params, prompt_ids, prompt_mask, rng, s: _Sampling, config, dtype, m
     return GenerationResult(tokens, logprobs, lengths, finished, eids, prompt_eids)
 
 
-_decode_jit = jax.jit(_decode, static_argnames=("config", "dtype", "moe_impl", "return_expert_ids", "moe_token_chunk"))
+_decode_jit = start_together(
+    jax.jit(_decode, static_argnames=("config", "dtype", "moe_impl", "return_expert_ids", "moe_token_chunk")), "decode")
 
 
 def generate(params: dict, config: Qwen3_5MoeTextConfig, prompt_ids, prompt_mask, rng: jax.Array,

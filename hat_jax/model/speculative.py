@@ -31,6 +31,7 @@ import jax.numpy as jnp
 
 from hat_jax.model.cache import cache_positions, init_cache
 from hat_jax.model.config import FULL_ATTENTION, Qwen3_5MoeTextConfig
+from hat_jax.model.process_sync import start_together
 from hat_jax.model.rope import rope_cos_sin
 from hat_jax.model.sampler import GenerationResult, SamplingConfig, _sample, _Sampling, filtered_logits
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
@@ -223,8 +224,9 @@ def _speculative_decode(params, prompt_ids, prompt_mask, rng, s: _Sampling, conf
     return GenerationResult(tokens, logprobs, lengths, finished, verify_steps=steps, accepted_drafts=accepted_sum)
 
 
-_speculative_decode_jit = jax.jit(_speculative_decode,
-                                  static_argnames=("config", "dtype", "moe_impl", "k", "moe_token_chunk"))
+_speculative_decode_jit = start_together(
+    jax.jit(_speculative_decode, static_argnames=("config", "dtype", "moe_impl", "k", "moe_token_chunk")),
+    "speculative_decode")
 
 
 def speculative_generate(params: dict, config: Qwen3_5MoeTextConfig, prompt_ids, prompt_mask, rng: jax.Array,

@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from hat_jax.model.params import COMPUTE_DTYPES
+from hat_jax.model.process_sync import start_together
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.rollout.logprobs import token_logprobs, token_logprobs_chunked
 from hat_jax.train.kl import exact_reverse_kl, sampled_reverse_kl_loss
@@ -131,4 +132,4 @@ def make_teacher_fn(model: Qwen3_5MoeForCausalLM, config: OPDConfig):
             res["teacher_hidden"] = out.hidden
         return res
 
-    return fn
+    return start_together(fn, "teacher")

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from hat_jax.model.process_sync import start_together
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.rollout.logprobs import token_logprobs, token_logprobs_chunked
 from hat_jax.train.losses import aggregate, check_aggregation, clipped_policy_loss, masked_mean, token_entropy_chunked
@@ -152,7 +153,7 @@ def make_ref_logprobs(model: Qwen3_5MoeForCausalLM, temperature: float, vocab_ch
                                temperature, False, vocab_chunk)
         return lp
 
-    return ref_logprobs
+    return start_together(ref_logprobs, "ref_logprobs")
 
 
 def make_rl_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *, accum_steps: int,
@@ -199,4 +200,4 @@ def make_rl_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation,
             metrics["lr"] = jnp.asarray(schedule(state.step * updates_per_step), jnp.float32)
         return new, metrics
 
-    return jax.jit(step, donate_argnums=(0,) if donate else ())
+    return start_together(jax.jit(step, donate_argnums=(0,) if donate else ()), "rl_step")

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import optax
 
 from hat_jax.model.params import params_shapes, params_shardings
+from hat_jax.model.process_sync import start_together
 from hat_jax.train import checkpoints as ckpt
 from hat_jax.train.trainer import TrainState, init_train_state
 
@@ -59,7 +60,7 @@ def init_state(params: dict, optimizer: optax.GradientTransformation, rng: jax.A
         p = jax.tree_util.tree_map(lambda x: x.astype(param_dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, p)
         return init_train_state(p, optimizer, key)
 
-    return jax.jit(build, out_shardings=shardings, donate_argnums=0)(params, rng)
+    return start_together(jax.jit(build, out_shardings=shardings, donate_argnums=0), "sharded_init")(params, rng)
 
 
 def fresh_params(model_config, seed: int, mesh, param_dtype=jnp.float32) -> dict:

@@ -59,6 +59,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm.auto import tqdm
 
+from hat_jax.model.process_sync import start_together
 from hat_jax.model.router_stats import RouterStats, expert_load_cv, load_balancing_loss_from_stats, router_stats
 from hat_jax.model.params import params_logical_axes
 from hat_jax.model.sharding import fitted_spec, logical_to_mesh, spec_for
@@ -241,7 +242,7 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
             metrics["lr"] = jnp.asarray(schedule(state.step), jnp.float32)
         return new, metrics
 
-    return jax.jit(step, donate_argnums=(0,) if donate else ())
+    return start_together(jax.jit(step, donate_argnums=(0,) if donate else ()), "train_step")
 
 
 def split_micro_batches(batch: Mapping[str, np.ndarray], accum_steps: int, keys=None) -> dict[str, np.ndarray]:
