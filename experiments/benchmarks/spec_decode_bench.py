@@ -3,10 +3,14 @@ greedy, on one checkpoint or a fresh random model. A script that prints figures 
 
     .venv/bin/python experiments/benchmarks/spec_decode_bench.py [--checkpoint DIR | --preset tiny]
         [--drafter perfect] [--k 3] [--batches 1 2 4 8] [--prompt-len 32] [--new-tokens 64] [--reps 3] [--json OUT]
+        [--prompts live_qa [--groups 4]]
 
 What is measured: for each batch size B, `hat_jax.model.sampler.generate` (one jit: prefill + decode loop) with
-k = 0 and with k = `--k`, on the same B random prompts (no padding, no stop token, so every row decodes
-`--new-tokens` tokens). Each configuration runs once untimed (compilation), then `--reps` timed runs
+k = 0 and with k = `--k`, on the same B prompts (no stop token, so every row decodes `--new-tokens` tokens).
+The prompts are random tokens (`--prompt-len`), or with `--prompts live_qa` (a checkpoint with its tokenizer/
+folder) the generation prompts of held-out Live QA episodes (`hat_jax.eval.mtp_acceptance.live_qa_oracle_episodes`
+cut before the first assistant token: the system prompt, harness and viewer message, as the agent sees them),
+left-padded; `--groups G` runs G disjoint groups of B prompts and sums their times and tokens. Each configuration runs once untimed (compilation), then `--reps` timed runs
 (the fastest, `block_until_ready`: on a shared machine the minimum is the least disturbed). Decode time = that
 minus the fastest prefill-only call (max_new_tokens = 1), so decode tokens/s = B * (N - 1) / decode time
 (nan when the noise leaves no positive difference). The greedy tokens of the two runs
@@ -55,28 +59,71 @@ def timed(fn, reps: int) -> tuple[float, object]:
     return min(times), out
 
 
-def bench_batch(params, config, b: int, args) -> dict:
+def live_qa_prompts(checkpoint: str, count: int) -> list:
+    """The generation prompts ([P] int32 each) of the first `count` held-out Live QA oracle episodes, rendered
+    with the checkpoint's tokenizer: each episode cut before its first generated (loss-mask 1) token."""
+    import numpy as np
+
+    from hat_jax.data.world_data import WorldDataConfig
+    from hat_jax.eval.mtp_acceptance import live_qa_oracle_episodes
+    from hat_jax.rollout.checkpoint import tokenizer_from_checkpoint
+    from hat_jax.tokenizer import load_tokenizer
+
+    folder = tokenizer_from_checkpoint(checkpoint)
+    if folder is None:
+        raise SystemExit(f"error: --prompts live_qa: {checkpoint!r} has no tokenizer/ folder (in it or its parent)")
+    episodes = live_qa_oracle_episodes(load_tokenizer(folder), WorldDataConfig(eval_items=count))
+    prompts = [ids[:int(np.argmax(mask))] for ids, mask in episodes]
+    if len(prompts) < count:
+        raise SystemExit(f"error: --prompts live_qa: {len(prompts)} episodes, {count} needed (batch x --groups)")
+    return prompts[:count]
+
+
+def left_padded(prompts: list, pad_id: int):
+    """(ids [B, P] int32, mask [B, P] bool): the prompts left-padded to the longest."""
+    import numpy as np
+
+    width = max(len(p) for p in prompts)
+    ids, mask = np.full((len(prompts), width), pad_id, np.int32), np.zeros((len(prompts), width), bool)
+    for r, p in enumerate(prompts):
+        ids[r, width - len(p):], mask[r, width - len(p):] = p, True
+    return ids, mask
+
+
+def bench_batch(params, config, b: int, args, prompts: list | None = None) -> dict:
+    """One row of the table for batch size b: `args.groups` groups of b prompts (random ones when `prompts` is
+    None), their fastest times summed."""
     import jax
     import numpy as np
 
     from hat_jax.model.sampler import SamplingConfig, generate
 
-    rs = np.random.RandomState(b)
-    ids = rs.randint(3, config.vocab_size, size=(b, args.prompt_len)).astype(np.int32)
-    mask = np.ones_like(ids, bool)
-    run = lambda n, k: (lambda: generate(params, config, ids, mask, jax.random.key(0),
-                                         SamplingConfig(max_new_tokens=n, num_speculative_tokens=k)))
-    prefill, _ = timed(run(1, 0), args.reps)
-    plain_t, plain = timed(run(args.new_tokens, 0), args.reps)
-    spec_t, spec = timed(run(args.new_tokens, args.k), args.reps)
-    steps, acc = int(np.sum(spec.verify_steps)), int(np.sum(spec.accepted_drafts))
-    decode = b * (args.new_tokens - 1)
+    totals = {"prefill_s": 0.0, "plain_s": 0.0, "spec_s": 0.0}
+    steps = acc = 0
+    identical = True
+    for g in range(args.groups):
+        if prompts is None:
+            ids = np.random.RandomState(b * 1000 + g).randint(3, config.vocab_size, size=(b, args.prompt_len))
+            ids, mask = ids.astype(np.int32), np.ones((b, args.prompt_len), bool)
+        else:
+            ids, mask = left_padded(prompts[g * b:(g + 1) * b], config.pad_token_id)
+        run = lambda n, k: (lambda: generate(params, config, ids, mask, jax.random.key(0),
+                                             SamplingConfig(max_new_tokens=n, num_speculative_tokens=k)))
+        prefill, _ = timed(run(1, 0), args.reps)
+        plain_t, plain = timed(run(args.new_tokens, 0), args.reps)
+        spec_t, spec = timed(run(args.new_tokens, args.k), args.reps)
+        totals["prefill_s"] += prefill
+        totals["plain_s"] += plain_t
+        totals["spec_s"] += spec_t
+        steps, acc = steps + int(np.sum(spec.verify_steps)), acc + int(np.sum(spec.accepted_drafts))
+        identical &= bool(np.array_equal(np.asarray(plain.tokens), np.asarray(spec.tokens)))
+    decode = args.groups * b * (args.new_tokens - 1)
+    prefill = totals["prefill_s"]
     rate = lambda t: decode / (t - prefill) if t > prefill else float("nan")
-    plain_tps, spec_tps = rate(plain_t), rate(spec_t)
+    plain_tps, spec_tps = rate(totals["plain_s"]), rate(totals["spec_s"])
     return {"batch": b, "plain_tok_s": plain_tps, "spec_tok_s": spec_tps, "speedup": spec_tps / plain_tps,
-            "identical": bool(np.array_equal(np.asarray(plain.tokens), np.asarray(spec.tokens))),
-            "acceptance": acc / max(steps * args.k, 1), "mean_accepted_length": 1 + acc / max(steps, 1),
-            "prefill_s": prefill, "plain_s": plain_t, "spec_s": spec_t}
+            "identical": identical, "acceptance": acc / max(steps * args.k, 1),
+            "mean_accepted_length": 1 + acc / max(steps, 1), **totals}
 
 
 def main() -> None:
@@ -90,8 +137,15 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--prompts", choices=("random", "live_qa"), default="random",
+                    help="live_qa: held-out Live QA generation prompts (needs --checkpoint with its tokenizer)")
+    ap.add_argument("--groups", type=int, default=1, help="disjoint groups of B prompts per batch size, summed")
     ap.add_argument("--json", help="write the rows as JSON to this file")
     args = ap.parse_args()
+    if args.prompts == "live_qa" and not args.checkpoint:
+        ap.error("--prompts live_qa needs --checkpoint (its tokenizer renders the prompts)")
+    if args.groups < 1:
+        ap.error(f"--groups {args.groups}: expected >= 1")
 
     import jax
 
@@ -106,8 +160,11 @@ def main() -> None:
         params, source = init_params(config, jax.random.key(0)), f"random {args.preset}"
     if args.drafter == "perfect":
         params, source = perfect_drafter(params, config), source + " (perfect drafter)"
-    rows = [bench_batch(params, config, b, args) for b in args.batches]
-    print(f"spec decode, {source}, k={args.k}, prompt {args.prompt_len}, {args.new_tokens} new tokens, "
+    prompts = live_qa_prompts(args.checkpoint, max(args.batches) * args.groups) if args.prompts == "live_qa" else None
+    rows = [bench_batch(params, config, b, args, prompts) for b in args.batches]
+    what = (f"live_qa prompts ({min(map(len, prompts))}-{max(map(len, prompts))} tokens)" if prompts
+            else f"random prompts of {args.prompt_len}")
+    print(f"spec decode, {source}, k={args.k}, {what}, {args.groups} group(s) per B, {args.new_tokens} new tokens, "
           f"fastest of {args.reps}, load {loadavg()}")
     print(f"{'B':>3} {'plain tok/s':>12} {'spec tok/s':>11} {'speedup':>8} {'accept':>7} {'mean len':>9} identical")
     for r in rows:
@@ -115,8 +172,9 @@ def main() -> None:
               f"{r['acceptance']:>7.3f} {r['mean_accepted_length']:>9.2f} {r['identical']}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"source": source, "k": args.k, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-                       "load": loadavg(), "rows": rows}, f, indent=1)
+            json.dump({"source": source, "k": args.k, "prompts": args.prompts, "groups": args.groups,
+                       "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "load": loadavg(), "rows": rows},
+                      f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,174 @@
+"""Can the model read a harness? The reading gauge (`hat_jax.eval.reading_gauge`) trained and scored in the
+project's chat format and tokenizer. A script that prints figures (not a test).
+
+    .venv/bin/python experiments/benchmarks/reading_gauge.py [--train renamed] [--steps 800] [--lr 1e-3]
+        [--batch 64] [--preset tiny | --init CKPT] [--eval-every 100] [--eval-rows 256] [--json OUT] [--plot OUT.png]
+
+A row lists 5 of the world's 8 intents with the tool name of each, asks for one by its label, and the assistant
+turn calls that tool. The model (a fresh `--preset` model, or `--init` a checkpoint with its tokenizer/) trains
+on rows of the `--train` families (one of fixed / renamed / heldout, or a comma list drawn per row: "fixed,renamed"
+is HAT's mixture of original and perturbed harnesses) with the loss on the assistant turn; every --eval-every
+steps it is scored on --eval-rows fixed rows of each family: exact = every token of the called name is the
+argmax under teacher forcing. AdamW (weight decay 0.01), global-norm clip 1.0, 100 warmup steps (a tenth of the
+run when shorter), cosine to lr/10, fp32.
+
+Without --init the tokenizer is the tiny preset's BPE (`hat_jax.train.pretrain`'s, from the cache or trained on
+first use). The curve is printed, --json writes it, --plot draws it (matplotlib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+
+from hat_jax.cli_types import positive_int
+
+
+def tokenizer_and_params(args):
+    """(tokenizer, model config, params): --init's checkpoint, or a fresh --preset model with the preset's BPE."""
+    import jax
+
+    from hat_jax.model import init_params
+    from hat_jax.tokenizer import load_tokenizer
+
+    if args.init:
+        from hat_jax.model.checkpoint_io import load_model_checkpoint
+        from hat_jax.rollout.checkpoint import tokenizer_from_checkpoint
+
+        folder = tokenizer_from_checkpoint(args.init)
+        if folder is None:
+            raise SystemExit(f"error: --init {args.init!r} has no tokenizer/ folder (in it or its parent)")
+        config, params = load_model_checkpoint(args.init)
+        return load_tokenizer(folder), config, params
+    from hat_jax.train.sft import bpe_tokenizer_dir
+    from hat_jax.train.stage import stage_section
+
+    base = stage_section(args.preset, "base.pretrain")
+    config = base.model_config()
+    folder = bpe_tokenizer_dir(config.vocab_size, base.tokenizer_texts, base.world)
+    return load_tokenizer(folder), config, init_params(config, jax.random.key(args.seed))
+
+
+def run(args, tokenizer, config, params):
+    """Trains on the --train families; yields {step, loss, seconds, exact: {family: share}} at every evaluation."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    from hat_jax.eval.reading_gauge import FAMILIES, exact_names, gauge_batch
+    from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
+    from hat_jax.train.losses import masked_token_ce_sum
+
+    model = Qwen3_5MoeForCausalLM(config)
+    warmup = min(100, max(1, args.steps // 10))
+    schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, warmup, args.steps, args.lr * 0.1)
+    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
+    opt_state = opt.init(params)
+
+    def loss_fn(p, batch):
+        logits = model.apply({"params": p}, batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        nll, n = masked_token_ce_sum(logits, batch["input_ids"], batch["loss_mask"])
+        return nll / n
+
+    @jax.jit
+    def step(p, s, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(p, batch)
+        updates, s = opt.update(grads, s, p)
+        return optax.apply_updates(p, updates), s, loss
+
+    @jax.jit
+    def argmax(p, ids, mask):
+        return jnp.argmax(model.apply({"params": p}, ids, attention_mask=mask).logits, axis=-1)
+
+    train = tuple(args.train.split(","))
+    rng = random.Random(args.seed)
+    evals = {f: gauge_batch(tokenizer, random.Random(10_000 + i), f, args.eval_rows, args.width)
+             for i, f in enumerate(FAMILIES)}
+
+    def score():
+        out = {}
+        for f, b in evals.items():
+            hits = [exact_names(np.asarray(argmax(params, b["input_ids"][i:i + 64], b["attention_mask"][i:i + 64])),
+                                b["input_ids"][i:i + 64], b["name_mask"][i:i + 64])
+                    for i in range(0, args.eval_rows, 64)]
+            out[f] = float(np.mean(np.concatenate(hits)))
+        return out
+
+    start, loss = time.perf_counter(), float("nan")
+    for i in range(args.steps + 1):
+        if i % args.eval_every == 0 or i == args.steps:
+            yield {"step": i, "loss": loss, "seconds": round(time.perf_counter() - start, 1), "exact": score()}
+        if i == args.steps:
+            break
+        batch = gauge_batch(tokenizer, rng, train, args.batch, args.width)
+        params, opt_state, loss = step(params, opt_state, {k: jnp.asarray(v) for k, v in batch.items()})
+        loss = float(loss)
+
+
+def plot(curve: list[dict], title: str, path: str) -> None:
+    """Exact share per family against the step, saved to `path`."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"--plot {path}: matplotlib is not installed; the curve is in the table above", file=sys.stderr)
+        return
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for family in curve[0]["exact"]:
+        ax.plot([c["step"] for c in curve], [c["exact"][family] for c in curve], marker="o", label=family)
+    ax.set(xlabel="step", ylabel="names exact", ylim=(-0.02, 1.02), title=title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--train", default="renamed", help="training families: fixed, renamed, heldout or a comma list")
+    p.add_argument("--steps", type=positive_int, default=800)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--batch", type=positive_int, default=64)
+    p.add_argument("--width", type=positive_int, default=160, help="tokens per row (rows are right-padded)")
+    p.add_argument("--preset", default="tiny", help="pretraining preset whose model and tokenizer start fresh")
+    p.add_argument("--init", help="start from this checkpoint (with its tokenizer/) instead")
+    p.add_argument("--eval-every", type=positive_int, default=100)
+    p.add_argument("--eval-rows", type=positive_int, default=256, help="scored rows per family")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="write the curve to this file")
+    p.add_argument("--plot", help="draw the curve into this PNG")
+    args = p.parse_args(argv)
+    from hat_jax.eval.reading_gauge import FAMILIES
+
+    bad = [f for f in args.train.split(",") if f not in FAMILIES]
+    if bad:
+        p.error(f"--train {args.train!r}: {bad} not among {FAMILIES}")
+
+    from bench_util import loadavg
+
+    tokenizer, config, params = tokenizer_and_params(args)
+    source = args.init or f"fresh {args.preset}"
+    print(f"reading gauge: {source}, train {args.train}, {args.steps} steps, batch {args.batch} x {args.width}, "
+          f"lr {args.lr}, load {loadavg()}", flush=True)
+    curve = []
+    for point in run(args, tokenizer, config, params):
+        curve.append(point)
+        exact = "  ".join(f"{f} {v:.3f}" for f, v in point["exact"].items())
+        print(f"step {point['step']:5d}  loss {point['loss']:.3f}  exact: {exact}  ({point['seconds']:.0f} s)",
+              flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"source": source, "train": args.train, "steps": args.steps, "batch": args.batch,
+                       "width": args.width, "lr": args.lr, "load": loadavg(), "curve": curve}, f, indent=1)
+    if args.plot:
+        plot(curve, f"reading gauge: {source}, train {args.train}", args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
