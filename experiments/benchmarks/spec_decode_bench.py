@@ -17,6 +17,18 @@ minus the fastest prefill-only call (max_new_tokens = 1), so decode tokens/s = B
 are compared (they must be identical) and the speculative run's acceptance is reported: acceptance rate =
 accepted drafts / (verify steps * k), mean accepted length = 1 + accepted / steps (tokens per verify step).
 
+Measured (the tiny `table6_both` final checkpoint, HSA-SFT then HSA-RL, seed 0; `--prompts live_qa --groups 2
+--k 3`, 876-1,409-token prompts, 64 new tokens, fastest of 3, 2 idle cores):
+    B   plain tok/s   spec tok/s   speedup   acceptance   mean accepted length   identical
+    1         904.3        751.3     0.83x        0.717                   3.15        yes
+    2        1289.9       1058.0     0.82x        0.717                   3.15        yes
+    4        1714.3       1340.2     0.78x        0.723                   3.17        yes
+    8        2005.1       1379.8     0.69x        0.720                   3.16        yes
+The drafts are good (3.15 tokens per verifying forward) but on a CPU the tiny model's decode step is compute-
+bound, not bound by reading the weights: verifying 4 positions and running the MTP block 3 times costs ~3.8 plain
+steps, so speculation loses here (it pays where a step is weight-bandwidth-bound: GPU/TPU at small B). The 64
+tokens run past the reply's end (no stop token, so both runs decode the same count).
+
 A random-init model's MTP block accepts almost nothing: that is the overhead case (each step verifies k + 1
 positions and runs the MTP k times to emit one token). `--drafter perfect` rewrites a random model so that its
 MTP block is an exact drafter (residual branches zeroed, MTP fc passing the token embedding through; the same
