@@ -43,6 +43,8 @@ import time
 
 from bench_util import loadavg
 
+from hat_jax.cli_types import positive_int
+
 
 def perfect_drafter(params: dict, config) -> dict:
     """Residual branch outputs zeroed in the main model and the MTP block, MTP fc = [I; 0]: the MTP predicts
@@ -91,24 +93,13 @@ def live_qa_prompts(checkpoint: str, count: int) -> list:
     return prompts[:count]
 
 
-def left_padded(prompts: list, pad_id: int):
-    """(ids [B, P] int32, mask [B, P] bool): the prompts left-padded to the longest."""
-    import numpy as np
-
-    width = max(len(p) for p in prompts)
-    ids, mask = np.full((len(prompts), width), pad_id, np.int32), np.zeros((len(prompts), width), bool)
-    for r, p in enumerate(prompts):
-        ids[r, width - len(p):], mask[r, width - len(p):] = p, True
-    return ids, mask
-
-
 def bench_batch(params, config, b: int, args, prompts: list | None = None) -> dict:
     """One row of the table for batch size b: `args.groups` groups of b prompts (random ones when `prompts` is
     None), their fastest times summed."""
     import jax
     import numpy as np
 
-    from hat_jax.model.sampler import SamplingConfig, generate
+    from hat_jax.model.sampler import SamplingConfig, generate, left_pad
 
     totals = {"prefill_s": 0.0, "plain_s": 0.0, "spec_s": 0.0}
     steps = acc = 0
@@ -118,7 +109,7 @@ def bench_batch(params, config, b: int, args, prompts: list | None = None) -> di
             ids = np.random.RandomState(b * 1000 + g).randint(3, config.vocab_size, size=(b, args.prompt_len))
             ids, mask = ids.astype(np.int32), np.ones((b, args.prompt_len), bool)
         else:
-            ids, mask = left_padded(prompts[g * b:(g + 1) * b], config.pad_token_id)
+            ids, mask = left_pad([p.tolist() for p in prompts[g * b:(g + 1) * b]], config.pad_token_id)
         run = lambda n, k: (lambda: generate(params, config, ids, mask, jax.random.key(0),
                                              SamplingConfig(max_new_tokens=n, num_speculative_tokens=k)))
         prefill, _ = timed(run(1, 0), args.reps)
@@ -151,13 +142,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--prompts", choices=("random", "live_qa"), default="random",
                     help="live_qa: held-out Live QA generation prompts (needs --checkpoint with its tokenizer)")
-    ap.add_argument("--groups", type=int, default=1, help="disjoint groups of B prompts per batch size, summed")
+    ap.add_argument("--groups", type=positive_int, default=1,
+                    help="disjoint groups of B prompts per batch size, summed")
     ap.add_argument("--json", help="write the rows as JSON to this file")
     args = ap.parse_args()
     if args.prompts == "live_qa" and not args.checkpoint:
         ap.error("--prompts live_qa needs --checkpoint (its tokenizer renders the prompts)")
-    if args.groups < 1:
-        ap.error(f"--groups {args.groups}: expected >= 1")
 
     import jax
 

@@ -21,11 +21,11 @@ BARRIER_TIMEOUT_S = 1800  # longer than any compile; a process that died is repo
 _BARRIERS = itertools.count()  # one sequence for every wrapped function: barrier names are never reused
 
 
-def _signature(args: tuple, kwargs: dict) -> tuple:
+def _signature(args: tuple, kwargs: dict, flat: tuple | None = None) -> tuple:
     """What decides a compile, identical in every process of an SPMD run: the tree structure, each array's
     (shape, dtype, sharding), and the other leaves' values when hashable and not numbers (numbers by type, since a
-    row offset may differ by process)."""
-    leaves, tree = jax.tree.flatten((args, kwargs))
+    row offset may differ by process). `flat`: `jax.tree.flatten((args, kwargs))` when the caller has it."""
+    leaves, tree = flat or jax.tree.flatten((args, kwargs))
 
     def key(x):
         if hasattr(x, "shape") and hasattr(x, "dtype"):
@@ -62,9 +62,9 @@ def start_together(fn: Callable, name: str) -> Callable:
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any):
         if jax.process_count() > 1 and jax.default_backend() == "cpu":
-            leaves = jax.tree.leaves((args, kwargs))
-            if not any(isinstance(x, jax.core.Tracer) for x in leaves):
-                sig = _signature(args, kwargs)
+            flat = jax.tree.flatten((args, kwargs))
+            if not any(isinstance(x, jax.core.Tracer) for x in flat[0]):
+                sig = _signature(args, kwargs, flat)
                 if sig not in seen:
                     from orbax.checkpoint import multihost
 
