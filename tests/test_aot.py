@@ -46,7 +46,7 @@ def test_micro_sft_compiles_for_v5p_2x2x1(micro_report):
     report, stdout = micro_report
     assert report["stage"] == "sft" and report["topology"] == "v5p:2x2x1" and report["chips"] == 4
     assert report["hbm_bytes_per_chip"] == 95 * GiB and report["fits"] is True
-    assert report["mesh"] == {"data": 1, "fsdp": 2, "expert": 2, "tensor": 1}
+    assert report["mesh"] == {"data": 1, "fsdp": 2, "expert": 2, "tensor": 1, "context": 1}
     assert [p["name"] for p in report["programs"]] == ["train_step"]
     b = report["bytes_per_chip"]
     assert b["total"] == b["arguments"] + b["outputs"] - b["aliased"] + b["temporaries"] + b["resident"]
@@ -166,7 +166,7 @@ def test_topology_names_and_meshes():
     with pytest.raises(ValueError, match=r"unknown TPU topology 'tpu9-8'; valid: .*v5p-128"):
         resolve_topology("tpu9-8")
     assert parse_mesh("1,8,4,1") == (1, 8, 4, 1)
-    with pytest.raises(ValueError, match="expected 4 positive integers data,fsdp,expert,tensor"):
+    with pytest.raises(ValueError, match="expected 4 or 5 positive integers data,fsdp,expert,tensor,context"):
         parse_mesh("8,4")
     with pytest.raises(ValueError, match=r"mesh \(data=1, fsdp=8, expert=8, tensor=1\) has 64 devices, the topology 32"):
         check_mesh((1, 8, 8, 1), 32)

@@ -404,8 +404,9 @@ def _big_model(args) -> dict:
     shapes32 = params_shapes(config, jnp.float32)
     axes = params_logical_axes(config)
     eval_s = time.perf_counter() - t0
-    sizes = dict(zip(MESH_AXES, args.mesh))
-    mesh = AbstractMesh(tuple(args.mesh), MESH_AXES)
+    shape = tuple(args.mesh) + (1,) * (len(MESH_AXES) - len(args.mesh))  # context defaults to 1
+    sizes = dict(zip(MESH_AXES, shape))
+    mesh = AbstractMesh(shape, MESH_AXES)
     out = {"preset": args.big_preset, "counts": counts, "arch_md": ARCH_REF, "eval_shape_s": eval_s,
            "mesh": sizes, "devices": math.prod(args.mesh)}
     rules = DEFAULT_RULES

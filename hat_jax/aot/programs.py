@@ -12,7 +12,7 @@ Shapes (the stage configs of `hat_jax.experiments.scales`):
   [accum, rows / accum, seq_len] (+ old/teacher logprobs float32; "exact" adds the teacher's hidden states and
   lm_head kernel).
 - rl: the train step on [minibatches x accum, rows / (minibatches x accum), seq_len] (advantages per row,
-  expert ids [.., L, T, k] with routing replay, reference logprobs with beta > 0), and with beta > 0 the
+  packed expert ids [.., L, ceil(k/2), T] with routing replay, reference logprobs with beta > 0), and with beta > 0 the
   reference forward on one micro-batch. Rows are padded to seq_len (the longest an update sees).
 - generate: the sampler (`hat_jax.model.sampler`) on one wave of the RL rollout batch: rl.rollout_wave_rows
   rows (all tasks_per_step x group_size rows without waves), prompts of seq_len - max_new_tokens tokens,
@@ -192,7 +192,7 @@ def rl_programs(scale, model_config, mesh: Mesh) -> list[Program]:
     if c.beta > 0:
         columns["ref_logprobs"] = ((t,), jnp.float32)
     if c.routing_replay:
-        columns["expert_ids"] = ((model_config.num_hidden_layers, t, model_config.num_experts_per_tok), jnp.int32)
+        columns["expert_ids"] = ((model_config.num_hidden_layers, -(-model_config.num_experts_per_tok // 2), t), jnp.int32)
     batch = _micro_batch(mesh, split, rows, columns)
     model = _model(c, model_config)
     loss_fn = rl_loss_fn(model, temperature=c.temperature, eps_low=c.eps_low, eps_high=c.eps_high, beta=c.beta,

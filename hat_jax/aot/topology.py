@@ -99,16 +99,16 @@ def topology_devices(topology: Topology) -> list:
     return devices
 
 
-def parse_mesh(text: str) -> tuple[int, int, int, int]:
-    """'data,fsdp,expert,tensor' sizes, e.g. '1,8,4,1'.
+def parse_mesh(text: str) -> tuple[int, ...]:
+    """'data,fsdp,expert,tensor[,context]' sizes, e.g. '1,8,4,1' or '1,8,4,1,2' (context parallelism 2).
 
     Raises:
-        ValueError: not four positive integers (names the expected axes).
+        ValueError: not four or five positive integers (names the expected axes).
     """
     parts = [p.strip() for p in text.split(",")]
-    if len(parts) != len(MESH_AXES) or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise ValueError(f"--mesh {text!r}: expected {len(MESH_AXES)} positive integers "
-                         f"{','.join(MESH_AXES)}, e.g. 1,8,4,1")
+    if len(parts) not in (len(MESH_AXES) - 1, len(MESH_AXES)) or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"--mesh {text!r}: expected {len(MESH_AXES) - 1} or {len(MESH_AXES)} positive integers "
+                         f"{','.join(MESH_AXES)} (context defaults to 1), e.g. 1,8,4,1 or 1,8,4,1,2")
     return tuple(int(p) for p in parts)
 
 

@@ -22,6 +22,8 @@ any backend), 'splash' (TPU Pallas splash attention, `jax.experimental.pallas.op
 `splash_attention`), 'cudnn' (`jax.nn.dot_product_attention(implementation="cudnn")`, GPU,
 `cudnn_attention`), 'auto' (splash on TPU, cudnn on GPU, xla elsewhere). The fused ones build no [B, T, S]
 mask and serve the uncached forward (q_offset 0, S == T); cached calls (prefill, decode) take 'xla'.
+Under a mesh with a 'context' axis the uncached forward runs context-parallel (`context_parallel_attention`:
+each device's queries against the all-gathered keys and values), with 'xla' or 'splash'.
 """
 
 import functools
@@ -29,8 +31,11 @@ import functools
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 from hat_jax.model.config import Qwen3_5MoeTextConfig
+from hat_jax.model.context_parallel import (CONTEXT_AXIS, check_sequence_split, context_size, gather_sequence,
+                                            sequence_spec, shard_start)
 from hat_jax.model.linear import Linear
 from hat_jax.model.norms import RMSNorm
 from hat_jax.model.rope import apply_partial_rope
@@ -113,6 +118,9 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segment_ids: jax.Array
             raise ValueError(f"attention_impl {impl!r}: serves the uncached forward only (q_offset 0, "
                              f"S == T), got q_offset {q_offset!r}, T {q.shape[1]}, S {k.shape[1]}")
         impl = "xla"
+    if uncached and context_size() > 1:
+        return context_parallel_attention(q, k, v, q_segment_ids, kv_segment_ids, scale=scale, causal=causal,
+                                          impl=impl)
     if impl == "splash":  # a Mosaic kernel: GSPMD cannot partition it, each device runs its own rows
         fn = functools.partial(splash_attention, scale=scale, causal=causal)
         return map_row_shards(fn, (q, k, v, q_segment_ids, kv_segment_ids))
@@ -124,8 +132,9 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segment_ids: jax.Array
     return gqa_attention(q, k, v, segment_mask(q_segment_ids, kv_segment_ids, causal, q_offset), scale)
 
 
-def _has_key(q_segment_ids: jax.Array, kv_segment_ids: jax.Array, causal: bool) -> jax.Array:
-    """Whether each query has a key to attend, for queries at slots 0 .. T-1 (q_offset 0), in
+def _has_key(q_segment_ids: jax.Array, kv_segment_ids: jax.Array, causal: bool,
+             q_offset: int | jax.Array = 0) -> jax.Array:
+    """Whether each query has a key to attend, for queries at slots q_offset .. q_offset + T-1, in
     O(S log S) per row without the [T, S] mask: a stable sort of the kv ids puts each id's first slot
     first; query t (id g != 0) has a key iff id g occurs among the keys (causally: at a slot <= t).
 
@@ -140,20 +149,23 @@ def _has_key(q_segment_ids: jax.Array, kv_segment_ids: jax.Array, causal: bool) 
         idx = jnp.minimum(jnp.searchsorted(sorted_ids, q_ids, side="left"), kv_ids.shape[0] - 1)
         found = (sorted_ids[idx] == q_ids) & (q_ids != 0)
         if causal:
-            found &= order[idx] <= jnp.arange(q_ids.shape[0])
+            found &= order[idx] <= q_offset + jnp.arange(q_ids.shape[0])
         return found
 
     return jax.vmap(row)(q_segment_ids, kv_segment_ids)
 
 
 def _fully_masked_fix(out: jax.Array, v: jax.Array, q_segment_ids: jax.Array, kv_segment_ids: jax.Array,
-                      causal: bool) -> jax.Array:
+                      causal: bool, q_offset: int | jax.Array = 0, mean_v: jax.Array | None = None) -> jax.Array:
     """Gives the rows of `out` [B, T, H, D] with no key to attend (`_has_key`) the reference's value (the
-    mean of all S values, `causal_gqa_attention`)."""
+    mean of all S values, `causal_gqa_attention`; `mean_v` [B, KV, D] float32 when `v` holds only some of
+    them)."""
     b, _, h, d = out.shape
     kv = v.shape[2]
-    fully_masked = ~_has_key(q_segment_ids, kv_segment_ids, causal)                             # [B, T]
-    mean_v = jnp.mean(v.astype(jnp.float32), axis=1).astype(out.dtype)                         # [B, KV, D]
+    fully_masked = ~_has_key(q_segment_ids, kv_segment_ids, causal, q_offset)                             # [B, T]
+    if mean_v is None:
+        mean_v = jnp.mean(v.astype(jnp.float32), axis=1)                                       # [B, KV, D]
+    mean_v = mean_v.astype(out.dtype)
     mean_v = jnp.repeat(mean_v, h // kv, axis=1)[:, None]                                       # [B, 1, H, D]
     return jnp.where(fully_masked[:, :, None, None], mean_v, out)
 
@@ -166,18 +178,20 @@ def splash_block(t: int) -> int:
     return -(-t // SPLASH_MIN_BLOCK) * SPLASH_MIN_BLOCK
 
 
-def _splash_kernel(t: int, groups: int, causal: bool, block: int, interpret: bool):
+def _splash_kernel(t: int, groups: int, causal: bool, block: int, interpret: bool, q_seq_shards: int = 1):
     """The splash MQA kernel for G = `groups` query heads over one KV head, length T (a multiple of block):
     q [G, T, D], k/v [T, D], SegmentIds([T], [T]) -> [G, T, D]. Built per trace (its mask info becomes
-    constants of the trace; a cached kernel would leak them into the next trace)."""
+    constants of the trace; a cached kernel would leak them into the next trace). With `q_seq_shards` P the
+    mask info is split into P query shards (the kernel then serves q [G, T / P, D] inside a shard_map, its
+    spec `kernel.manual_sharding_spec`)."""
     from jax.experimental.pallas.ops.tpu import splash_attention as sa
 
     one = sa.CausalMask((t, t)) if causal else sa.FullMask((t, t))
     sizes = sa.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
                           block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
                           block_q_dq=block, block_kv_dq=block)
-    return sa.make_splash_mqa_single_device(sa.MultiHeadMask([one] * groups), block_sizes=sizes,
-                                            interpret=interpret)
+    return sa.make_splash_mha(sa.MultiHeadMask([one] * groups), block_sizes=sizes, is_mqa=True, head_shards=1,
+                              q_seq_shards=q_seq_shards, interpret=interpret)
 
 
 def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segment_ids: jax.Array,
@@ -231,6 +245,79 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segment_ids: ja
     out = jax.vmap(per_kv, in_axes=(0, 0, 0, 0))(qt, kt, vt, SegmentIds(q_ids, kv_ids))  # over batch
     out = _from_heads_major(out[:, :, :, :t])
     return _fully_masked_fix(out, v, q_segment_ids, kv_segment_ids, causal)
+
+
+def context_parallel_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segment_ids: jax.Array,
+                               kv_segment_ids: jax.Array, *, scale: float, causal: bool = True, impl: str = "xla",
+                               block: int | None = None, interpret: bool = False) -> jax.Array:
+    """`attention` of an uncached forward with the sequence split over the mesh's 'context' axis
+    (`hat_jax.model.context_parallel`): each device attends its T / P queries, at key slots
+    [i T/P, (i+1) T/P), to the all-gathered T keys and values (the KV heads are few, so the gather is small).
+
+    impl 'xla': `gqa_attention` on `segment_mask` with the shard's query offset ([B, KV, G, T/P, T] scores:
+    the exact reference). impl 'splash': each shard pads its T/P tokens to a multiple of `block` (queries id 0,
+    keys id -1, at the end of the shard: the padded index space keeps every real key's order, so the causal
+    mask on it is the causal mask on the tokens) and runs the splash kernel whose mask info is split into P
+    query shards (`_splash_kernel`); rows with no key get the reference's value (`_fully_masked_fix`).
+
+    Args:
+        q: [B, T, H, D]; k, v: [B, T, KV, D]; q_segment_ids, kv_segment_ids: [B, T] int32 (`attention`).
+        scale, causal: as `attention`. impl: 'xla' or 'splash'. block, interpret: as `splash_attention`.
+    Returns:
+        [B, T, H, D] in q.dtype, equal to `attention` without the 'context' axis.
+    Raises:
+        ValueError: T not split evenly by the 'context' axis, or an impl other than 'xla' and 'splash'.
+    """
+    if impl not in ("xla", "splash"):
+        raise ValueError(f"attention_impl {impl!r} with context parallelism: expected 'xla' or 'splash'")
+    p = context_size()
+    t_local = check_sequence_split(q.shape[1], "the attention's queries")
+    spec = sequence_spec(q.shape)
+    if impl == "xla":
+        def body(q, k, v, q_ids, kv_ids):
+            offset = shard_start(q.shape[1])
+            k, v, kv_ids = gather_sequence(k), gather_sequence(v), gather_sequence(kv_ids)
+            return gqa_attention(q, k, v, segment_mask(q_ids, kv_ids, causal, offset), scale)
+
+        return jax.shard_map(body, in_specs=(spec,) * 5, out_specs=spec, check_vma=False)(
+            q, k, v, q_segment_ids, kv_segment_ids)
+    h, kv = q.shape[2], k.shape[2]
+    if h % kv:
+        raise ValueError(f"attention_impl 'splash': heads {h} not a multiple of kv heads {kv}")
+    block = block or splash_block(t_local)
+    if block <= 0 or block % SPLASH_MIN_BLOCK:
+        raise ValueError(f"splash_attention: block {block}: expected a positive multiple of {SPLASH_MIN_BLOCK}")
+    tp = -(-t_local // block) * block
+    kernel = _splash_kernel(p * tp, h // kv, causal, block, interpret, q_seq_shards=p)
+    mesh = jax.sharding.get_abstract_mesh()
+    kernel_spec = kernel.manual_sharding_spec(jax.sharding.NamedSharding(mesh, PartitionSpec(None, CONTEXT_AXIS)))
+
+    def body(kernel, q, k, v, q_ids, kv_ids):
+        pad = tp - q.shape[1]
+        offset = shard_start(q.shape[1])
+        kv_all = gather_sequence(kv_ids)
+        mean_v = jax.lax.pmean(jnp.mean(v.astype(jnp.float32), axis=1), CONTEXT_AXIS)        # [B, KV, D]
+        qt, kt, vt = _to_heads_major((q * scale).astype(q.dtype), k, v)
+        ids_q = q_ids.astype(jnp.int32)
+        ids_kv = jnp.where(kv_ids == 0, -1, kv_ids).astype(jnp.int32)
+        if pad:
+            qt = jnp.pad(qt, ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0)))
+            kt = jnp.pad(kt, ((0, 0), (0, 0), (0, pad), (0, 0)))
+            vt = jnp.pad(vt, ((0, 0), (0, 0), (0, pad), (0, 0)))
+            ids_q = jnp.pad(ids_q, ((0, 0), (0, pad)))
+            ids_kv = jnp.pad(ids_kv, ((0, 0), (0, pad)), constant_values=-1)
+        kt = jax.lax.all_gather(kt, CONTEXT_AXIS, axis=2, tiled=True)                 # [B, KV, P*tp, D]
+        vt = jax.lax.all_gather(vt, CONTEXT_AXIS, axis=2, tiled=True)
+        ids_kv = jax.lax.all_gather(ids_kv, CONTEXT_AXIS, axis=1, tiled=True)
+        from jax.experimental.pallas.ops.tpu.splash_attention import SegmentIds
+
+        per_kv = jax.vmap(kernel, in_axes=(0, 0, 0, None))
+        out = jax.vmap(per_kv, in_axes=(0, 0, 0, 0))(qt, kt, vt, SegmentIds(ids_q, ids_kv))
+        out = _from_heads_major(out[:, :, :, :q.shape[1]])
+        return _fully_masked_fix(out, v, q_ids, kv_all, causal, offset, mean_v)
+
+    return jax.shard_map(body, in_specs=(kernel_spec,) + (spec,) * 5, out_specs=spec, check_vma=False)(
+        kernel, q, k, v, q_segment_ids, kv_segment_ids)
 
 
 def cudnn_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segment_ids: jax.Array,

@@ -27,6 +27,10 @@ Layer: in_proj_qkv -> causal depthwise conv1d (kernel 4, no bias) + SiLU -> spli
 heads; beta = sigmoid(in_proj_b x); g = -exp(A_log) * softplus(in_proj_a x + dt_bias) (log-decay <= 0);
 value head j reads key head j // (Hv / Hk) (repeat-interleave, not tile); gated RMSNorm with
 z = in_proj_z x; out_proj. Padding positions are zeroed at the input, as transformers does.
+
+Under a mesh with a 'context' axis (context parallelism, `hat_jax.model.context_parallel`) the uncached
+forward runs the conv on each sequence shard with the previous shard's last K-1 inputs as its state and the
+recurrence as `context_parallel_delta_rule`.
 """
 
 import flax.linen as nn
@@ -34,6 +38,8 @@ import jax
 import jax.numpy as jnp
 
 from hat_jax.model.config import Qwen3_5MoeTextConfig
+from hat_jax.model.context_parallel import (CONTEXT_AXIS, check_sequence_split, context_size, from_previous_shard,
+                                            is_first_shard, map_sequence_shards)
 from hat_jax.model.linear import Linear
 from hat_jax.model.norms import GatedRMSNorm
 from hat_jax.model.segments import segment_starts
@@ -190,6 +196,42 @@ def default_group(num_chunks: int) -> int | None:
     return 1 << round(0.5 * (num_chunks.bit_length() - 1))
 
 
+def context_parallel_delta_rule(q, k, v, g, beta, reset=None, chunk_size: int = CHUNK_SIZE):
+    """`chunk_gated_delta_rule` from a zero state with the sequence split over the 'context' axis (P shards).
+
+    Each shard runs the chunked rule on its own tokens P times (P passes), pass r from the final state the
+    previous shard reached in pass r - 1 (`from_previous_shard`; shard 0 always from zeros). Shard i's start
+    state is exact from pass i + 1 on, by induction, so pass P's outputs are exact everywhere. The rule is
+    linear in its start state, so a cheaper correction exists; P passes keep the kernel as it is, at P times
+    the recurrence's FLOPs (not of the projections around it). Each pass checkpoints its chunk groups
+    (`default_group` of the shard's chunks).
+
+    Args:
+        q, k, v, g, beta, reset: as `chunk_gated_delta_rule` ([B, T, ...], T split by the 'context' axis).
+        chunk_size: tokens per chunk.
+    Returns:
+        o [B, T, H, Dv] float32 (the final state is not returned: nothing uncached needs it).
+    Raises:
+        ValueError from `check_sequence_split`.
+    """
+    b, _, h, dk = k.shape
+    dv = v.shape[-1]
+
+    def body(q, k, v, g, beta, *rest):
+        p = jax.lax.axis_size(CONTEXT_AXIS)
+        reset_local = rest[0] if rest else None
+        group = default_group(-(-q.shape[1] // chunk_size))
+        state = jnp.zeros((q.shape[0], h, dk, dv), jnp.float32)
+        for r in range(p):
+            o, end = chunk_gated_delta_rule(q, k, v, g, beta, state, chunk_size, reset_local, group)
+            if r + 1 < p:
+                state = from_previous_shard(end)
+        return o
+
+    seq = (q, k, v, g, beta) + (() if reset is None else (reset,))
+    return map_sequence_shards(body, seq)
+
+
 def _chunk_scan(state, chunks):
     """The intra-chunk (UT transform) work of `chunk_gated_delta_rule` for the chunks [B, H, N, C, ...] of
     `chunks` = (q, k, v, g, beta[, reset cumsum]), then the scan over them from `state` [B, H, Dk, Dv];
@@ -230,14 +272,16 @@ def _chunk_scan(state, chunks):
 
 
 def causal_depthwise_conv(x: jax.Array, kernel: jax.Array, state: jax.Array,
-                          segment_ids: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+                          segment_ids: jax.Array | None = None,
+                          state_segment_ids: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """Causal depthwise conv1d over time, continuing from `state`.
 
     Args:
         x: [B, T, C]; kernel: [K, C] (kernel[j, c] = HF conv1d.weight[c, 0, j]); state: [B, K-1, C], the
             previous K-1 inputs (zeros at the start of a sequence).
         segment_ids: optional [B, T] int: tap x[t - s] counts only when segment_ids[t - s] == segment_ids[t]
-            (a packed document sees only its own tokens); the state is then ignored, as if it were zeros.
+            (a packed document sees only its own tokens); the state's inputs then count only where
+            `state_segment_ids` [B, K-1] matches (without it they never do: the state is ignored).
     Returns:
         (y [B, T, C] with y[t] = sum_j kernel[j] * x[t - K + 1 + j], new state [B, K-1, C]).
     """
@@ -247,10 +291,40 @@ def causal_depthwise_conv(x: jax.Array, kernel: jax.Array, state: jax.Array,
     if segment_ids is None:
         y = sum(xs[:, j:j + t] * kernel[j] for j in range(kk))
     else:
-        seg = jnp.pad(segment_ids, ((0, 0), (kk - 1, 0)), constant_values=-1)
+        if state_segment_ids is None:
+            seg = jnp.pad(segment_ids, ((0, 0), (kk - 1, 0)), constant_values=-1)
+        else:
+            seg = jnp.concatenate([state_segment_ids.astype(segment_ids.dtype), segment_ids], axis=1)
         same = lambda j: (seg[:, j:j + t] == segment_ids)[..., None]
         y = sum(jnp.where(same(j), xs[:, j:j + t], 0) * kernel[j] for j in range(kk))
     return y, xs[:, xs.shape[1] - (kk - 1):]
+
+
+def context_parallel_conv(x: jax.Array, kernel: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
+    """`causal_depthwise_conv` of a whole sequence (zero state) with the sequence split over the 'context'
+    axis: each shard's state is the previous shard's last K-1 inputs (and their segment ids), shard 0's zeros.
+
+    Args:
+        x: [B, T, C]; kernel: [K, C]; segment_ids: optional [B, T] int32 of packed rows.
+    Returns:
+        y [B, T, C], equal to `causal_depthwise_conv(x, kernel, zeros, segment_ids)[0]`.
+    Raises:
+        ValueError: a shard would hold fewer than K-1 tokens (`check_sequence_split`).
+    """
+    kk = kernel.shape[0]
+    check_sequence_split(x.shape[1], "the Gated DeltaNet conv", kk - 1)
+
+    def body(x, *rest):
+        *seg, w = rest
+        halo = from_previous_shard(x[:, x.shape[1] - (kk - 1):])
+        if not seg:
+            return causal_depthwise_conv(x, w, halo)[0]
+        ids = seg[0]
+        halo_ids = jnp.where(is_first_shard(), -1, from_previous_shard(ids[:, ids.shape[1] - (kk - 1):]))
+        return causal_depthwise_conv(x, w, halo, ids, halo_ids)[0]
+
+    seq = (x,) if segment_ids is None else (x, segment_ids)
+    return map_sequence_shards(body, seq, (kernel,))
 
 
 def conv_windows(state: jax.Array, x: jax.Array, kernel_size: int) -> jax.Array:
@@ -346,7 +420,11 @@ class GatedDeltaNet(nn.Module):
 
         conv_state = cache["conv"] if cache is not None else jnp.zeros((b, kk - 1, c.linear_conv_dim), self.dtype)
         qkv_in = qkv
-        qkv, new_conv_state = causal_depthwise_conv(qkv, conv_kernel.astype(self.dtype), conv_state, segment_ids)
+        context_parallel = cache is None and context_size() > 1
+        if context_parallel:
+            qkv = context_parallel_conv(qkv, conv_kernel.astype(self.dtype), segment_ids)
+        else:
+            qkv, new_conv_state = causal_depthwise_conv(qkv, conv_kernel.astype(self.dtype), conv_state, segment_ids)
         qkv = jax.nn.silu(qkv)
         q, k, v = jnp.split(qkv, [c.linear_key_dim, 2 * c.linear_key_dim], axis=-1)
         ratio = hv // hk
@@ -364,6 +442,8 @@ class GatedDeltaNet(nn.Module):
             new_conv_state = conv_windows(conv_state, qkv_in, kk)
         elif cache is not None and t == 1:
             o, state = recurrent_gated_delta_rule(q, k, v, g, beta, state0)
+        elif context_parallel:
+            o = context_parallel_delta_rule(q, k, v, g, beta, reset, default_chunk_size())
         else:
             chunk = default_chunk_size()
             o, state = chunk_gated_delta_rule(q, k, v, g, beta, state0, chunk, reset, default_group(-(-t // chunk)))

@@ -2,7 +2,7 @@
 
 Under a mesh whose 'expert' axis has P > 1 devices, each device holds E/P experts (the contiguous slice
 [j*E/P, (j+1)*E/P) on expert index j, the `DEFAULT_RULES` sharding of the experts' first dimension) and its own
-token rows (the batch axes 'data', 'fsdp', 'expert'). `expert_parallel_ffn` runs, in one `jax.shard_map`:
+token rows (the batch axes 'data', 'fsdp', 'expert', and 'context' under context parallelism). `expert_parallel_ffn` runs, in one `jax.shard_map`:
 
 1. a local sort of the device's N*k assignments by expert id (`sorted_assignments`); sorted by expert they are
    also grouped by destination device;
@@ -41,7 +41,7 @@ from hat_jax.model.expert_sort import permute_rows, scan_row_chunks, sorted_assi
 from hat_jax.model.sharding import active_mesh_shape, fitted_spec, target_platform
 
 EXPERT_AXIS = "expert"
-ROW_AXES = ("data", "fsdp", "expert")  # the batch axes (DEFAULT_RULES' "batch")
+ROW_AXES = ("data", "fsdp", "expert", "context")  # the token rows' axes (DEFAULT_RULES' "tokens")
 
 
 def _exclusive_cumsum(x: jax.Array, axis: int = -1) -> jax.Array:

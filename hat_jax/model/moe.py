@@ -201,7 +201,8 @@ def token_local_experts(impl: str, x: jax.Array, expert_ids: jax.Array, gate_up:
         [N, k, H] as `blocked_expert_ffn`, equal to the unsharded call (each token's result depends only on
         its own row).
     """
-    return map_row_shards(EXPERT_IMPLS[impl], (x, expert_ids), (gate_up.astype(x.dtype), down.astype(x.dtype)))
+    return map_row_shards(EXPERT_IMPLS[impl], (x, expert_ids), (gate_up.astype(x.dtype), down.astype(x.dtype)),
+                          "tokens")
 
 
 # Expert-parallel dispatches: moe_impl -> (the local grouped matmul, its row multiple, the token-local impl of
@@ -277,7 +278,7 @@ def routed_experts(impl: str, x: jax.Array, expert_ids: jax.Array, weights: jax.
             return expert_parallel_ffn(grouped, x, expert_ids, gate_up, down, row_multiple, weights, token_chunk)
         impl = local
     return map_row_shards(partial(_chunked_local, impl, token_chunk), (x, expert_ids, weights),
-                          (gate_up.astype(x.dtype), down.astype(x.dtype)))
+                          (gate_up.astype(x.dtype), down.astype(x.dtype)), "tokens")
 
 
 class SparseMoeBlock(nn.Module):
@@ -302,7 +303,7 @@ class SparseMoeBlock(nn.Module):
         if self.impl not in MOE_IMPLS:
             raise ValueError(f"moe impl {self.impl!r}: expected one of {sorted(MOE_IMPLS)}")
         b, t, hdim = x.shape
-        xf = constrain(x.reshape(b * t, hdim), ("batch", None))
+        xf = constrain(x.reshape(b * t, hdim), ("tokens", None))
         dense = lambda n, feats, axes: Linear(feats, axes, self.dtype, self.param_dtype, c.initializer_range, name=n)
         logits = dense("gate", c.num_experts, ("embed", "router"))(xf)
         weights, ids = route(logits, c.num_experts_per_tok, forced_expert_ids)

@@ -3,7 +3,7 @@
 Every parameter is created with `param_with_axes`, which records logical axis names (Flax
 `nn.with_logical_partitioning`). `params_logical_axes` reads them back as a pytree of PartitionSpecs of
 logical names; `logical_to_mesh` turns that into `NamedSharding`s on a `Mesh` with the axes
-('data', 'fsdp', 'expert', 'tensor') through `DEFAULT_RULES`. GSPMD inserts the collectives; the
+('data', 'fsdp', 'expert', 'tensor', 'context') through `DEFAULT_RULES`. GSPMD inserts the collectives; the
 model code itself never mentions devices (the MaxText/Levanter convention).
 
 A logical axis whose dimension does not divide evenly by its mesh axes is an error naming the
@@ -12,7 +12,9 @@ parameter, its shape and the mesh (no silent replication).
 Activations are constrained by logical names too (`constrain`, MaxText's `with_logical_constraint`): the
 batch over every batch axis ('data', 'fsdp', 'expert'; the expert axis holds other tokens outside the MoE
 experts, as in MaxText), against the mesh of the surrounding `jax.set_mesh` (`mesh_context`); without a
-mesh they are the identity. An activation dimension that its axes do not divide keeps the longest prefix of
+mesh they are the identity. The 'context' axis splits the sequence ("length") of the [B, T, H] activations
+(context parallelism, `hat_jax.model.context_parallel`) and, like fsdp, the dense weights' hidden dim. An
+activation dimension that its axes do not divide keeps the longest prefix of
 them that does (a batch of 4 rows on fsdp 2 x expert 4 splits over fsdp only).
 """
 
@@ -27,14 +29,16 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-MESH_AXES = ("data", "fsdp", "expert", "tensor")
+MESH_AXES = ("data", "fsdp", "expert", "tensor", "context")
 
 # logical axis -> mesh axis (or tuple of mesh axes, or None for replicated)
 DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
-    ("batch", ("data", "fsdp", "expert")),   # activations and inputs: rows over every non-tensor axis
+    ("batch", ("data", "fsdp", "expert")),   # activations and inputs: rows over the batch axes
+    ("length", "context"),           # the activations' sequence (context parallelism)
+    ("tokens", ("data", "fsdp", "expert", "context")),  # flattened [B*T] tokens: rows, then their sequence
     ("vocab", "tensor"),
-    ("embed", ("fsdp", "expert")),   # dense weights' hidden dim: FSDP over fsdp x expert devices
-    ("expert_embed", "fsdp"),        # the experts' hidden dim ('expert' already splits their first dim)
+    ("embed", ("fsdp", "expert", "context")),   # dense weights' hidden dim: FSDP over fsdp x expert x context
+    ("expert_embed", ("fsdp", "context")),      # the experts' hidden dim ('expert' already splits their first dim)
     ("heads", "tensor"),          # attention q/gate/o projections: query heads
     ("kv_heads", "tensor"),       # attention k/v projections
     ("linear_qkv", "tensor"),     # Gated DeltaNet q|k|v channels (conv is depthwise)
@@ -56,16 +60,17 @@ def param_with_axes(module: nn.Module, name: str, init, shape: Sequence[int], dt
     return module.param(name, nn.with_logical_partitioning(init, tuple(axes)), tuple(shape), dtype)
 
 
-def make_mesh(data: int = 1, fsdp: int = 1, expert: int = 1, tensor: int = 1, devices=None) -> Mesh:
-    """A Mesh with axes ('data', 'fsdp', 'expert', 'tensor').
+def make_mesh(data: int = 1, fsdp: int = 1, expert: int = 1, tensor: int = 1, context: int = 1,
+              devices=None) -> Mesh:
+    """A Mesh with axes ('data', 'fsdp', 'expert', 'tensor', 'context').
 
     Raises:
         ValueError: when the product of axis sizes differs from the number of devices.
     """
     devices = jax.devices() if devices is None else list(devices)
-    shape = (data, fsdp, expert, tensor)
+    shape = (data, fsdp, expert, tensor, context)
     if math.prod(shape) != len(devices):
-        raise ValueError(f"mesh shape data*fsdp*expert*tensor={shape} needs {math.prod(shape)} devices, "
+        raise ValueError(f"mesh shape data*fsdp*expert*tensor*context={shape} needs {math.prod(shape)} devices, "
                          f"{len(devices)} available")
     return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
 
@@ -177,9 +182,10 @@ def constrain(x: jax.Array, logical: Sequence[str | None], rules=DEFAULT_RULES) 
     return jax.lax.with_sharding_constraint(x, fitted_spec(x.shape, logical, shape, rules))
 
 
-def map_row_shards(fn, rows: Sequence[jax.Array], shared: Sequence[jax.Array] = ()):
-    """`fn(*rows, *shared)` run by each device on its own rows: a `jax.shard_map` over the mesh's batch axes
-    that divide the rows' leading dimension (`fitted_spec`), `shared` replicated (all-gathered when sharded).
+def map_row_shards(fn, rows: Sequence[jax.Array], shared: Sequence[jax.Array] = (), logical: str = "batch"):
+    """`fn(*rows, *shared)` run by each device on its own rows: a `jax.shard_map` over the mesh axes of
+    `logical` ('batch': the batch axes; 'tokens', for flattened [B*T] tokens: those and 'context') that
+    divide the rows' leading dimension (`fitted_spec`), `shared` replicated (all-gathered when sharded).
     `fn` must treat rows independently (its result rows depend only on the same input rows) and return one
     array with the rows' leading dimension; then the result equals the plain call. Without a mesh, or when no
     batch axis divides, the plain call. Used for kernels that GSPMD cannot partition (Pallas/Mosaic) and for
@@ -191,7 +197,7 @@ def map_row_shards(fn, rows: Sequence[jax.Array], shared: Sequence[jax.Array] = 
         fn's [N, ...] result, split over the batch axes like the rows.
     """
     mesh_shape = active_mesh_shape()
-    axes = fitted_spec(rows[0].shape[:1], ("batch",), mesh_shape)[0] if mesh_shape else None
+    axes = fitted_spec(rows[0].shape[:1], (logical,), mesh_shape)[0] if mesh_shape else None
     if axes is None:
         return fn(*rows, *shared)
     split = PartitionSpec(axes)
@@ -216,8 +222,8 @@ def fully_sharded_shape(devices: int, num_experts: int) -> tuple[int, int, int, 
     return (1, devices // e, e, 1)
 
 
-def default_mesh(shape: tuple[int, int, int, int] | None = None, num_experts: int = 1) -> Mesh | None:
-    """None on one device; else `make_mesh(*shape)` ((data, fsdp, expert, tensor)); without a shape, fully
+def default_mesh(shape: tuple[int, ...] | None = None, num_experts: int = 1) -> Mesh | None:
+    """None on one device; else `make_mesh(*shape)` ((data, fsdp, expert, tensor[, context])); without a shape, fully
     sharded over every device (`fully_sharded_shape`: fsdp x expert)."""
     if shape is None:
         if jax.device_count() == 1:

@@ -48,8 +48,8 @@ from hat_jax.model.router_stats import RouterStats, router_stats
 from hat_jax.model.segments import token_mask_of, uncached_inputs
 from hat_jax.model.sharding import constrain
 
-# [B, T, H] activations: rows over the mesh's batch axes, length and hidden whole (`constrain`)
-ACTIVATION = ("batch", None, None)
+# [B, T, H] activations: rows over the mesh's batch axes, the length over 'context', hidden whole (`constrain`)
+ACTIVATION = ("batch", "length", None)
 
 
 @flax.struct.dataclass
@@ -293,7 +293,7 @@ class MultiTokenPredictor(nn.Module):
         e = RMSNorm(c.rms_norm_eps, self.param_dtype, name="pre_fc_norm_embedding")(next_embeds)
         h = RMSNorm(c.rms_norm_eps, self.param_dtype, name="pre_fc_norm_hidden")(hidden)
         x = Linear(c.hidden_size, ("mtp_fc_in", "embed"), self.dtype, self.param_dtype, c.initializer_range,
-                   name="fc")(jnp.concatenate([e, h], axis=-1))
+                   name="fc")(constrain(jnp.concatenate([e, h], axis=-1), ACTIVATION))
         layer_cls = DecoderLayer
         if self.remat_policy != "none":
             layer_cls = nn.remat(DecoderLayer, static_argnums=(), policy=REMAT_POLICIES[self.remat_policy])
@@ -444,7 +444,8 @@ class Qwen3_5MoeForCausalLM(nn.Module):
             crosses = jnp.pad(segment_ids[:, 1:] != segment_ids[:, :-1], ((0, 0), (0, 1)))
             next_ids = jnp.where(crosses, 0, next_ids)
         cos, sin = rope_cos_sin(positions, c.rotary_dim, c.rope_parameters.rope_theta)
-        x, router_logits = self.mtp(self.model.embed_tokens(next_ids), hidden, cos, sin, token_mask, q_seg, kv_seg,
+        next_embeds = constrain(self.model.embed_tokens(next_ids), ACTIVATION)
+        x, router_logits = self.mtp(next_embeds, constrain(hidden, ACTIVATION), cos, sin, token_mask, q_seg, kv_seg,
                                     segment_ids is not None)
         return x, router_logits[None]
 

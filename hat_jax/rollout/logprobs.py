@@ -48,7 +48,7 @@ def predicting_rows(hidden: jax.Array) -> jax.Array:
     with `next_token_values`. All T positions are kept (not T-1) so that B*T divides by the batch devices
     whenever B*T does (T-1 = 16,383 is odd), at 1/T extra compute."""
     b, t, h = hidden.shape
-    return constrain(hidden.reshape(b * t, h), ("batch", None))
+    return constrain(hidden.reshape(b * t, h), ("tokens", None))
 
 
 def next_token_values(rows: jax.Array, b: int, t: int) -> jax.Array:

@@ -168,7 +168,7 @@ class RLConfig:
     ckpt_every: int = 10
     max_to_keep: int = 3
     seed: int = 0
-    mesh: tuple[int, int, int, int] | None = None
+    mesh: tuple[int, ...] | None = None
 
     def __post_init__(self):
         check_run_fields(self)

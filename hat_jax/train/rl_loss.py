@@ -5,8 +5,9 @@ the train step that applies `ppo_epochs x ppo_minibatches` optimizer updates per
 Batch keys (host and device, rows = sequences; per-token arrays aligned with input_ids as in `hat_jax.rollout.logprobs.token_logprobs`):
   input_ids, attention_mask, action_mask (1 on sampled tokens of valid samples), old_logprobs [B, T];
   advantages [B] (one per sequence, broadcast over its tokens); ref_logprobs [B, T] when beta > 0;
-  expert_ids [B, L, T, k] int32 when routing replay is on (row-leading so micro-batches split on rows;
-  reshaped here to the model's `forced_expert_ids` layout [L, b*T, k]).
+  expert_ids [B, L, ceil(k/2), T] int32 when routing replay is on (row-leading so micro-batches split on rows;
+  two ids per word, tokens last: `hat_jax.rollout.episodes.pack_expert_ids`; `forced_ids_rows` unpacks them
+  to the model's `forced_expert_ids` layout [L, b*T, k]).
 
 Aggregation under accumulation (`hat_jax.train.trainer` divides the summed `loss_sum` of all micro-batches
 by the summed `n`). With L the per-token loss, m the action mask, S the number of *counted* sequences (rows
@@ -37,6 +38,7 @@ import optax
 
 from hat_jax.model.process_sync import start_together
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
+from hat_jax.rollout.episodes import unpack_expert_ids
 from hat_jax.rollout.logprobs import token_logprobs, token_logprobs_chunked
 from hat_jax.train.losses import aggregate, check_aggregation, clipped_policy_loss, masked_mean, token_entropy_chunked
 from hat_jax.train.mtp import mtp_aux
@@ -45,10 +47,12 @@ from hat_jax.train.trainer import LossFn, TrainState, accumulate_gradients, fini
 BATCH_KEYS = ("input_ids", "attention_mask", "action_mask", "old_logprobs", "advantages")
 
 
-def forced_ids_rows(expert_ids: jax.Array) -> jax.Array:
-    """[B, L, T, k] row-leading routing ids -> the model's `forced_expert_ids` [L, B*T, k]."""
-    b, num_layers, t, k = expert_ids.shape
-    return jnp.transpose(expert_ids, (1, 0, 2, 3)).reshape(num_layers, b * t, k).astype(jnp.int32)
+def forced_ids_rows(expert_ids: jax.Array, k: int) -> jax.Array:
+    """[B, L, ceil(k/2), T] packed row-leading routing ids (`hat_jax.rollout.episodes.pack_expert_ids`) -> the
+    model's `forced_expert_ids` [L, B*T, k] int32."""
+    ids = unpack_expert_ids(expert_ids, k)                                          # [B, L, T, k]
+    b, num_layers, t, _ = ids.shape
+    return jnp.transpose(ids, (1, 0, 2, 3)).reshape(num_layers, b * t, k)
 
 
 def policy_forward(model: Qwen3_5MoeForCausalLM, params, batch: Mapping[str, jax.Array], temperature: float,
@@ -56,7 +60,7 @@ def policy_forward(model: Qwen3_5MoeForCausalLM, params, batch: Mapping[str, jax
     """(token logprobs [B, T] at `temperature`, ModelOutput) of the policy on `batch` (module docstring). With
     `vocab_chunk` the logprobs stream the vocabulary in chunks (`token_logprobs_chunked`) and the output has no
     logits (no [B, T, V] array). `with_mtp` also runs the MTP block (its own routing, never replayed)."""
-    forced = forced_ids_rows(batch["expert_ids"]) if routing_replay else None
+    forced = forced_ids_rows(batch["expert_ids"], model.config.num_experts_per_tok) if routing_replay else None
     chunked = {} if vocab_chunk is None else {"return_logits": False}
     if with_mtp:
         chunked["with_mtp"] = True

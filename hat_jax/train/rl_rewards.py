@@ -17,6 +17,7 @@ import numpy as np
 from hat_jax.judges.rewards import COMPONENTS, RewardConfig, reward_components
 from hat_jax.judges.rules import judge_episode
 from hat_jax.model.sharding import host_values
+from hat_jax.rollout.episodes import pack_expert_ids
 from hat_jax.rollout.sampler import round_up
 from hat_jax.rollout.turns import reasoning_tokens
 from hat_jax.train.advantages import get_advantage_estimator, group_normalise
@@ -74,7 +75,7 @@ def host_batch(rollout, components: Mapping[str, np.ndarray], counts: Sequence[S
         pad_id: input_ids padding. ref_fn, ref_params: `make_ref_logprobs` and the frozen reference (beta > 0).
     Returns:
         (batch, metrics): batch has input_ids, attention_mask, action_mask (x valid), old_logprobs [N, T'],
-        advantages [N] float32, ref_logprobs [N, T'] (with ref_fn), expert_ids [N, L, T', k] (routing replay);
+        advantages [N] float32, ref_logprobs [N, T'] (with ref_fn), expert_ids [N, L, ceil(k/2), T'] int32 (routing replay, `pack_expert_ids`);
         T' = T rounded up to config.train_bucket (at most config.seq_len).
     """
     n_rows, t = rollout.input_ids.shape
@@ -96,10 +97,9 @@ def host_batch(rollout, components: Mapping[str, np.ndarray], counts: Sequence[S
     }
     if config.routing_replay:
         ids = np.transpose(rollout.expert_ids, (1, 0, 2, 3))                         # [N, L, T, k]
-        padded = np.broadcast_to(np.arange(ids.shape[-1], dtype=np.int32), ids.shape[:2] + (t_train, ids.shape[-1]))
-        padded = np.array(padded)
+        padded = np.array(np.broadcast_to(np.arange(ids.shape[-1], dtype=np.int32), ids.shape[:2] + (t_train, ids.shape[-1])))
         padded[:, :, :t] = ids
-        batch["expert_ids"] = padded
+        batch["expert_ids"] = pack_expert_ids(padded)                                # [N, L, ceil(k/2), T]
     t_ref = 0.0
     if ref_fn is not None:
         t0 = time.perf_counter()

@@ -96,7 +96,7 @@ class SFTConfig:
       log_every, ckpt_every, max_to_keep: metrics/checkpoint intervals and checkpoints kept.
       seed: init and step RNG. init: checkpoint to start from (None = fresh init).
       tokenizer_texts: pretraining chats in the BPE's training texts (when no tokenizer comes with init).
-      mesh: (data, fsdp, expert, tensor) or None (fsdp x expert over every device when there are several);
+      mesh: (data, fsdp, expert, tensor[, context]) or None (fsdp x expert over every device when there are several);
         not part of the config hash, so a run resumes on another mesh.
     """
 
@@ -124,7 +124,7 @@ class SFTConfig:
     seed: int = 0
     init: str | None = None
     tokenizer_texts: int = 200
-    mesh: tuple[int, int, int, int] | None = None
+    mesh: tuple[int, ...] | None = None
 
     def __post_init__(self):
         check_run_fields(self)

@@ -222,9 +222,11 @@ def test_params_really_split(worker_results, mesh_name):
 
 # ---- rule-table errors (no devices needed) --------------------------------------------------------
 def test_spec_for_maps_logical_names():
-    assert spec_for(("expert", "expert_embed", "mlp")) == PartitionSpec("expert", "fsdp", "tensor")
-    assert spec_for(("vocab", "embed")) == PartitionSpec("tensor", ("fsdp", "expert"))
+    assert spec_for(("expert", "expert_embed", "mlp")) == PartitionSpec("expert", ("fsdp", "context"), "tensor")
+    assert spec_for(("vocab", "embed")) == PartitionSpec("tensor", ("fsdp", "expert", "context"))
     assert spec_for(("batch", None)) == PartitionSpec(("data", "fsdp", "expert"), None)
+    assert spec_for(("batch", "length", None)) == PartitionSpec(("data", "fsdp", "expert"), "context", None)
+    assert spec_for(("tokens", None)) == PartitionSpec(("data", "fsdp", "expert", "context"), None)
 
 
 def test_fitted_spec_keeps_the_longest_dividing_prefix():
@@ -250,7 +252,7 @@ def test_spec_for_unknown_axis_raises():
 
 
 def test_logical_to_mesh_unknown_axis_raises():
-    mesh = AbstractMesh((1, 1, 1, 1), MESH_AXES)
+    mesh = AbstractMesh((1, 1, 1, 1, 1), MESH_AXES)
     axes = {"w": PartitionSpec("embed", "bogus")}
     shapes = {"w": jax.ShapeDtypeStruct((4, 4), jnp.float32)}
     with pytest.raises(ValueError, match="'bogus'"):
@@ -259,7 +261,7 @@ def test_logical_to_mesh_unknown_axis_raises():
 
 def test_logical_to_mesh_non_divisible_names_parameter():
     config = get_config("micro")  # num_experts = 8
-    mesh = AbstractMesh((1, 1, 3, 1), MESH_AXES)
+    mesh = AbstractMesh((1, 1, 3, 1, 1), MESH_AXES)
     with pytest.raises(ValueError) as info:
         logical_to_mesh(params_logical_axes(config), params_shapes(config), mesh)
     msg = str(info.value)
@@ -286,7 +288,7 @@ def test_default_rules_have_no_duplicate_mesh_axes(preset):
 
 def test_logical_to_mesh_abstract_mesh_shard_shapes():
     config = get_config("micro")
-    mesh = AbstractMesh((1, 2, 2, 2), MESH_AXES)
+    mesh = AbstractMesh((1, 2, 2, 2, 1), MESH_AXES)
     shardings = logical_to_mesh(params_logical_axes(config), params_shapes(config), mesh)
     s = shardings["model"]["layers_0"]["mlp"]["experts"]["gate_up_proj"]
     assert isinstance(s, NamedSharding)
@@ -297,7 +299,7 @@ def test_logical_to_mesh_abstract_mesh_shard_shapes():
 
 def test_logical_to_mesh_35b_on_64_device_abstract_mesh():
     config = get_config("qwen3_6_35b_a3b")  # shapes only, nothing allocated
-    mesh = AbstractMesh((1, 8, 8, 1), MESH_AXES)
+    mesh = AbstractMesh((1, 8, 8, 1, 1), MESH_AXES)
     shardings = logical_to_mesh(params_logical_axes(config), params_shapes(config), mesh)
     experts = shardings["model"]["layers_0"]["mlp"]["experts"]["gate_up_proj"]
     assert experts.shard_shape((256, 2048, 1024)) == (32, 256, 1024)

@@ -300,3 +300,21 @@ def test_chat_control_strings_in_a_viewer_message_and_a_tool_result_stay_text(to
     assert _decode(tokenizer, prompt).count(INJECTION.strip()) == 1   # the template trims user content
     assert _decode(tokenizer, prompt) == render_text(tokenizer, harness, b.episodes[0].messages[:2],
                                                      add_generation_prompt=True)
+
+
+def test_packed_expert_ids_round_trip_exactly():
+    """Two 16-bit ids per int32 word, tokens last: the RL batch's routing-replay layout."""
+    import jax.numpy as jnp
+
+    from hat_jax.rollout.episodes import pack_expert_ids, unpack_expert_ids
+
+    ids = np.array([[[0, 1, 65535], [255, 40000, 7]]])                           # [1, T=2, k=3]
+    words = pack_expert_ids(ids)
+    assert words.shape == (1, 2, 2) and words.dtype == np.int32
+    assert words[0, 0].tolist() == [0 | (1 << 16), 255 | (40000 << 16) - (1 << 32)]   # word 0 of each token
+    assert words[0, 1].tolist() == [65535, 7]                                    # word 1: id 2, high half 0
+    for k in (1, 2, 8):
+        ids = np.random.default_rng(k).integers(0, 1 << 16, size=(3, 4, 33, k))
+        assert np.array_equal(np.asarray(unpack_expert_ids(jnp.asarray(pack_expert_ids(ids)), k)), ids)
+    with pytest.raises(ValueError, match=r"expert_ids: expected ids in \[0, 65536\), got \[-1, 3\]"):
+        pack_expert_ids(np.array([[-1, 3]]))

@@ -144,7 +144,8 @@ def test_routing_replay_recomputes_sampler_logprobs(replay_rollout):
     config, batches, params, rollout, harnesses = replay_rollout
     comps, counts = judge_rewards(rollout, harnesses, batches.tokenizer, config.reward)
     batch, _ = host_batch(rollout, comps, counts, config)
-    assert batch["expert_ids"].shape[:3] == (4, 4, 2048) and batch["input_ids"].shape == (4, 2048)
+    assert batch["expert_ids"].shape == (4, 4, -(-batches.model_config.num_experts_per_tok // 2), 2048)
+    assert batch["input_ids"].shape == (4, 2048)
     model = Qwen3_5MoeForCausalLM(batches.model_config)
     lp, _ = jax.jit(lambda p, b: policy_forward(model, p, b, 1.0, True))(params, batch)
     m = rollout.action_mask.astype(bool)
