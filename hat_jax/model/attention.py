@@ -194,6 +194,22 @@ def _splash_kernel(t: int, groups: int, causal: bool, block: int, interpret: boo
                               q_seq_shards=q_seq_shards, interpret=interpret)
 
 
+def _splash_operands(q, k, v, q_segment_ids, kv_segment_ids, scale: float, pad: int):
+    """The splash kernel's operands: q scaled, heads-major q [B, KV, G, T', D] and k, v [B, KV, T', D], query
+    ids [B, T'] and key ids [B, T'] with padding keys -1 (segment ids are >= 0, so no query attends them), each
+    padded by `pad` tokens at the end (queries id 0, keys id -1): T' = T + pad."""
+    qt, kt, vt = _to_heads_major((q * scale).astype(q.dtype), k, v)
+    q_ids = q_segment_ids.astype(jnp.int32)
+    kv_ids = jnp.where(kv_segment_ids == 0, -1, kv_segment_ids).astype(jnp.int32)
+    if pad:
+        qt = jnp.pad(qt, ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0)))
+        kt = jnp.pad(kt, ((0, 0), (0, 0), (0, pad), (0, 0)))
+        vt = jnp.pad(vt, ((0, 0), (0, 0), (0, pad), (0, 0)))
+        q_ids = jnp.pad(q_ids, ((0, 0), (0, pad)))
+        kv_ids = jnp.pad(kv_ids, ((0, 0), (0, pad)), constant_values=-1)
+    return qt, kt, vt, q_ids, kv_ids
+
+
 def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segment_ids: jax.Array,
                      kv_segment_ids: jax.Array, *, scale: float, causal: bool = True, block: int | None = None,
                      interpret: bool = False) -> jax.Array:
@@ -228,16 +244,7 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segment_ids: ja
         raise ValueError(f"splash_attention: block {block}: expected a positive multiple of {SPLASH_MIN_BLOCK}")
     tp = -(-t // block) * block
     pad = tp - t
-    qs = (q * scale).astype(q.dtype)
-    qt, kt, vt = _to_heads_major(qs, k, v)                         # [B, KV, G, T, D], [B, KV, T, D] x2
-    q_ids = q_segment_ids.astype(jnp.int32)
-    kv_ids = jnp.where(kv_segment_ids == 0, -1, kv_segment_ids).astype(jnp.int32)
-    if pad:
-        qt = jnp.pad(qt, ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0)))
-        kt = jnp.pad(kt, ((0, 0), (0, 0), (0, pad), (0, 0)))
-        vt = jnp.pad(vt, ((0, 0), (0, 0), (0, pad), (0, 0)))
-        q_ids = jnp.pad(q_ids, ((0, 0), (0, pad)))
-        kv_ids = jnp.pad(kv_ids, ((0, 0), (0, pad)), constant_values=-1)
+    qt, kt, vt, q_ids, kv_ids = _splash_operands(q, k, v, q_segment_ids, kv_segment_ids, scale, pad)
     from jax.experimental.pallas.ops.tpu.splash_attention import SegmentIds
 
     kernel = _splash_kernel(tp, h // kv, causal, block, interpret)
@@ -297,15 +304,7 @@ def context_parallel_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segme
         offset = shard_start(q.shape[1])
         kv_all = gather_sequence(kv_ids)
         mean_v = jax.lax.pmean(jnp.mean(v.astype(jnp.float32), axis=1), CONTEXT_AXIS)        # [B, KV, D]
-        qt, kt, vt = _to_heads_major((q * scale).astype(q.dtype), k, v)
-        ids_q = q_ids.astype(jnp.int32)
-        ids_kv = jnp.where(kv_ids == 0, -1, kv_ids).astype(jnp.int32)
-        if pad:
-            qt = jnp.pad(qt, ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0)))
-            kt = jnp.pad(kt, ((0, 0), (0, 0), (0, pad), (0, 0)))
-            vt = jnp.pad(vt, ((0, 0), (0, 0), (0, pad), (0, 0)))
-            ids_q = jnp.pad(ids_q, ((0, 0), (0, pad)))
-            ids_kv = jnp.pad(ids_kv, ((0, 0), (0, pad)), constant_values=-1)
+        qt, kt, vt, ids_q, ids_kv = _splash_operands(q, k, v, q_ids, kv_ids, scale, pad)
         kt = jax.lax.all_gather(kt, CONTEXT_AXIS, axis=2, tiled=True)                 # [B, KV, P*tp, D]
         vt = jax.lax.all_gather(vt, CONTEXT_AXIS, axis=2, tiled=True)
         ids_kv = jax.lax.all_gather(ids_kv, CONTEXT_AXIS, axis=1, tiled=True)
