@@ -85,6 +85,21 @@ def test_micro_generate_compiles_one_wave_of_the_rollouts(tmp_path):
     assert report["bytes_per_chip"]["resident"] > 0 and report["bytes_per_chip"]["temporaries"] > 0
 
 
+
+@needs_libtpu
+def test_micro_sft_compiles_with_context_parallelism(tmp_path):
+    """`--mesh 1,1,2,1,2`: each row's 64 tokens split over a context pair; the TPU program has the mixers'
+    collective-permutes (the Gated DeltaNet conv halo and state) and a sequence that the pair cannot split
+    evenly fails naming the context axis."""
+    out = tmp_path / "sft_cp.json"
+    proc = _aot([*SMALL, "--mesh", "1,1,2,1,2", "--json", str(out)])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(out.read_text())
+    assert report["mesh"] == {"data": 1, "fsdp": 1, "expert": 2, "tensor": 1, "context": 2}
+    assert report["fits"] is True and report["collectives"]["collective-permute"]["count"] > 0
+    proc = _aot([*SMALL, "--mesh", "1,1,2,1,2", "--set", "sft.data.seq_len=63"])
+    assert proc.returncode == 2 and "63 tokens" in proc.stderr and "'context' axis (size 2)" in proc.stderr
+
 @needs_libtpu
 def test_unknown_topology_lists_valid_names():
     proc = _aot(["--topology", "v5p-7", "--stage", "sft"])
