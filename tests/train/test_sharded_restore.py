@@ -167,7 +167,7 @@ def report(tmp_path_factory):
 
 
 def test_default_mesh_is_fully_sharded(report):
-    assert report["mesh"] == {"data": 1, "fsdp": 4, "expert": 2, "tensor": 1}
+    assert report["mesh"] == {"data": 1, "fsdp": 4, "expert": 2, "tensor": 1, "context": 1}
 
 
 @pytest.mark.parametrize("tree", ["init_params", "state_params", "state_opt", "resumed_params", "resumed_opt",
