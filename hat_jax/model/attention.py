@@ -194,6 +194,21 @@ def _splash_kernel(t: int, groups: int, causal: bool, block: int, interpret: boo
                               q_seq_shards=q_seq_shards, interpret=interpret)
 
 
+def _splash_geometry(t: int, h: int, kv: int, block: int | None) -> tuple[int, int]:
+    """(block rows, T padded to a multiple of them) of the splash kernel for T tokens (default block
+    `splash_block(T)`).
+
+    Raises:
+        ValueError when H % KV != 0 or block is not a positive multiple of 128.
+    """
+    if h % kv:
+        raise ValueError(f"attention_impl 'splash': heads {h} not a multiple of kv heads {kv}")
+    block = block or splash_block(t)
+    if block <= 0 or block % SPLASH_MIN_BLOCK:
+        raise ValueError(f"splash_attention: block {block}: expected a positive multiple of {SPLASH_MIN_BLOCK}")
+    return block, -(-t // block) * block
+
+
 def _splash_operands(q, k, v, q_segment_ids, kv_segment_ids, scale: float, pad: int):
     """The splash kernel's operands: q scaled, heads-major q [B, KV, G, T', D] and k, v [B, KV, T', D], query
     ids [B, T'] and key ids [B, T'] with padding keys -1 (segment ids are >= 0, so no query attends them), each
@@ -237,12 +252,7 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segment_ids: ja
     s, kv = k.shape[1], k.shape[2]
     if s != t:
         raise ValueError(f"attention_impl 'splash': expected keys of the queries' length (S == T), got T {t}, S {s}")
-    if h % kv:
-        raise ValueError(f"attention_impl 'splash': heads {h} not a multiple of kv heads {kv}")
-    block = block or splash_block(t)
-    if block <= 0 or block % SPLASH_MIN_BLOCK:
-        raise ValueError(f"splash_attention: block {block}: expected a positive multiple of {SPLASH_MIN_BLOCK}")
-    tp = -(-t // block) * block
+    block, tp = _splash_geometry(t, h, kv, block)
     pad = tp - t
     qt, kt, vt, q_ids, kv_ids = _splash_operands(q, k, v, q_segment_ids, kv_segment_ids, scale, pad)
     from jax.experimental.pallas.ops.tpu.splash_attention import SegmentIds
@@ -289,12 +299,7 @@ def context_parallel_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segme
         return jax.shard_map(body, in_specs=(spec,) * 5, out_specs=spec, check_vma=False)(
             q, k, v, q_segment_ids, kv_segment_ids)
     h, kv = q.shape[2], k.shape[2]
-    if h % kv:
-        raise ValueError(f"attention_impl 'splash': heads {h} not a multiple of kv heads {kv}")
-    block = block or splash_block(t_local)
-    if block <= 0 or block % SPLASH_MIN_BLOCK:
-        raise ValueError(f"splash_attention: block {block}: expected a positive multiple of {SPLASH_MIN_BLOCK}")
-    tp = -(-t_local // block) * block
+    block, tp = _splash_geometry(t_local, h, kv, block)
     kernel = _splash_kernel(p * tp, h // kv, causal, block, interpret, q_seq_shards=p)
     mesh = jax.sharding.get_abstract_mesh()
     kernel_spec = kernel.manual_sharding_spec(jax.sharding.NamedSharding(mesh, PartitionSpec(None, CONTEXT_AXIS)))

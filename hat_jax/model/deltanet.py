@@ -214,7 +214,7 @@ def context_parallel_delta_rule(q, k, v, g, beta, reset=None, chunk_size: int = 
     Raises:
         ValueError from `check_sequence_split`.
     """
-    b, _, h, dk = k.shape
+    _, _, h, dk = k.shape
     dv = v.shape[-1]
 
     def body(q, k, v, g, beta, *rest):
