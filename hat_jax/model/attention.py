@@ -35,7 +35,7 @@ from jax.sharding import PartitionSpec
 
 from hat_jax.model.config import Qwen3_5MoeTextConfig
 from hat_jax.model.context_parallel import (CONTEXT_AXIS, check_sequence_split, context_size, gather_sequence,
-                                            sequence_spec, shard_start)
+                                            map_sequence_shards, sequence_spec, shard_start)
 from hat_jax.model.linear import Linear
 from hat_jax.model.norms import RMSNorm
 from hat_jax.model.rope import apply_partial_rope
@@ -296,8 +296,7 @@ def context_parallel_attention(q: jax.Array, k: jax.Array, v: jax.Array, q_segme
             k, v, kv_ids = gather_sequence(k), gather_sequence(v), gather_sequence(kv_ids)
             return gqa_attention(q, k, v, segment_mask(q_ids, kv_ids, causal, offset), scale)
 
-        return jax.shard_map(body, in_specs=(spec,) * 5, out_specs=spec, check_vma=False)(
-            q, k, v, q_segment_ids, kv_segment_ids)
+        return map_sequence_shards(body, (q, k, v, q_segment_ids, kv_segment_ids))
     h, kv = q.shape[2], k.shape[2]
     block, tp = _splash_geometry(t_local, h, kv, block)
     kernel = _splash_kernel(p * tp, h // kv, causal, block, interpret, q_seq_shards=p)
