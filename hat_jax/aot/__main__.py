@@ -2,7 +2,7 @@
 
     python -m hat_jax.aot --preset qwen3_6_35b_a3b --topology v5p-64 --stage sft|opd|rl|generate
         [--mesh data,fsdp,expert,tensor] [--set sft.data.seq_len=4096 --set model.num_hidden_layers=4 ...]
-        [--json FILE] [--flops-check]
+        [--json FILE] [--flops-check [--flops-seq-len 4096]]
 
 Needs libtpu (`pip install -e ".[tpu-aot]"`); run with JAX_PLATFORMS=cpu (nothing runs on a TPU). `--set`
 takes the experiment presets' `section.field=value` (`hat_jax.experiments.scales`) and `model.<field>=value`
@@ -28,6 +28,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before jax is imported: compile
 from hat_jax.aot.programs import STAGES, flops_check_assignments, stage_model_config, stage_programs
 from hat_jax.aot.report import format_report, stage_report
 from hat_jax.aot.topology import check_mesh, parse_mesh, resolve_topology, topology_devices, valid_names
+from hat_jax.cli_types import positive_int
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -47,8 +48,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                              "model.<field>=value (model.num_hidden_layers=4)")
     parser.add_argument("--json", help="also write the report as JSON to FILE")
     parser.add_argument("--flops-check", action="store_true",
-                        help="sft only: one row of 4,096 tokens per batch device, no remat, full logits, XLA "
-                             "attention (compiled FLOPs comparable with the analytic count)")
+                        help="sft only: one row of --flops-seq-len tokens per batch device, no remat, full logits, "
+                             "XLA attention (compiled FLOPs comparable with the analytic count)")
+    parser.add_argument("--flops-seq-len", type=positive_int, default=4096,
+                        help="the FLOPs check's row length (default 4096)")
     return parser.parse_args(argv)
 
 
@@ -96,10 +99,11 @@ def run(args: argparse.Namespace) -> dict:
         shape = fully_sharded_shape(topology.chips, model_config.num_experts)
     check_mesh(shape, topology.chips)
     if args.flops_check:
-        scale = apply_scale_overrides(scale, flops_check_assignments(args.stage, shape[0] * shape[1] * shape[2]))
+        scale = apply_scale_overrides(scale, flops_check_assignments(args.stage, shape[0] * shape[1] * shape[2],
+                                                                     args.flops_seq_len))
     devices = topology_devices(topology)
     mesh = make_mesh(*shape, devices=devices)
-    programs = stage_programs(args.stage, scale, model_config, mesh)
+    programs = stage_programs(args.stage, scale, model_config, mesh, flops_check=args.flops_check)
     model = {"layers": model_config.num_hidden_layers, "hidden_size": model_config.hidden_size,
              "num_experts": model_config.num_experts, "vocab_size": model_config.vocab_size}
     report = stage_report(args.stage, topology, mesh, programs, preset=args.preset, model=model)

@@ -79,14 +79,31 @@ def matmul_params(model_config) -> int:
     return param_counts(model_config)["active"] - model_config.vocab_size * model_config.hidden_size
 
 
-def analytic_flops(model_config, rows: int, seq_len: int, train: bool) -> float:
+def mtp_matmul_params(model_config) -> int:
+    """Parameters that multiply each token in the MTP loss: the MTP block's active parameters
+    (`param_counts`' mtp_active: fc, attention, shared expert, router, top-k routed experts) plus the shared
+    lm_head its hidden states go through. 0 without an MTP block."""
+    if not model_config.mtp_num_hidden_layers:
+        return 0
+    return param_counts(model_config)["mtp_active"] + model_config.hidden_size * model_config.vocab_size
+
+
+def analytic_flops(model_config, rows: int, seq_len: int, train: bool, mtp: bool = False) -> float:
     """Model FLOPs of a forward (train=False) or forward + backward (train=True) over rows x seq_len tokens:
-    (2 or 6) x `matmul_params` x tokens + (4 or 12) x full-attention layers x heads x head_dim x seq_len x
-    tokens (PaLM's count: the whole T x T score matrix; Gated DeltaNet's chunked recurrence is not counted)."""
+    (2 or 6) x `matmul_params` x tokens + (2 or 6) x full-attention layers x heads x head_dim x seq_len x
+    tokens. The attention term is PaLM's (arXiv 2204.02311, appendix B: 4 x heads x head_dim x T per token and
+    layer for QK^T and AV, x3 with the backward) halved for the causal mask, as MaxText's
+    `calculate_tflops_training_per_device` counts it; Gated DeltaNet's chunked recurrence is not counted.
+    With `mtp` (a step that trains the MTP loss) the MTP block counts as well: `mtp_matmul_params` per token
+    (its layer and the lm_head pass of its logits) and its full-attention layer."""
     tokens = rows * seq_len
     attn_layers = sum(t == FULL_ATTENTION for t in model_config.layer_types)
+    per_token = matmul_params(model_config)
+    if mtp:
+        attn_layers += model_config.mtp_num_hidden_layers
+        per_token += mtp_matmul_params(model_config)
     attn = attn_layers * model_config.num_attention_heads * model_config.head_dim * seq_len * tokens
-    return (6.0 if train else 2.0) * matmul_params(model_config) * tokens + (12.0 if train else 4.0) * attn
+    return (6.0 if train else 2.0) * (per_token * tokens + attn)
 
 
 def _state(config, model_config, mesh: Mesh):
@@ -123,8 +140,9 @@ def _model(config, model_config, train: bool = True) -> Qwen3_5MoeForCausalLM:
                                  **model_options(config, train=train))
 
 
-def sft_programs(scale, model_config, mesh: Mesh) -> list[Program]:
-    """The SFT train step (`hat_jax.train.sft`) on the preset's batch."""
+def sft_programs(scale, model_config, mesh: Mesh, flops_check: bool = False) -> list[Program]:
+    """The SFT train step (`hat_jax.train.sft`) on the preset's batch; with `flops_check` its MTP loss reads the
+    forward's full MTP logits instead of skipping position blocks without a target (`flops_check_assignments`)."""
     from hat_jax.train.sft import DEVICE_KEYS, sft_loss_fn
     from hat_jax.train.trainer import make_train_step
 
@@ -132,15 +150,21 @@ def sft_programs(scale, model_config, mesh: Mesh) -> list[Program]:
     optimizer, state, shardings = _state(c, model_config, mesh)
     rows, t = c.data.batch_size, c.data.seq_len
     batch = _micro_batch(mesh, c.accum_steps, rows, {k: ((t,), jnp.int32) for k in DEVICE_KEYS})
-    step = make_train_step(sft_loss_fn(_model(c, model_config), **_sft_loss_options(c)), optimizer,
+    options = {**_sft_loss_options(c), **({"mtp_block_rows": None} if flops_check else {})}
+    step = make_train_step(sft_loss_fn(_model(c, model_config), **options), optimizer,
                            lb_coef=c.lb_coef, mtp_coef=c.mtp_coef, schedule=lr_schedule(resolved_optim(c)),
                            shardings=shardings)
-    return [Program("train_step", step, (state, batch), analytic_flops(model_config, rows, t, True), rows * t)]
+    return [Program("train_step", step, (state, batch), analytic_flops(model_config, rows, t, True, _trains_mtp(c)),
+                    rows * t)]
+
+
+def _trains_mtp(config) -> bool:
+    return config.mtp_coef > 0
 
 
 def _sft_loss_options(config) -> dict:
     chunk = getattr(config, "vocab_chunk", None)
-    return {"mtp": config.mtp_coef > 0, **({} if chunk is None else {"vocab_chunk": chunk})}
+    return {"mtp": _trains_mtp(config), **({} if chunk is None else {"vocab_chunk": chunk})}
 
 
 def opd_programs(scale, model_config, mesh: Mesh) -> list[Program]:
@@ -170,8 +194,8 @@ def opd_programs(scale, model_config, mesh: Mesh) -> list[Program]:
     return [
         Program("teacher_forward", teacher_fn, (teacher, _rows_batch(mesh, micro, t), _rows_batch(mesh, micro, t)),
                 analytic_flops(model_config, micro, t, False), micro * t, resident=per_chip_bytes(state)),
-        Program("train_step", step, (state, batch), analytic_flops(model_config, rows, t, True), rows * t,
-                resident=per_chip_bytes(teacher)),
+        Program("train_step", step, (state, batch), analytic_flops(model_config, rows, t, True, _trains_mtp(c)),
+                rows * t, resident=per_chip_bytes(teacher)),
     ]
 
 
@@ -212,8 +236,9 @@ def rl_programs(scale, model_config, mesh: Mesh) -> list[Program]:
                                 (reference, _rows_batch(mesh, micro, t), _rows_batch(mesh, micro, t)),
                                 analytic_flops(model_config, micro, t, False), micro * t,
                                 resident=per_chip_bytes(state)))
-    programs.append(Program("train_step", step, (state, batch), updates * analytic_flops(model_config, rows, t, True),
-                            updates * rows * t, resident=per_chip_bytes(reference) if reference is not None else 0))
+    programs.append(Program("train_step", step, (state, batch),
+                            updates * analytic_flops(model_config, rows, t, True, _trains_mtp(c)), updates * rows * t,
+                            resident=per_chip_bytes(reference) if reference is not None else 0))
     return programs
 
 
@@ -245,23 +270,29 @@ BUILDERS: dict[str, Callable[[Any, Any, Mesh], list[Program]]] = {
     "sft": sft_programs, "opd": opd_programs, "rl": rl_programs, "generate": generate_programs}
 
 
-def stage_programs(stage: str, scale, model_config, mesh: Mesh) -> list[Program]:
-    """The programs of `stage` (one of `STAGES`).
+def stage_programs(stage: str, scale, model_config, mesh: Mesh, flops_check: bool = False) -> list[Program]:
+    """The programs of `stage` (one of `STAGES`); `flops_check` (sft only, with `flops_check_assignments`
+    applied to `scale`) builds the FLOPs check's step.
 
     Raises:
-        ValueError: an unknown stage (lists `STAGES`).
+        ValueError: an unknown stage (lists `STAGES`), or flops_check for a stage other than sft.
     """
     if stage not in BUILDERS:
         raise ValueError(f"unknown stage {stage!r}; valid: {', '.join(STAGES)}")
+    if flops_check:
+        flops_check_assignments(stage, 1)  # the stage check
+        return sft_programs(scale, model_config, mesh, flops_check=True)
     return BUILDERS[stage](scale, model_config, mesh)
 
 
 def flops_check_assignments(stage: str, batch_devices: int, seq_len: int = 4096) -> list[str]:
     """`--set` assignments that turn the SFT step into its FLOPs check: one row per batch device of `seq_len`
-    tokens, no accumulation, no remat, full logits, the 'xla' attention and no MoE token chunks. The XLA cost
-    model counts a loop body once (the vocabulary-chunk scan, the accumulation scan, the MoE token-chunk scan) and Pallas kernels only by their own estimate
-    (splash gives none); this program has neither, so its compiled FLOPs are comparable with the analytic
-    count (6 x active matmul params x tokens + attention), on the same mesh and partitioning as the real step.
+    tokens, no accumulation, no remat, full logits (the MTP loss's too: `sft_programs(flops_check=True)`), the
+    'xla' attention and no MoE token chunks. The XLA cost model counts a loop body once (the vocabulary-chunk
+    scan, the accumulation scan, the MoE token-chunk scan, the MTP loss's position blocks) and Pallas kernels
+    only by their own estimate (splash gives none); this program has neither, so its compiled FLOPs are
+    comparable with the analytic count (`analytic_flops`: 6 x active matmul params x tokens + attention, the
+    MTP block's with the MTP loss), on the same mesh and partitioning as the real step.
 
     Raises:
         ValueError: a stage other than sft.

@@ -62,15 +62,22 @@ def params_shapes(config: Qwen3_5MoeTextConfig, param_dtype=jnp.float32) -> dict
 
 def param_counts(config: Qwen3_5MoeTextConfig) -> dict[str, int]:
     """Parameter counts: 'total' (main model, as transformers' `Qwen3_5MoeForCausalLM`), 'mtp', 'experts'
-    (routed experts of the main model) and 'active' (per token: everything but the unused routed experts,
-    i.e. total - experts * (1 - k/E); embeddings and lm_head included, as in the model card's 35B total / 3B active)."""
+    (routed experts of the main model), 'active' (per token: everything but the unused routed experts,
+    i.e. total - experts * (1 - k/E); embeddings and lm_head included, as in the model card's 35B total / 3B active)
+    and 'mtp_active' (the MTP block's parameters per token, its unused routed experts left out likewise)."""
     shapes = params_shapes(config)
     size = lambda tree: int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(tree)))
-    mtp = size(shapes.get("mtp", {}))
+    routed = lambda layers: size([layer["mlp"]["experts"] for name, layer in layers.items()
+                                  if name.startswith("layers_")])
+    active_share = lambda n: n * config.num_experts_per_tok // config.num_experts
+    mtp_tree = shapes.get("mtp", {})
+    mtp = size(mtp_tree)
     total = size(shapes) - mtp
-    experts = size([layer["mlp"]["experts"] for name, layer in shapes["model"].items() if name.startswith("layers_")])
-    active = total - experts + experts * config.num_experts_per_tok // config.num_experts
-    return {"total": total, "mtp": mtp, "experts": experts, "active": active}
+    experts = routed(shapes["model"])
+    active = total - experts + active_share(experts)
+    mtp_experts = routed(mtp_tree)
+    mtp_active = mtp - mtp_experts + active_share(mtp_experts)
+    return {"total": total, "mtp": mtp, "experts": experts, "active": active, "mtp_active": mtp_active}
 
 
 def params_shardings(config: Qwen3_5MoeTextConfig, mesh):

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from hat_jax.model.router_stats import expert_load_cv, router_stats
+from hat_jax.model.transformer import mtp_loss
 from hat_jax.rollout.logprobs import token_logprobs_chunked
 
 # DeepSeek-V3 (arXiv 2412.19437, section 4.2): lambda = 0.3 for the first 10T tokens, 0.1 for the rest; slime's
@@ -131,7 +132,7 @@ def mtp_ce_counted_rows(mtp_hidden: jax.Array, lm_head_kernel: jax.Array, input_
 
 
 def mtp_aux(out, params, input_ids: jax.Array, loss_mask: jax.Array, token_mask: jax.Array, top_k: int, *,
-            segment_ids: jax.Array | None = None, vocab_chunk: int | None = None,
+            segment_ids: jax.Array | None = None, vocab_chunk: int | None = None, block_rows: int | None = 256,
             compute_dtype=jnp.float32) -> dict[str, jax.Array]:
     """The MTP entries of a stage loss function's aux dict, from a forward with `with_mtp=True`.
 
@@ -140,13 +141,17 @@ def mtp_aux(out, params, input_ids: jax.Array, loss_mask: jax.Array, token_mask:
         params: the model params (their `lm_head/kernel`). input_ids: [B, T] int32.
         loss_mask: [B, T] the stage's loss tokens (module docstring). token_mask: [B, T] non-padding tokens.
         top_k: experts per token. segment_ids: packed rows or None. vocab_chunk: None = full logits.
+        block_rows: without vocab_chunk, the positions per block of `mtp_ce_counted_rows`; None = the forward's
+            own [B, T, V] `out.mtp_logits` (one matmul over every position, as XLA's cost model counts it).
     Returns:
         {"mtp_loss": float32 scalar (differentiated; the trainer weights it by mtp_coef),
          "moe/mtp_expert_load_cv": the MTP router's `expert_load_cv` (no gradient)}.
     """
-    if vocab_chunk is None:  # out.mtp_logits goes unused (removed from the jitted step)
+    if vocab_chunk is None and block_rows is None:
+        loss = mtp_loss(out.mtp_logits, input_ids, loss_mask, segment_ids)
+    elif vocab_chunk is None:  # out.mtp_logits goes unused (removed from the jitted step)
         loss = mtp_ce_counted_rows(out.mtp_hidden, params["lm_head"]["kernel"], input_ids, loss_mask, segment_ids,
-                                   compute_dtype=compute_dtype)
+                                   block_rows, compute_dtype)
     else:
         loss = mtp_ce_chunked(out.mtp_hidden, params["lm_head"]["kernel"], input_ids, loss_mask, segment_ids,
                               vocab_chunk, compute_dtype)

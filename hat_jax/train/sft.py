@@ -228,7 +228,8 @@ def sft_tokenizer(config: SFTConfig, records: Sequence[dict], out_dir: Path):
 
 # ---------------------------------------------------------------------------------------------- the stage
 
-def sft_loss_fn(model: Qwen3_5MoeForCausalLM, vocab_chunk: int | None = None, mtp: bool = False):
+def sft_loss_fn(model: Qwen3_5MoeForCausalLM, vocab_chunk: int | None = None, mtp: bool = False,
+                mtp_block_rows: int | None = 256):
     """loss_fn(params, micro_batch, rng) -> (CE sum over loss tokens, loss-token count, moe_aux).
 
     A micro-batch with "segment_ids" holds packed rows (`PACKED_DEVICE_KEYS`): the model runs with the
@@ -237,7 +238,7 @@ def sft_loss_fn(model: Qwen3_5MoeForCausalLM, vocab_chunk: int | None = None, mt
     padding (segment id 0). Otherwise it holds one document per row (`DEVICE_KEYS`, attention_mask). With
     `vocab_chunk` the CE is computed from the final hidden states over vocabulary chunks (no [B, T, V] logits).
     With `mtp` the forward also runs the MTP block and aux gets its `mtp_loss` on the same loss tokens
-    (`hat_jax.train.mtp.mtp_aux`); without it the MTP block is not run.
+    (`hat_jax.train.mtp.mtp_aux`, `mtp_block_rows` its `block_rows`); without it the MTP block is not run.
     """
     top_k = model.config.num_experts_per_tok
 
@@ -260,7 +261,7 @@ def sft_loss_fn(model: Qwen3_5MoeForCausalLM, vocab_chunk: int | None = None, mt
         aux = moe_aux(output_router_stats(out, token_mask, top_k))
         if mtp:
             aux.update(mtp_aux(out, params, ids, micro["loss_mask"], token_mask, top_k, segment_ids=segment_ids,
-                               vocab_chunk=vocab_chunk, compute_dtype=model.dtype))
+                               vocab_chunk=vocab_chunk, block_rows=mtp_block_rows, compute_dtype=model.dtype))
         return ce, n, aux
 
     return loss_fn

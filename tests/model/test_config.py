@@ -27,6 +27,8 @@ def test_real_preset_parameter_counts_match_arch_md():
     assert abs(counts["active"] / 3.45e9 - 1) < 0.01
     assert abs(counts["mtp"] / 0.85e9 - 1) < 0.01
     assert counts["experts"] == 40 * 256 * 3 * 2048 * 512
+    # the MTP block per token: its 8 of 256 routed experts, everything else whole
+    assert counts["mtp_active"] == counts["mtp"] - (256 - 8) * 3 * 2048 * 512
 
 
 def test_unknown_preset_lists_valid_ones():

@@ -88,12 +88,14 @@ def test_mtp_coef_zero_is_the_main_objective_exactly(micro):
     assert float(on_stats["mtp_loss"]) > 0 and float(on_stats["total_loss"]) == float(off_stats["total_loss"])
 
 
-def test_sft_total_is_main_plus_coef_times_mtp_loss(micro):
+@pytest.mark.parametrize("block_rows", [256, None])  # position blocks (the stages) / full MTP logits (AOT FLOPs)
+def test_sft_total_is_main_plus_coef_times_mtp_loss(micro, block_rows):
     config, params = micro
     model = Qwen3_5MoeForCausalLM(config, router_stats=True)
     batch, lb_coef, coef = _packed_batch(), 0.01, 0.3
-    grads, stats = jax.jit(lambda: accumulate_gradients(sft_loss_fn(model, mtp=True), params, _one_micro(batch),
-                                                        jax.random.key(0), lb_coef, coef))()
+    loss_fn = sft_loss_fn(model, mtp=True, mtp_block_rows=block_rows)
+    grads, stats = jax.jit(lambda: accumulate_gradients(loss_fn, params, _one_micro(batch), jax.random.key(0),
+                                                        lb_coef, coef))()
 
     def by_hand(p):
         out = model.apply({"params": p}, batch["input_ids"], segment_ids=batch["segment_ids"], with_mtp=True)
@@ -108,7 +110,9 @@ def test_sft_total_is_main_plus_coef_times_mtp_loss(micro):
     np.testing.assert_allclose(float(stats["total_loss"]), float(main + lb_coef * lb + coef * mtp), rtol=1e-6)
     np.testing.assert_allclose(float(stats["total_loss"]), float(total), rtol=1e-6)
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree_util.tree_leaves(ref)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7,
+        # fp32 sums in another order (the loss in position blocks, the gradient accumulation): measured up to
+        # 1.3e-7 apart on embedding entries of ~1.7e-3
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=5e-7,
                                    err_msg=jax.tree_util.keystr(path))
     assert any(np.any(np.asarray(g)) for g in jax.tree_util.tree_leaves(grads["mtp"]))
 
