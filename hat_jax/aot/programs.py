@@ -280,7 +280,7 @@ def stage_programs(stage: str, scale, model_config, mesh: Mesh, flops_check: boo
     if stage not in BUILDERS:
         raise ValueError(f"unknown stage {stage!r}; valid: {', '.join(STAGES)}")
     if flops_check:
-        flops_check_assignments(stage, 1)  # the stage check
+        _check_flops_check_stage(stage)
         return sft_programs(scale, model_config, mesh, flops_check=True)
     return BUILDERS[stage](scale, model_config, mesh)
 
@@ -297,10 +297,14 @@ def flops_check_assignments(stage: str, batch_devices: int, seq_len: int = 4096)
     Raises:
         ValueError: a stage other than sft.
     """
-    if stage != "sft":
-        raise ValueError(f"--flops-check: the sft stage only (the other stages run the same model), got {stage!r}")
+    _check_flops_check_stage(stage)
     return [f"sft.data.batch_size={batch_devices}", f"sft.data.seq_len={seq_len}", "sft.accum_steps=1",
             "sft.remat_policy=none", "sft.vocab_chunk=null", "sft.attention_impl=xla", "sft.moe_token_chunk=null"]
+
+
+def _check_flops_check_stage(stage: str) -> None:
+    if stage != "sft":
+        raise ValueError(f"--flops-check: the sft stage only (the other stages run the same model), got {stage!r}")
 
 
 def stage_model_config(stage: str, scale, model_overrides: Sequence[tuple[str, Any]] = ()):
