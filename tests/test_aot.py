@@ -143,6 +143,19 @@ def test_mesh_errors_name_the_mesh():
     assert proc.returncode == 2 and "--json /proc/no-such-dir/sft.json: cannot create its folder" in proc.stderr
 
 
+def test_bad_arguments_are_refused_before_compiling(tmp_path):
+    """A --json that is a folder or in an unwritable one, --flops-seq-len without --flops-check, and a model
+    field of the wrong type each exit 2 naming the argument, without a traceback and before any compile."""
+    cases = [(["--json", str(tmp_path)], f"--json {tmp_path}: is a folder"),
+             (["--json", "/proc/sft.json"], "--json /proc/sft.json: its folder /proc is not writable"),
+             (["--flops-seq-len", "512"], "--flops-seq-len: only with --flops-check"),
+             (["--set", "model.num_hidden_layers=four"], "num_hidden_layers: expected a positive integer")]
+    for extra, message in cases:
+        proc = _aot([*SMALL, *extra], timeout=120)
+        assert proc.returncode == 2 and message in proc.stderr, (extra, proc.stderr[-2000:])
+        assert "Traceback" not in proc.stderr and "compiled in" not in proc.stdout
+
+
 def test_hlo_collectives_counts_and_sizes():
     from hat_jax.aot.report import hlo_collectives
 

@@ -20,14 +20,16 @@ import json
 import logging
 import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # before jax is imported: compile for TPU, run nothing on one
 
-from hat_jax.aot.programs import STAGES, flops_check_assignments, stage_model_config, stage_programs
+from hat_jax.aot.programs import FLOPS_SEQ_LEN, STAGES, flops_check_assignments, stage_model_config, stage_programs
 from hat_jax.aot.report import format_report, stage_report
 from hat_jax.aot.topology import check_mesh, parse_mesh, resolve_topology, topology_devices, valid_names
+from hat_jax.cache import write_text_atomic
 from hat_jax.cli_types import positive_int
 
 
@@ -50,9 +52,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--flops-check", action="store_true",
                         help="sft only: one row of --flops-seq-len tokens per batch device, no remat, full logits, "
                              "XLA attention (compiled FLOPs comparable with the analytic count)")
-    parser.add_argument("--flops-seq-len", type=positive_int, default=4096,
-                        help="the FLOPs check's row length (default 4096)")
-    return parser.parse_args(argv)
+    parser.add_argument("--flops-seq-len", type=positive_int,
+                        help="with --flops-check: its row length (default 4096)")
+    args = parser.parse_args(argv)
+    if args.flops_seq_len is not None and not args.flops_check:
+        parser.error("--flops-seq-len: only with --flops-check (it sets the FLOPs check's row length)")
+    return args
 
 
 def split_model_overrides(assignments: Sequence[str]) -> tuple[list[tuple[str, object]], list[str]]:
@@ -100,7 +105,7 @@ def run(args: argparse.Namespace) -> dict:
     check_mesh(shape, topology.chips)
     if args.flops_check:
         scale = apply_scale_overrides(scale, flops_check_assignments(args.stage, shape[0] * shape[1] * shape[2],
-                                                                     args.flops_seq_len))
+                                                                     args.flops_seq_len or FLOPS_SEQ_LEN))
     devices = topology_devices(topology)
     mesh = make_mesh(*shape, devices=devices)
     programs = stage_programs(args.stage, scale, model_config, mesh, flops_check=args.flops_check)
@@ -108,22 +113,37 @@ def run(args: argparse.Namespace) -> dict:
              "num_experts": model_config.num_experts, "vocab_size": model_config.vocab_size}
     report = stage_report(args.stage, topology, mesh, programs, preset=args.preset, model=model)
     report["flops_check"] = bool(args.flops_check)
+    report["flops_seq_len"] = (args.flops_seq_len or FLOPS_SEQ_LEN) if args.flops_check else None
+    report["assignments"] = list(args.set)
     return report
+
+
+def check_json_target(path: str) -> None:
+    """Raises ValueError when the report could not be written to `path` (a folder, or a folder that cannot be
+    made or written): checked before a compile that takes minutes."""
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"--json {path}: is a folder; expected a file path")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"--json {path}: cannot create its folder ({err})") from err
+    try:  # a real write: permission bits do not tell for root or for /proc-like folders
+        with tempfile.TemporaryFile(dir=target.parent):
+            pass
+    except OSError as err:
+        raise ValueError(f"--json {path}: its folder {target.parent} is not writable ({err})") from err
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if args.json:  # before compiling: a 35B compile takes minutes
-        try:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise ValueError(f"--json {args.json}: cannot create its folder ({err})") from err
+        check_json_target(args.json)
     report = run(args)
     print(format_report(report))
     if args.json:
-        path = Path(args.json)
-        path.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+        write_text_atomic(args.json, json.dumps(report, indent=1, sort_keys=True) + "\n")
     return 0
 
 

@@ -285,7 +285,10 @@ def stage_programs(stage: str, scale, model_config, mesh: Mesh, flops_check: boo
     return BUILDERS[stage](scale, model_config, mesh)
 
 
-def flops_check_assignments(stage: str, batch_devices: int, seq_len: int = 4096) -> list[str]:
+FLOPS_SEQ_LEN = 4096  # the FLOPs check's default row length
+
+
+def flops_check_assignments(stage: str, batch_devices: int, seq_len: int = FLOPS_SEQ_LEN) -> list[str]:
     """`--set` assignments that turn the SFT step into its FLOPs check: one row per batch device of `seq_len`
     tokens, no accumulation, no remat, full logits (the MTP loss's too: `sft_programs(flops_check=True)`), the
     'xla' attention and no MoE token chunks. The XLA cost model counts a loop body once (the vocabulary-chunk

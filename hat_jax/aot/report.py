@@ -234,9 +234,12 @@ def format_report(report: Mapping[str, Any]) -> str:
                                                   ("arguments", "outputs", "aliased", "temporaries", "resident"))
                      + f" -> total {b['total'] / GiB:.2f} GiB ({100 * b['total'] / hbm:.0f}% of HBM"
                      + (", does NOT fit)" if b["total"] > hbm else ")"))
-        ratio = f" (x{r['flops_ratio']:.2f})" if r["flops_ratio"] else ""
+        ratio = f" (x{r['flops_ratio']:.2f}" if r["flops_ratio"] else ""
+        if ratio:  # loops count once and Pallas kernels by their own estimate outside the FLOPs check
+            ratio += ")" if report.get("flops_check") else "; comparable only with --flops-check)"
         lines.append(f"    FLOPs per chip: compiled {r['flops_per_chip']:.3e}, analytic "
-                     f"{r['analytic_flops_per_chip']:.3e}{ratio}; {r['tokens']:,} tokens")
+                     f"{r['analytic_flops_per_chip']:.3e}{ratio}; {r['tokens']:,} tokens per call "
+                     f"({r['tokens'] // report['chips']:,} per chip)")
         if r["compiler_seconds"]:
             lines.append(f"    compiler's estimate {r['compiler_seconds']:.3f} s -> MFU {100 * r['mfu']:.1f}%")
         for kind, c in r["collectives"].items():

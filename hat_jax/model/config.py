@@ -86,9 +86,10 @@ class Qwen3_5MoeTextConfig:
     extra: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
-        interval = self.full_attention_interval
-        if not isinstance(interval, int) or isinstance(interval, bool) or interval <= 0:
-            raise ValueError(f"config field full_attention_interval: expected a positive integer, got {interval!r}")
+        for name in ("full_attention_interval", "num_hidden_layers"):  # layer_types is built from them
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"config field {name}: expected a positive integer, got {value!r}")
         if not self.layer_types:
             types = tuple(
                 LINEAR_ATTENTION if (i + 1) % self.full_attention_interval else FULL_ATTENTION

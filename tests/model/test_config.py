@@ -99,6 +99,8 @@ def test_tied_embeddings_are_refused():
     (dict(num_experts=0), "num_experts"),
     (dict(vocab_size=-1), "vocab_size"),
     (dict(num_hidden_layers=0), "num_hidden_layers"),
+    (dict(num_hidden_layers="four", layer_types=()), "num_hidden_layers"),
+    (dict(num_hidden_layers=2.5, layer_types=()), "num_hidden_layers"),
     (dict(full_attention_interval=0, layer_types=()), "full_attention_interval"),
     (dict(eos_token_id=9999), "eos_token_id"),
     (dict(pad_token_id=-5), "pad_token_id"),
