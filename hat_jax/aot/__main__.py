@@ -103,9 +103,10 @@ def run(args: argparse.Namespace) -> dict:
     else:
         shape = fully_sharded_shape(topology.chips, model_config.num_experts)
     check_mesh(shape, topology.chips)
+    flops_seq_len = (args.flops_seq_len or FLOPS_SEQ_LEN) if args.flops_check else None
     if args.flops_check:
         scale = apply_scale_overrides(scale, flops_check_assignments(args.stage, shape[0] * shape[1] * shape[2],
-                                                                     args.flops_seq_len or FLOPS_SEQ_LEN))
+                                                                     flops_seq_len))
     devices = topology_devices(topology)
     mesh = make_mesh(*shape, devices=devices)
     programs = stage_programs(args.stage, scale, model_config, mesh, flops_check=args.flops_check)
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace) -> dict:
              "num_experts": model_config.num_experts, "vocab_size": model_config.vocab_size}
     report = stage_report(args.stage, topology, mesh, programs, preset=args.preset, model=model)
     report["flops_check"] = bool(args.flops_check)
-    report["flops_seq_len"] = (args.flops_seq_len or FLOPS_SEQ_LEN) if args.flops_check else None
+    report["flops_seq_len"] = flops_seq_len
     report["assignments"] = list(args.set)
     return report
 

@@ -56,7 +56,7 @@ from hat_jax.model.sharding import default_mesh
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.rollout.checkpoint import tokenizer_from_checkpoint
 from hat_jax.train.losses import masked_token_ce_sum, masked_token_ce_sum_chunked
-from hat_jax.train.mtp import DEFAULT_MTP_COEF, check_mtp_coef, check_mtp_model, mtp_aux
+from hat_jax.train.mtp import DEFAULT_MTP_COEF, MTP_BLOCK_ROWS, check_mtp_coef, check_mtp_model, mtp_aux
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
 from hat_jax.train.stage import (StageRun, copy_tokenizer, add_out_steps, add_resume_force, add_set_progress,
                                  apply_overrides, check_dtypes, check_model_options, check_run_fields, cli, config_json,
@@ -229,7 +229,7 @@ def sft_tokenizer(config: SFTConfig, records: Sequence[dict], out_dir: Path):
 # ---------------------------------------------------------------------------------------------- the stage
 
 def sft_loss_fn(model: Qwen3_5MoeForCausalLM, vocab_chunk: int | None = None, mtp: bool = False,
-                mtp_block_rows: int | None = 256):
+                mtp_block_rows: int | None = MTP_BLOCK_ROWS):
     """loss_fn(params, micro_batch, rng) -> (CE sum over loss tokens, loss-token count, moe_aux).
 
     A micro-batch with "segment_ids" holds packed rows (`PACKED_DEVICE_KEYS`): the model runs with the
