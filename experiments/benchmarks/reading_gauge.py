@@ -1,4 +1,4 @@
-"""Can the model read a harness? The reading gauge (`hat_jax.eval.reading_gauge`) trained and scored in the
+"""Can the model read a harness? The reading gauge (`hat_jax.data.reading_gauge`) trained and scored in the
 project's chat format and tokenizer. A script that prints figures (not a test).
 
     .venv/bin/python experiments/benchmarks/reading_gauge.py [--train renamed] [--steps 800] [--lr 1e-3]
@@ -70,7 +70,7 @@ def run(args, tokenizer, config, params):
     import numpy as np
     import optax
 
-    from hat_jax.eval.reading_gauge import FAMILIES, exact_names, gauge_batch
+    from hat_jax.data.reading_gauge import FAMILIES, exact_names, gauge_batch
     from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
     from hat_jax.train.losses import masked_token_ce_sum
 
@@ -154,7 +154,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="write the curve to this file")
     p.add_argument("--plot", help="draw the curve into this PNG")
     args = p.parse_args(argv)
-    from hat_jax.eval.reading_gauge import FAMILIES
+    from hat_jax.data.reading_gauge import FAMILIES
 
     bad = [f for f in args.train.split(",") if f not in FAMILIES]
     if bad:

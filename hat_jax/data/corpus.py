@@ -34,6 +34,7 @@ from transformers.utils.chat_template_utils import render_jinja_template
 
 from hat_jax.data import general
 from hat_jax.data.corpus_domains import DOMAINS, Intent
+from hat_jax.data.reading import reading_chats
 from hat_jax.tokenizer import read_chat_template
 
 NAMING_STYLES: tuple[str, ...] = ("snake", "camel", "kebab", "dotted")
@@ -233,6 +234,7 @@ def pretraining_chats(
     *,
     general_share: float = 0.35,
     zh_share: float = 0.3,
+    reading_share: float = 0.0,
     name_pieces: Sequence[str] = NAME_PIECES,
     styles: Sequence[str] = TRAIN_NAMING_STYLES,
     layouts: Sequence[str] = SYSTEM_LAYOUTS,
@@ -245,6 +247,8 @@ def pretraining_chats(
       general_share: share of general instruction-following chats (train split of `general.py`);
         the rest are tool-use chats in other domains under random harnesses.
       zh_share: share of tool-use chats written in Chinese.
+      reading_share: share of the n chats that are reading exercises (`hat_jax.data.reading.reading_chats`,
+        seeded by `seed`, after the other chats); general_share splits the rest.
       name_pieces: word pieces of tool names (>= 6); styles: naming styles (subset of NAMING_STYLES);
         layouts: system-prompt layouts (subset of SYSTEM_LAYOUTS). The defaults are HSA's training
         styles and layouts, never its held-out families.
@@ -256,7 +260,7 @@ def pretraining_chats(
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    for label, share in (("general_share", general_share), ("zh_share", zh_share)):
+    for label, share in (("general_share", general_share), ("zh_share", zh_share), ("reading_share", reading_share)):
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"{label} must be in [0, 1], got {share}")
     if len(set(name_pieces)) < 6:
@@ -265,8 +269,9 @@ def pretraining_chats(
         bad = [s for s in chosen if s not in known] or ([] if chosen else ["(empty)"])
         if bad:
             raise ValueError(f"{label}: unknown {bad} (expected a non-empty subset of {known})")
+    n_reading = round(n * reading_share)
     rng = random.Random(f"corpus-{seed}")
-    kinds = [rng.random() < general_share for _ in range(n)]
+    kinds = [rng.random() < general_share for _ in range(n - n_reading)]
     prompts = iter(general.general_prompts(sum(kinds), seed, split="train"))
     out: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = []
     for is_general in kinds:
@@ -275,7 +280,7 @@ def pretraining_chats(
         else:
             messages, tools, _, _ = _tool_chat(rng, name_pieces, styles, layouts, zh_share)
             out.append((messages, tools))
-    return out
+    return out + [(messages, []) for messages in reading_chats(n_reading, seed)]
 
 
 def render_chat(

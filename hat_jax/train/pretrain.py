@@ -72,7 +72,7 @@ from hat_jax.train.distributed import is_primary
 from hat_jax.train.metrics import MetricsWriter, read_metrics
 from hat_jax.train.mtp import DEFAULT_MTP_COEF, check_mtp_coef, check_mtp_model
 from hat_jax.train.optim import OptimConfig
-from hat_jax.train.recall_probe import recall_probe_figures
+from hat_jax.train.recall_probe import reading_gauge_figures, recall_probe_figures
 from hat_jax.train.sft import bpe_tokenizer_dir, run_masked_ce
 from hat_jax.train.stage import (StageRun, copy_tokenizer, add_set_progress, apply_overrides, cli, config_json,
                                  parse_stage_args, stage_parser, stage_section)
@@ -91,8 +91,9 @@ class PretrainConfig:
       world, tokenizer_texts: the tokenizer's key (`hat_jax.train.sft.bpe_tokenizer_dir`): the world whose
         live-stream SFT records the BPE covers, and the number of pretraining chats in its texts. Equal to
         the SFT config's of the same scale (`configs/`), so both share one tokenizer.
-      n_chats: pretraining chats (`pretraining_chats(n_chats, seed)`); the stream repeats them in a new
-        order each epoch. seq_len: tokens per row. batch_size: rows per optimizer step (accum_steps
+      n_chats: pretraining chats (`pretraining_chats(n_chats, seed, reading_share=...)`); the stream repeats
+        them in a new order each epoch. reading_share: the share of them that are short reading exercises
+        (`hat_jax.data.reading`; 0 = the tool and general chats only). seq_len: tokens per row. batch_size: rows per optimizer step (accum_steps
         micro-batches of batch_size / accum_steps rows).
       steps, optim: optimizer steps; AdamW + warmup-cosine schedule. lb_coef: MoE load-balancing coefficient.
       mtp_coef: weight of the MTP loss (`hat_jax.train.mtp`; >= 0, 0 skips the MTP forward; default 0.1,
@@ -101,7 +102,7 @@ class PretrainConfig:
       pack: pack several chats per row (module docstring, point 3); False = one chat per row, padded.
       pack_bins: rows the first-fit packer keeps open. truncate: cut chats longer than seq_len (counted);
         False = such a chat is an error.
-      probe_items: recall-probe prompts measured at the end (0 = skip).
+      probe_items: recall-probe prompts, and reading-gauge rows per family, measured at the end (0 = skip).
       log_every, ckpt_every, max_to_keep: metrics / checkpoint intervals (steps) and checkpoints kept.
       seed: init, data order and corpus seed.
     """
@@ -111,6 +112,7 @@ class PretrainConfig:
     world: WorldDataConfig = WorldDataConfig()
     tokenizer_texts: int = 200
     n_chats: int = 1024
+    reading_share: float = 0.0
     seq_len: int = 1024
     batch_size: int = 8
     accum_steps: int = 1
@@ -139,6 +141,8 @@ class PretrainConfig:
         if self.batch_size % self.accum_steps:
             raise ValueError(f"PretrainConfig.batch_size ({self.batch_size}) must be a multiple of accum_steps "
                              f"({self.accum_steps})")
+        if not isinstance(self.reading_share, (int, float)) or not 0.0 <= self.reading_share <= 1.0:
+            raise ValueError(f"PretrainConfig.reading_share = {self.reading_share!r}: expected a share in [0, 1]")
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"PretrainConfig.compute_dtype = {self.compute_dtype!r}; valid: {sorted(COMPUTE_DTYPES)}")
         for name, kind in (("world", WorldDataConfig), ("optim", OptimConfig)):
@@ -342,7 +346,7 @@ def train_base(config: PretrainConfig, out_dir: str | Path, *, progress: bool = 
     model_config = config.model_config()
     tokenizer = _base_tokenizer(config, out)
     t_tok = time.perf_counter() - t_start
-    chats = pretraining_chats(config.n_chats, config.seed)
+    chats = pretraining_chats(config.n_chats, config.seed, reading_share=config.reading_share)
     if config.pack:
         batches = pretraining_batches(chats, tokenizer, config)
     else:
@@ -354,6 +358,8 @@ def train_base(config: PretrainConfig, out_dir: str | Path, *, progress: bool = 
     t_probe = time.perf_counter()
     probe = recall_probe_figures(state.params, model_config, tokenizer, config.probe_items,
                                  dtype=COMPUTE_DTYPES[config.compute_dtype])
+    gauge = reading_gauge_figures(state.params, model_config, tokenizer, config.probe_items,
+                                  dtype=COMPUTE_DTYPES[config.compute_dtype])
     rows = [r for r in read_metrics(out) if r.get("train/loss") is not None]
     rates = [r["train/tokens_per_s"] for r in rows if r.get("train/tokens_per_s")]
     step = int(jax.device_get(state.step))
@@ -366,19 +372,21 @@ def train_base(config: PretrainConfig, out_dir: str | Path, *, progress: bool = 
         "train_s": round(train_s, 2), "probe_s": round(time.perf_counter() - t_probe, 2), "tokens": batches.tokens,
         "tokens_per_s": round(float(np.mean(rates)), 1) if rates else None,
         "truncated_rows": batches.truncated, "rows": batches.batches * config.batch_size,
-        "documents": batches.documents, "probe": probe,
+        "documents": batches.documents, "probe": probe, "reading_gauge": gauge,
     }
     if is_primary():  # one process writes the run's files
         with MetricsWriter(out) as writer:
             writer.scalars(step, {"eval/recall_exact": probe["exact"], "eval/recall_first_token": probe["first_token"],
-                                  "eval/recall_name_nll": probe["name_nll"]})
+                                  "eval/recall_name_nll": probe["name_nll"],
+                                  **{f"eval/gauge_{family}": v for family, v in gauge["exact"].items()}})
             writer.text("eval/recall_probe", "```\n" + json.dumps(probe, indent=1) + "\n```", step)
         write_text_atomic(out / REPORT, json.dumps(report, indent=1) + "\n")
     log.info("base %s: %d steps, loss %.3f (step %s) -> %.3f (step %s), %.0f s (train %.0f s, %s tok/s); recall "
-             "probe (n=%d; near 0 at the tiny presets' budgets): exact %.3f, first token %.3f, name NLL %.3f",
+             "probe (n=%d): exact %.3f, first token %.3f, name NLL %.3f; reading gauge (exact names, %d rows each): %s",
              out.name.removesuffix(".partial"), step, report["loss_first"] or 0,
              report["loss_first_step"], report["loss_final"] or 0, report["loss_final_step"], report["wall_s"],
-             train_s, report["tokens_per_s"], probe["n"], probe["exact"], probe["first_token"], probe["name_nll"])
+             train_s, report["tokens_per_s"], probe["n"], probe["exact"], probe["first_token"], probe["name_nll"],
+             gauge["rows"], ", ".join(f"{f} {v:.3f}" for f, v in gauge["exact"].items()))
     return report
 
 

@@ -87,3 +87,43 @@ def recall_probe_figures(params, model_config, tokenizer, n: int, *, seed: int =
             count += len(full) - c
     return {"n": n, "exact": float(np.mean(exact)), "first_token": float(np.mean(first)), "name_nll": nll / count,
             "target_tokens": count / n}
+
+
+def reading_gauge_figures(params, model_config, tokenizer, rows: int, *, seed: int = PROBE_SEED, batch_size: int = 32,
+                          width: int = 160, dtype=jnp.float32) -> dict:
+    """The reading gauge scored zero-shot: `rows` gauge rows per family (`hat_jax.data.reading_gauge`: a tool
+    list of the live-stream world's intents, a request, the call), exact = every token of the called name is the
+    argmax under teacher forcing. The base never trains on these rows; they test whether its reading carries
+    over to the world's intents and to each naming family.
+
+    Args:
+        params, model_config: the model. tokenizer: its tokenizer. rows: rows per family (0 = skip).
+        seed: row seed (family i draws from random.Random(f"gauge-{seed}-{i}")). batch_size: rows per forward.
+        width: tokens per row (right-padded).
+    Returns:
+        {"rows", "exact": {family: share in [0, 1]}}; {"rows": 0, "exact": {}} with rows = 0.
+    Raises:
+        ValueError: a gauge row longer than `width`.
+    """
+    import random
+
+    from hat_jax.data.reading_gauge import FAMILIES, exact_names, gauge_batch
+
+    if rows == 0:
+        return {"rows": 0, "exact": {}}
+    model = Qwen3_5MoeForCausalLM(model_config, dtype=dtype)
+
+    @jax.jit
+    def argmax(p, ids, mask):
+        return jnp.argmax(model.apply({"params": p}, ids, attention_mask=mask).logits, axis=-1)
+
+    exact = {}
+    for i, family in enumerate(FAMILIES):
+        batch = gauge_batch(tokenizer, random.Random(f"gauge-{seed}-{i}"), family, -(-rows // batch_size) * batch_size,
+                            width)
+        hits = [exact_names(np.asarray(argmax(params, batch["input_ids"][s:s + batch_size],
+                                              batch["attention_mask"][s:s + batch_size])),
+                            batch["input_ids"][s:s + batch_size], batch["name_mask"][s:s + batch_size])
+                for s in range(0, len(batch["input_ids"]), batch_size)]
+        exact[family] = float(np.mean(np.concatenate(hits)[:rows]))
+    return {"rows": rows, "exact": exact}

@@ -162,7 +162,8 @@ def test_config_hash_and_bad_fields(monkeypatch):
                                   ("batch_size", 3, r"batch_size \(3\) must be a multiple of accum_steps \(2\)"),
                                   ("compute_dtype", "fp8", "compute_dtype = 'fp8'; valid"),
                                   ("preset", "huge", "unknown preset 'huge'.*Valid presets: micro, tiny"),
-                                  ("n_chats", 1.5, "PretrainConfig.n_chats = 1.5")):
+                                  ("n_chats", 1.5, "PretrainConfig.n_chats = 1.5"),
+                                  ("reading_share", 1.5, r"reading_share = 1.5: expected a share in \[0, 1\]")):
         extra = {"accum_steps": 2} if field == "batch_size" else {}
         with pytest.raises(ValueError, match=message):
             PretrainConfig(**{field: value, **extra})
@@ -201,6 +202,9 @@ def test_base_layout_report_and_cache(base, monkeypatch):
         assert len(prompt) - len(head) <= 1, tail  # at most the "=" merges with the name's first piece
     rows = [json.loads(line) for line in (base / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["eval/recall_exact"] == report["probe"]["exact"]
+    gauge = report["reading_gauge"]
+    assert gauge["rows"] == 4 and set(gauge["exact"]) == {"fixed", "renamed", "heldout"}
+    assert all(rows[-1][f"eval/gauge_{f}"] == v and v in (0, 0.25, 0.5, 0.75, 1) for f, v in gauge["exact"].items())
 
     def no_training(*args, **kwargs):
         raise AssertionError("a cached base was retrained")

@@ -1,4 +1,4 @@
-"""The reading gauge (`hat_jax.eval.reading_gauge`, experiments/benchmarks/reading_gauge.py): each family draws
+"""The reading gauge (`hat_jax.data.reading_gauge`, experiments/benchmarks/reading_gauge.py): each family draws
 the names it says, the rendered row masks exactly the assistant turn and the called name, the exact score on a
 hand case, bad input named, and the benchmark end to end on a fresh micro model (its curve in --json)."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hat_jax.eval.reading_gauge import (FAMILIES, INTENT_LABELS, encode_row, exact_names, gauge_batch, gauge_messages,
+from hat_jax.data.reading_gauge import (FAMILIES, INTENT_LABELS, encode_row, exact_names, gauge_batch, gauge_messages,
                                         tool_names)
 from hat_jax.harness.hsa_vocab import (HELDOUT_TOOL_STYLES, TRAIN_TOOL_STYLES, name_style, parse_tool_name,
                                        reserved_combo)

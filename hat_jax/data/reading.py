@@ -1,0 +1,247 @@
+"""Reading exercises for the tiny base's pretraining: short chats whose answers are copied from the context.
+
+Variant implemented and why: reading a harness is associative recall (find the entry a request points to, copy
+the name written beside it), a skill a pretrained LLM brings and a from-scratch tiny base lacks (its recall
+probe stayed at 0 on tool chats of ~770 tokens with one copied name each). These chats are short (~60-250 tokens)
+and dense: every chat asks 2-4 questions whose answers are spans of the context, so most of their tokens after
+the listing are reading decisions. Five kinds, none with live-stream or shopping content:
+
+- "lookup": a table of keys and values (lines, `=` pairs, a JSON object or a markdown table); questions name a
+  key, the answer is its value;
+- "record": a JSON record; questions name a field, the answer is its value;
+- "copy": strings to repeat exactly;
+- "select": entries with a name and a description; requests give the description (or its gist), the answer
+  is the entry's name;
+- "call": a tool list in the system message (name and description, as a harness lists them); requests give
+  the description or its gist; the assistant calls the listed tool (`tool_calls`), the tool message returns
+  a record and the reply copies its value.
+
+Names are 1-3 word pieces from a broad pool (generic English, pinyin and the English words of HSA's tool and
+skill vocabulary, as a real base has seen them all) in every naming style, HSA's held-out ones included: a
+pretrained base has read dotted and PascalCase names, while HSA-SFT and RL still never train on HSA's
+held-out families (`hat_jax.harness.hsa_vocab`). Source: the associative-recall probe of ../shared/probes
+(names drawn fresh per row are learned, a fixed set is memorised) and the multi-query associative recall
+tasks of Zoology (Arora et al. 2023, arXiv 2312.04927).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from hat_jax.data.corpus_domains import BOOKS, CITIES, CONDITIONS, DISHES, DOMAINS, FOODS, STATIONS
+from hat_jax.harness import hsa_vocab
+
+KINDS: tuple[str, ...] = ("lookup", "record", "copy", "select", "call")
+NAME_STYLES: tuple[str, ...] = hsa_vocab.TRAIN_TOOL_STYLES + hsa_vocab.HELDOUT_TOOL_STYLES
+_GENERIC_PIECES: tuple[str, ...] = (
+    "get", "set", "find", "list", "load", "read", "show", "calc", "run", "send", "make", "open", "sync", "scan",
+    "info", "data", "item", "record", "entry", "status", "report", "detail", "meta", "value", "index", "table",
+    "node", "task", "job", "box", "tool", "kit", "hub", "desk", "port", "link", "map", "log", "spec", "view",
+    "user", "file", "note", "time", "date", "city", "book", "train", "room", "card", "code", "plan", "team",
+    "shu", "ju", "xin", "xi", "wen", "jian", "ri", "qi", "di", "zhi", "ming", "cheng", "biao", "dan", "hao",
+)  # fmt: skip
+
+
+def name_pieces() -> tuple[str, ...]:
+    """The word pieces of the exercises' names: generic pieces and the pieces of HSA's vocabulary, deduplicated
+    in a fixed order."""
+    hsa = list(hsa_vocab.VERBS) + list(hsa_vocab.PREFIXES)
+    for table in (hsa_vocab.TOOL_NOUNS, hsa_vocab.SKILL_NOUNS, hsa_vocab.ARG_NOUNS):
+        hsa += [p for variants in table.values() for v in variants for p in v]
+    return tuple(dict.fromkeys(list(_GENERIC_PIECES) + hsa))
+
+
+# Generic tasks (English|Chinese description, English|Chinese gist) beside the corpus domains' intents.
+_TASKS: tuple[tuple[str, str, str, str], ...] = (
+    ("Translates a sentence into another language.", "把一句话翻译成另一种语言。", "a translation", "翻译"),
+    ("Sends an email to a contact.", "给联系人发送一封邮件。", "sending an email", "发邮件"),
+    ("Sets an alarm for a given time.", "在指定时间设置闹钟。", "an alarm", "设闹钟"),
+    ("Returns the current exchange rate of two currencies.", "查询两种货币的当前汇率。", "an exchange rate", "汇率"),
+    ("Books a meeting room for an hour.", "预订一间会议室一小时。", "a meeting room", "订会议室"),
+    ("Returns the opening hours of a museum.", "查询博物馆的开放时间。", "opening hours", "开放时间"),
+    ("Counts the words in a text.", "统计一段文字的字数。", "a word count", "字数"),
+    ("Returns the phone number of a contact.", "查询联系人的电话号码。", "a phone number", "电话号码"),
+    ("Creates a note with a title.", "新建一条带标题的笔记。", "a new note", "新建笔记"),
+    ("Returns the population of a city.", "查询一个城市的人口。", "the population", "人口"),
+    ("Returns the time zone of a city.", "查询一个城市所在的时区。", "a time zone", "时区"),
+    ("Plays a song by its title.", "按歌名播放一首歌。", "playing a song", "播放歌曲"),
+    ("Returns the distance between two addresses.", "查询两个地址之间的距离。", "a distance", "距离"),
+    ("Returns the balance of a bank account.", "查询银行账户余额。", "an account balance", "账户余额"),
+    ("Adds a task to a to-do list.", "把一项任务加入待办清单。", "a to-do item", "待办事项"),
+    ("Returns the definition of a word.", "查询一个词的释义。", "a definition", "词义"),
+)  # fmt: skip
+
+
+def _tasks() -> list[dict[str, dict[str, str]]]:
+    """Every task a select/call exercise can list: {"desc": {en, zh}, "gist": {en, zh}}."""
+    out = [{"desc": dict(i.desc), "gist": dict(i.gist)} for d in DOMAINS for i in d.intents]
+    out += [{"desc": {"en": de, "zh": dz}, "gist": {"en": ge, "zh": gz}} for de, dz, ge, gz in _TASKS]
+    return out
+
+
+TASKS = _tasks()
+_WORDS = [w for pairs in (CITIES, FOODS, BOOKS, STATIONS, DISHES, CONDITIONS) for pair in pairs for w in pair]
+
+
+def random_name(rng: random.Random, pieces: Sequence[str], styles: Sequence[str] = NAME_STYLES) -> str:
+    """A name of 1-3 pieces (2-3 for dotted: a namespace and a name) in one of `styles`."""
+    style = rng.choice(list(styles))
+    k = rng.randint(2, 3) if style == "dotted" else rng.randint(1, 3)
+    return hsa_vocab.style_name(rng.sample(list(pieces), k), style)
+
+
+def _distinct(rng: random.Random, k: int, draw) -> list[str]:
+    out: list[str] = []
+    while len(out) < k:
+        value = draw()
+        if value not in out:
+            out.append(value)
+    return out
+
+
+def random_value(rng: random.Random, pieces: Sequence[str]) -> str:
+    """A value to copy: a number, a code, a word of the corpus worlds (English or Chinese) or a name."""
+    kind = rng.randrange(4)
+    if kind == 0:
+        return str(rng.randint(0, 9999))
+    if kind == 1:
+        return f"{rng.choice('ABCDEFGHJKMNPQRSTUVWXYZ')}{rng.randint(10, 999)}"
+    if kind == 2:
+        return rng.choice(_WORDS)
+    return random_name(rng, pieces)
+
+
+_ASK = {
+    "lookup": {"en": ("What is the value of {k}?", "{k}?", "Look up {k}."), "zh": ("{k} 的值是多少？", "{k}？", "查一下 {k}。")},
+    "record": {"en": ("What is the {k} field?", "Give me {k}.", "{k}?"), "zh": ("{k} 字段是什么？", "告诉我 {k}。", "{k}？")},
+    "copy": {"en": ("Repeat exactly: {k}", "Copy this: {k}"), "zh": ("原样重复：{k}", "照抄：{k}")},
+    "select": {"en": ("Which entry is for {k}?", "I need {k}.", "{k}"), "zh": ("哪一项用于{k}？", "我需要{k}。", "{k}")},
+}  # fmt: skip
+
+
+def _layout_table(rng: random.Random, rows: list[tuple[str, str]]) -> str:
+    """Key-value rows in one of four layouts."""
+    layout = rng.randrange(4)
+    if layout == 0:
+        return "\n".join(f"{k}: {v}" for k, v in rows)
+    if layout == 1:
+        return "; ".join(f"{k} = {v}" for k, v in rows)
+    if layout == 2:
+        return json.dumps(dict(rows), ensure_ascii=False)
+    return "| key | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
+
+
+def _qa_turns(rng: random.Random, kind: str, lang: str, pairs: list[tuple[str, str]], n: int) -> list[dict]:
+    """n user questions about distinct keys of `pairs` ((key shown in the question, answer)), each answered."""
+    out = []
+    for key, answer in rng.sample(pairs, min(n, len(pairs))):
+        out.append({"role": "user", "content": rng.choice(_ASK[kind][lang]).format(k=key)})
+        out.append({"role": "assistant", "content": answer})
+    return out
+
+
+def _lookup_chat(rng, lang, pieces) -> list[dict]:
+    keys = _distinct(rng, rng.randint(4, 8), lambda: random_name(rng, pieces))
+    rows = [(k, random_value(rng, pieces)) for k in keys]
+    head = "Table:" if lang == "en" else "数据表："
+    first = {"role": "user", "content": f"{head}\n{_layout_table(rng, rows)}"}
+    turns = _qa_turns(rng, "lookup", lang, rows, rng.randint(2, 4))
+    turns[0] = {"role": "user", "content": first["content"] + "\n\n" + turns[0]["content"]}
+    return turns
+
+
+def _record_chat(rng, lang, pieces) -> list[dict]:
+    fields = _distinct(rng, rng.randint(3, 6), lambda: random_name(rng, pieces, hsa_vocab.TRAIN_ARG_STYLES))
+    record = {f: random_value(rng, pieces) for f in fields}
+    system = {"role": "system", "content": ("Record: " if lang == "en" else "记录：")
+              + json.dumps(record, ensure_ascii=False)}
+    return [system] + _qa_turns(rng, "record", lang, list(record.items()), rng.randint(2, 3))
+
+
+def _copy_chat(rng, lang, pieces) -> list[dict]:
+    strings = [" ".join(random_name(rng, pieces) if rng.random() < 0.7 else random_value(rng, pieces)
+                        for _ in range(rng.randint(1, 3))) for _ in range(rng.randint(2, 3))]
+    return _qa_turns(rng, "copy", lang, [(s, s) for s in strings], len(strings))
+
+
+def _listing(rng: random.Random, entries: list[tuple[str, str]], lang: str) -> str:
+    """Entries (name, description) listed in one of three layouts, in the given order."""
+    layout = rng.randrange(3)
+    if layout == 0:
+        return "\n".join(f"- {d}: {n}" for n, d in entries)
+    if layout == 1:
+        return "\n".join(f"{n} - {d}" for n, d in entries)
+    return "\n".join(f'<tool name="{n}">{d}</tool>' for n, d in entries)
+
+
+def _pick_tasks(rng: random.Random, pieces, lang: str) -> tuple[list[tuple[str, dict]], list[tuple[str, str]]]:
+    """([(name, task)], [(name, description)]): 4-8 tasks with fresh distinct names."""
+    tasks = rng.sample(TASKS, rng.randint(4, 8))
+    names = _distinct(rng, len(tasks), lambda: random_name(rng, pieces))
+    return list(zip(names, tasks)), [(n, t["desc"][lang]) for n, t in zip(names, tasks)]
+
+
+def _request(rng: random.Random, task: dict, lang: str) -> str:
+    return task["gist" if rng.random() < 0.5 else "desc"][lang].rstrip(".。")
+
+
+def _select_chat(rng, lang, pieces) -> list[dict]:
+    named, entries = _pick_tasks(rng, pieces, lang)
+    head = "Entries:" if lang == "en" else "条目："
+    system = {"role": "system", "content": f"{head}\n{_listing(rng, entries, lang)}"}
+    pairs = [(_request(rng, task, lang), name) for name, task in named]
+    return [system] + _qa_turns(rng, "select", lang, pairs, rng.randint(2, 3))
+
+
+def _call_chat(rng, lang, pieces) -> list[dict]:
+    named, entries = _pick_tasks(rng, pieces, lang)
+    rule = "Call the tool that serves the request." if lang == "en" else "按用户的需求调用对应的工具。"
+    head = "Tools:" if lang == "en" else "工具列表："
+    messages = [{"role": "system", "content": f"{head}\n{_listing(rng, entries, lang)}\n{rule}"}]
+    for name, task in rng.sample(named, rng.randint(2, 3)):
+        field = random_name(rng, pieces, hsa_vocab.TRAIN_ARG_STYLES)
+        value = random_value(rng, pieces)
+        messages += [
+            {"role": "user", "content": _request(rng, task, lang)},
+            {"role": "assistant", "content": "",
+             "tool_calls": [{"type": "function", "function": {"name": name, "arguments": {}}}]},
+            {"role": "tool", "name": name, "content": json.dumps({field: value}, ensure_ascii=False)},
+            {"role": "assistant", "content": value},
+        ]
+    return messages
+
+
+_MAKERS = {"lookup": _lookup_chat, "record": _record_chat, "copy": _copy_chat, "select": _select_chat,
+           "call": _call_chat}
+
+
+def reading_chats(n: int, seed: int, *, zh_share: float = 0.5, kinds: Sequence[str] = KINDS) -> list[list[dict]]:
+    """`n` reading-exercise chats (module docstring), deterministic per seed, kinds drawn uniformly.
+
+    Args:
+      n: number of chats (>= 0). seed: sampling seed. zh_share: share written in Chinese, in [0, 1].
+      kinds: a non-empty subset of `KINDS`.
+    Returns:
+      OpenAI-format message lists (tool calls as `tool_calls`, results as "tool" messages; no tool dicts: the
+      tools are listed in the system message), rendered by `hat_jax.data.corpus.render_chat`.
+    Raises:
+      ValueError: negative n, zh_share outside [0, 1], unknown or no kinds.
+    """
+    if n < 0:
+        raise ValueError(f"reading_chats: n must be >= 0, got {n}")
+    if not 0.0 <= zh_share <= 1.0:
+        raise ValueError(f"reading_chats: zh_share must be in [0, 1], got {zh_share}")
+    bad = [k for k in kinds if k not in KINDS] or ([] if kinds else ["(empty)"])
+    if bad:
+        raise ValueError(f"reading_chats: kinds {bad} unknown; expected a non-empty subset of {KINDS}")
+    rng = random.Random(f"reading-{seed}")
+    pieces = name_pieces()
+    out = []
+    for _ in range(n):
+        lang = "zh" if rng.random() < zh_share else "en"
+        out.append(_MAKERS[rng.choice(list(kinds))](rng, lang, pieces))
+    return out
+

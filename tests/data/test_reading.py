@@ -1,0 +1,87 @@
+"""The reading exercises (`hat_jax.data.reading`): every answer is a span of the context before it, the request
+of a select/call turn points to exactly the entry whose name is answered, names come in every style, and the
+corpus mixes them in at `reading_share` without changing the other chats."""
+
+import json
+import random
+import re
+
+import pytest
+
+from hat_jax.data.corpus import pretraining_chats, render_chat
+from hat_jax.data.reading import KINDS, NAME_STYLES, TASKS, name_pieces, random_name, reading_chats
+
+
+def answers(messages):
+    """[(index, answer)]: each assistant turn's answer (its tool call's name, or its content)."""
+    out = []
+    for i, m in enumerate(messages):
+        if m["role"] == "assistant":
+            calls = m.get("tool_calls")
+            out.append((i, calls[0]["function"]["name"] if calls else m["content"]))
+    return out
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_answer_is_written_before_it(kind):
+    for messages in reading_chats(40, 3, kinds=[kind]):
+        found = answers(messages)
+        assert len(found) >= 2, messages  # several reading decisions per chat
+        for i, answer in found:
+            before = "\n".join(str(m.get("content", "")) for m in messages[:i])
+            assert answer and answer in before, (answer, before)
+
+
+@pytest.mark.parametrize("kind", ["select", "call"])
+def test_a_request_points_to_the_entry_it_answers(kind):
+    """The entry listed under the answered name has the requested task's description (or the task of its gist)."""
+    by_text = {t[k][lang].rstrip(".。"): t["desc"][lang] for t in TASKS for k in ("desc", "gist") for lang in ("en", "zh")}
+    for messages in reading_chats(40, 5, kinds=[kind]):
+        listing = messages[0]["content"]
+        for i, name in answers(messages):
+            if messages[i].get("tool_calls") is None and kind == "call":
+                continue  # the reply that copies the tool result
+            request = messages[i - 1]["content"]
+            desc = next(by_text[text] for text in sorted(by_text, key=len, reverse=True) if text in request)
+            line = next(line for line in listing.splitlines() if re.search(rf'(^|[ "=]){re.escape(name)}($|[ "<])', line))
+            assert desc in line, (request, name, listing)
+
+
+def test_call_replies_copy_the_tool_result():
+    for messages in reading_chats(20, 7, kinds=["call"]):
+        for i, m in enumerate(messages):
+            if m["role"] == "tool":
+                assert messages[i + 1]["content"] in json.loads(m["content"]).values()
+
+
+def test_deterministic_every_style_and_renderable():
+    a, b = reading_chats(30, 1), reading_chats(30, 1)
+    assert a == b and a != reading_chats(30, 2)
+    rng, pieces = random.Random(0), name_pieces()
+    names = [random_name(rng, pieces) for _ in range(400)]
+    assert any("." in n for n in names) and any(n[:1].isupper() for n in names) and any("-" in n for n in names)
+    assert set(NAME_STYLES) == {"snake", "camel", "kebab", "dotted", "pascal"}
+    assert "price" in pieces and "get" in pieces and len(set(pieces)) == len(pieces)
+    for messages in a:
+        text = render_chat(messages)
+        assert text.startswith("<|im_start|>") and text.count("<|im_start|>assistant") == len(answers(messages))
+
+
+def test_reading_share_adds_exercises_after_the_same_other_chats():
+    mixed = pretraining_chats(40, 0, reading_share=0.25)
+    assert len(mixed) == 40 and mixed[:30] == pretraining_chats(30, 0)
+    assert [(m, []) for m in reading_chats(10, 0)] == mixed[30:]
+    assert pretraining_chats(40, 0, reading_share=0.0) == pretraining_chats(40, 0)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"n": -1}, "n must be >= 0, got -1"),
+    ({"zh_share": 2.0}, r"zh_share must be in \[0, 1\], got 2.0"),
+    ({"kinds": ["lookup", "quiz"]}, r"kinds \['quiz'\] unknown"),
+    ({"kinds": []}, r"kinds \['\(empty\)'\] unknown"),
+])
+def test_bad_arguments_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        reading_chats(**{"n": 2, "seed": 0, **kwargs})
+    with pytest.raises(ValueError, match=r"reading_share must be in \[0, 1\], got -0.5"):
+        pretraining_chats(4, 0, reading_share=-0.5)
