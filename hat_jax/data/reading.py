@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Sequence
-from typing import Any
 
 from hat_jax.data.corpus_domains import BOOKS, CITIES, CONDITIONS, DISHES, DOMAINS, FOODS, STATIONS
 from hat_jax.harness import hsa_vocab
