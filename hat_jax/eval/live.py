@@ -19,6 +19,9 @@ Variant implemented and why:
   episode (TC and TCO are 1 for a task without gold calls, LLM is 1 when the prompt has no reply
   constraint, a reply-based metric is 0 when there is no reply), so every sample averages all its parts
   and every sample counts in every mean.
+- Reading metrics (not the report's; never in AVG): `hat_jax.judges.reading` under the item harness, name_valid,
+  skill_acc, chain_done (0-100, None when their denominator is empty: no calls, no task needing a skill, no task
+  with gold calls) and calls_per_ep (a count), after the suite's metrics in its scores.
 - Reasoning length: `hat_jax.rollout.turns.reasoning_tokens` of each sampled turn (the count the RL stage's
   CoT penalty uses).
 """
@@ -35,6 +38,7 @@ import numpy as np
 
 from hat_jax.data.suites import EvalItem, item_env_config, item_harness, item_to_dict
 from hat_jax.harness.state import HarnessState
+from hat_jax.judges.reading import episode_reading, reading_scores
 from hat_jax.judges.rules import SHORT_KEYS, SUITE_KEYS, SUITE_METRICS, Judgement, judge_episode
 from hat_jax.rollout import RolloutConfig, Sampler, reasoning_tokens, rollout_episodes
 from hat_jax.sim.catalog import World
@@ -43,7 +47,8 @@ from hat_jax.sim.types import episode_to_dict
 
 
 def suite_keys(suite: str) -> tuple[str, ...]:
-    """The short metric keys of `suite` plus "avg", e.g. ("acc", "eff", "avg").
+    """The short metric keys of `suite` plus "avg", e.g. ("acc", "eff", "avg") (the reading keys follow them in
+    `run_live_suite`'s scores: `hat_jax.judges.reading.READING_KEYS`).
 
     Raises:
       ValueError: an unknown suite (names the valid ones).
@@ -74,9 +79,10 @@ def suite_scores(suite: str, judgements: Sequence[Judgement]) -> dict[str, float
 
 @dataclasses.dataclass
 class SuiteResult:
-    """scores: `suite_scores`; extra: timing and length statistics; records: one JSON-ready dict per item."""
+    """scores: `suite_scores`, then the reading metrics (`hat_jax.judges.reading.READING_KEYS`, each a value or
+    None); extra: timing and length statistics; records: one JSON-ready dict per item."""
 
-    scores: dict[str, float]
+    scores: dict[str, float | None]
     extra: dict[str, float]
     records: list[dict[str, Any]]
 
@@ -93,8 +99,10 @@ def run_live_suite(sampler: Sampler, suite: str, items: Sequence[EvalItem], conf
       batch_size: episodes per `rollout_episodes` call. seed: chunk c samples with fold_in(key(seed), c).
       progress: a tqdm bar.
     Returns:
-      SuiteResult; extra = {"episodes", "turns" (mean model turns per episode), "reasoning_tokens" (mean per
-      model turn), "truncated_pct", "tokens_generated", "generation_s", "wall_s", "episodes_per_s"}.
+      SuiteResult: scores, the suite's keys then the reading keys; records {"item", "scores", "judgement", "reading"
+      (`hat_jax.judges.reading.EpisodeReading` as a dict), "truncated", "turn_texts", "episode"}; extra =
+      {"episodes", "turns" (mean model turns per episode), "reasoning_tokens" (mean per model turn),
+      "truncated_pct", "tokens_generated", "generation_s", "wall_s", "episodes_per_s"}.
     Raises:
       ValueError: an unknown suite, no items, batch_size < 1, group_size != 1 or an env in `config`, an item of
         another suite, or a prompt that does not fit seq_len (from `rollout_episodes`, naming the task).
@@ -113,7 +121,7 @@ def run_live_suite(sampler: Sampler, suite: str, items: Sequence[EvalItem], conf
     from tqdm.auto import tqdm
 
     t0 = time.perf_counter()
-    judgements, records, turns, reasoning, truncated = [], [], [], [], []
+    judgements, readings, records, turns, reasoning, truncated = [], [], [], [], [], []
     generated, gen_s = 0, 0.0
     chunks = [items[s:s + batch_size] for s in range(0, len(items), batch_size)]
     bar = tqdm(total=len(items), desc=suite, unit="ep", disable=not progress, leave=False)
@@ -128,17 +136,19 @@ def run_live_suite(sampler: Sampler, suite: str, items: Sequence[EvalItem], conf
                                                     batch.truncated):
             judgement = judge_episode(episode, harness)
             judgements.append(judgement)
+            readings.append(episode_reading(episode, harness))
             turns.append(len(texts))
             reasoning += [reasoning_tokens(sampler.tokenizer, t) for t in texts]
             truncated.append(bool(cut))
             records.append({"item": item_to_dict(it), "scores": {k: 100.0 * v for k, v in
                                                                  sample_scores(suite, judgement).items()},
-                            "judgement": _judgement_json(judgement), "truncated": bool(cut), "turn_texts": texts,
+                            "judgement": _judgement_json(judgement),
+                            "reading": dataclasses.asdict(readings[-1]), "truncated": bool(cut), "turn_texts": texts,
                             "episode": episode_to_dict(episode)})
         bar.update(len(chunk))
     bar.close()
     wall = time.perf_counter() - t0
-    scores = suite_scores(suite, judgements)
+    scores = {**suite_scores(suite, judgements), **reading_scores(readings)}
     extra = {"episodes": float(len(items)), "turns": float(np.mean(turns)),
              "reasoning_tokens": float(np.mean(reasoning)) if reasoning else 0.0,
              "truncated_pct": 100.0 * float(np.mean(truncated)), "tokens_generated": float(generated),

@@ -2,14 +2,17 @@
 
 The HAT report, arXiv 2608.15763 (TaoLive, 2026), "Evaluation sets and metrics". `evaluate` returns
 
-    {"live_qa": {"acc", "eff", "avg"}, "variant_qa": {"acc", "eff", "avg"},
-     "tool_robustness": {"adr", "rc", "tc", "avg"}, "prompt_robustness": {"adr", "llm", "tco", "avg"},
+    {"live_qa": {"acc", "eff", "avg", + READING}, "variant_qa": {"acc", "eff", "avg", + READING},
+     "tool_robustness": {"adr", "rc", "tc", "avg", + READING},
+     "prompt_robustness": {"adr", "llm", "tco", "avg", + READING},
      "ifeval": {"prompt_strict", "inst_strict", "prompt_loose", "inst_loose"} or None (skipped),
      "ifeval_mini": {the same four} or None (ifeval_mini_items = 0),
      "mtp": {"acceptance_depth1", "mean_accepted_length", "positions", "episodes"} or None (not measured),
      "extra": {per suite: timing and length statistics; "seq_len", "wall_s", ...}}
 
-every suite metric a float on the paper's 0-100 scale; only the suites of `EvalConfig.suites` are present.
+every report metric a float on the paper's 0-100 scale; only the suites of `EvalConfig.suites` are present. READING
+is the reading metrics of `hat_jax.judges.reading` ("name_valid", "skill_acc", "chain_done" on 0-100 or None when
+undefined, "calls_per_ep" a count), not the report's and not in AVG.
 Decoding is greedy by default (`EvalConfig.temperature` 0); with a temperature > 0 (e.g. the paper's serving
 setting, 1.0 / top-p 0.95) every batch samples with a key derived from `EvalConfig.seed` and its index, so a
 score is still a function of the params and the config.
@@ -187,8 +190,9 @@ def _live_suites(sampler: Sampler, config: EvalConfig, seq_len: int, out: Path |
         res = run_live_suite(sampler, suite, items, episodes, world=world, original=original,
                              batch_size=config.batch_size, seed=config.seed, progress=progress)
         results[suite], extra[suite] = res.scores, res.extra
-        log.info("eval %s: %s (%d episodes, %.1f s)", suite, " ".join(f"{k} {v:.1f}" for k, v in res.scores.items()),
-                 len(items), res.extra["wall_s"])
+        log.info("eval %s: %s (%d episodes, %.1f s)", suite,
+                 " ".join(f"{k} {'-' if v is None else f'{v:.1f}'}" for k, v in res.scores.items()), len(items),
+                 res.extra["wall_s"])
         if out is not None:
             _write_jsonl(out / f"{suite}.jsonl", res.records)
     return results, extra

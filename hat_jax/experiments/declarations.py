@@ -37,16 +37,22 @@ from typing import Any
 import yaml
 
 from hat_jax.experiments.stage_kinds import STAGE_KINDS, check_overrides
+from hat_jax.judges.reading import READING_KEYS
 from hat_jax.judges.rules import SUITE_KEYS as LIVE_SUITE_KEYS
 
 IF_KEYS: tuple[str, ...] = ("prompt_strict", "inst_strict", "prompt_loose", "inst_loose")  # `eval.if_checker`
-# results.json "metrics" layout: the live-stream suites' keys (from the judge metric table), then IFEval's.
-SUITE_KEYS: dict[str, tuple[str, ...]] = {**LIVE_SUITE_KEYS, "ifeval": IF_KEYS, "ifeval_mini": IF_KEYS}
+# results.json "metrics" layout: each live-stream suite's keys (from the judge metric table, then the reading
+# metrics of `hat_jax.judges.reading`), then IFEval's.
+SUITE_KEYS: dict[str, tuple[str, ...]] = {**{s: (*keys, *READING_KEYS) for s, keys in LIVE_SUITE_KEYS.items()},
+                                          "ifeval": IF_KEYS, "ifeval_mini": IF_KEYS}
 METRIC_PATHS: tuple[str, ...] = tuple(f"{s}.{k}" for s, keys in SUITE_KEYS.items() for k in keys)
 METRIC_LABELS: dict[str, str] = {
     "live_qa": "Live QA", "variant_qa": "Variant QA", "tool_robustness": "Tool rob.",
     "prompt_robustness": "Prompt rob.", "ifeval": "IFEval", "ifeval_mini": "IF-mini",
 }
+# Column labels of the keys whose name does not read as one (others: the key with spaces).
+KEY_LABELS: dict[str, str] = {"name_valid": "name validity", "skill_acc": "skill selection",
+                              "chain_done": "gold chain done", "calls_per_ep": "calls / episode"}
 
 
 class DeclarationError(ValueError):

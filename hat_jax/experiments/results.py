@@ -1,22 +1,29 @@
 """results.json and results.md of an experiment, and a group's table beside the paper's.
 
-results.json (every metric on the paper's 0-100 scale):
+results.json (every metric on the paper's 0-100 scale but the count "calls_per_ep" and "mtp"):
 
     {"experiment", "preset", "seeds", "wall_s",
      "stages": [{"name", "harness", "steps", "wall_s", ...}],
-     "metrics": {"live_qa": {"acc", "eff", "avg"}, "variant_qa": {...}, "tool_robustness": {"adr", "rc", "tc", "avg"},
-                 "prompt_robustness": {"adr", "llm", "tco", "avg"}, "ifeval": {...}, "ifeval_mini": {...}},
+     "metrics": {"live_qa": {"acc", "eff", "avg", + READING}, "variant_qa": {...},
+                 "tool_robustness": {"adr", "rc", "tc", "avg", + READING},
+                 "prompt_robustness": {"adr", "llm", "tco", "avg", + READING}, "ifeval": {...}, "ifeval_mini": {...}},
      "per_seed": [{the same metrics for each seed}],
      "mtp": {"acceptance_depth1", "mean_accepted_length", "positions", "episodes", "per_seed": [...]} or null,
      ...extra fields (chain, paper, intervals, base, eval_wall_s)}
 
 With several seeds, "metrics" holds the mean over seeds and "intervals" the 95% confidence interval of the
-mean (Student's t with n - 1 degrees of freedom, `scipy.stats.t`), clipped to the metrics' 0-100 range (with 3
-seeds the t-interval of a score near 100 otherwise passes 100); a metric that is null for some seed (IFEval
-skipped) is null in the mean. Means and bounds keep 4 decimals, so that results.md's one decimal rounds the
-same value the evaluation log rounds (2 decimals would round 11.646 to 11.65, then to 11.7, against the log's
-11.6). A suite that was not run is null: IFEval without its data, or a suite left out with
+mean (Student's t with n - 1 degrees of freedom, `scipy.stats.t`), clipped to the metric's range (`metric_range`:
+0-100, a count's at 0; with 3 seeds the t-interval of a score near 100 otherwise passes 100); a metric that is
+null for some seed (IFEval skipped) is null in the mean. Means and bounds keep 4 decimals, so that results.md's
+one decimal rounds the same value the evaluation log rounds (2 decimals would round 11.646 to 11.65, then to
+11.7, against the log's 11.6). A suite that was not run is null: IFEval without its data, or a suite left out with
 `--set eval.suites=[...]` or `--set eval.ifeval_mini_items=0`.
+
+READING is the reading metrics of every live-stream suite (`hat_jax.judges.reading`, not the paper's, never in
+AVG): "name_valid", "skill_acc", "chain_done" on 0-100, and "calls_per_ep", a count (>= 0, its interval clipped at
+0 only). Each is null where its denominator is empty in some seed (no calls, no task needing a skill, no task with
+gold calls; no interval then; results.md says why), and absent from a results.json written before they existed or
+aggregated from a seed evaluated before (results.md: "not measured"); `check_results` accepts both.
 
 "mtp" (`mtp_summary`) is the MTP head's offline draft acceptance of each seed's final checkpoint
 (`hat_jax.eval.runner`, "mtp": teacher-forced, depth 1, on held-out Live QA oracle episodes): a share in [0, 1],
@@ -32,7 +39,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hat_jax.experiments.declarations import METRIC_LABELS, SUITE_KEYS, Experiment, Group
+from hat_jax.experiments.declarations import KEY_LABELS, METRIC_LABELS, SUITE_KEYS, Experiment, Group
+from hat_jax.judges.reading import COUNT_KEYS, READING_KEYS, UNDEFINED
 
 RESULT_KEYS = ("experiment", "preset", "seeds", "wall_s", "stages", "metrics", "per_seed")
 MTP_FIGURES = ("acceptance_depth1", "mean_accepted_length", "positions", "episodes")
@@ -42,8 +50,24 @@ SPEED_SOURCE = ("`python experiments/benchmarks/spec_decode_bench.py --checkpoin
                 "`export/check_vllm.py HF_DIR --mtp 1` (vLLM; export/README.md)")
 
 
+# results.md's note under a table that shows a reading metric.
+READING_NOTE = ("Name validity, skill selection, gold chain done and calls / episode show reading directly "
+                "(`hat_jax.judges.reading`; not the paper's, not in AVG): name validity = calls whose tool name, and "
+                "for a skill load whose skill id, exists in the harness the episode ran under / all calls; skill "
+                "selection = episodes whose first loaded skill is the task's, loaded before any world tool / "
+                "episodes whose task needs a skill (every generated task does); gold chain done = episodes that "
+                "make every gold call in group order / episodes whose task has gold calls; calls / episode is a "
+                "count, not on 0-100.")
+
+
+def metric_range(key: str) -> tuple[float, float]:
+    """(low, high) of a results.json metric key: [0, inf) for a count (`COUNT_KEYS`), else the 0-100 scale."""
+    return (0.0, math.inf) if key in COUNT_KEYS else (0.0, 100.0)
+
+
 def metric_value(metrics: Mapping[str, Any], path: str) -> float | None:
-    """metrics["suite"]["key"] for path "suite.key"; None when the suite is null or absent."""
+    """metrics["suite"]["key"] for path "suite.key"; None when the suite is null or absent, or the key null or
+    absent (a reading metric: module docstring)."""
     suite, key = path.split(".")
     block = metrics.get(suite)
     return None if block is None else block.get(key)
@@ -66,7 +90,9 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[fl
 
 
 def aggregate(per_seed: Sequence[Mapping[str, Any]]) -> tuple[dict, dict]:
-    """(mean metrics, 95% intervals clipped to [0, 100]) over seeds, in the results.json layout (module docstring)."""
+    """(mean metrics, 95% intervals clipped to each metric's range, `metric_range`) over seeds, in the results.json
+    layout (module docstring): a suite null for some seed is null; a key null for some seed is null, without an
+    interval; a key absent from some seed's block (a reading metric evaluated before it existed) is left out."""
     mean, intervals = {}, {}
     for suite, keys in SUITE_KEYS.items():
         blocks = [m.get(suite) for m in per_seed]
@@ -75,9 +101,16 @@ def aggregate(per_seed: Sequence[Mapping[str, Any]]) -> tuple[dict, dict]:
             continue
         mean[suite], intervals[suite] = {}, {}
         for key in keys:
-            m, lo, hi = mean_interval([float(b[key]) for b in blocks])
+            values = [b[key] for b in blocks if key in b]
+            if len(values) < len(blocks):
+                continue
+            if any(v is None for v in values):
+                mean[suite][key] = None
+                continue
+            m, lo, hi = mean_interval([float(v) for v in values])
+            low, high = metric_range(key)
             mean[suite][key] = round(m, 4)
-            intervals[suite][key] = [round(max(lo, 0.0), 4), round(min(hi, 100.0), 4)]
+            intervals[suite][key] = [round(max(lo, low), 4), round(min(hi, high), 4)]
     return mean, intervals
 
 
@@ -133,12 +166,17 @@ def check_results(data: Mapping[str, Any]) -> None:
             block = metrics[suite]
             if block is None:  # not run: IFEval without data, or a suite left out (eval.suites, ifeval_mini_items=0)
                 continue
-            if not isinstance(block, Mapping) or set(keys) - set(block):
-                raise ValueError(f"results.json: {where}.{suite} must hold {', '.join(keys)}, got {block!r}")
+            required = [k for k in keys if k not in READING_KEYS]  # a reading metric may be absent (or null)
+            if not isinstance(block, Mapping) or set(required) - set(block):
+                raise ValueError(f"results.json: {where}.{suite} must hold {', '.join(required)}, got {block!r}")
             for key in keys:
-                value = block[key]
-                if not isinstance(value, (int, float)) or not 0 <= value <= 100:
-                    raise ValueError(f"results.json: {where}.{suite}.{key} = {value!r}; expected a number in [0, 100]")
+                value = block.get(key)
+                if value is None and key in READING_KEYS:
+                    continue
+                low, high = metric_range(key)
+                if not isinstance(value, (int, float)) or not low <= value <= high:
+                    expected = "a number >= 0" if high == math.inf else f"a number in [{low:.0f}, {high:.0f}]"
+                    raise ValueError(f"results.json: {where}.{suite}.{key} = {value!r}; expected {expected}")
     if len(data["per_seed"]) != len(data["seeds"]):
         raise ValueError(f"results.json: {len(data['per_seed'])} per_seed entries for seeds {data['seeds']}")
     _check_mtp(data.get("mtp"))
@@ -146,14 +184,30 @@ def check_results(data: Mapping[str, Any]) -> None:
 
 def _label(path: str) -> str:
     suite, key = path.split(".")
-    return f"{METRIC_LABELS[suite]} {key.replace('_', ' ')}"
+    return f"{METRIC_LABELS[suite]} {KEY_LABELS.get(key, key.replace('_', ' '))}"
+
+
+def _undefined(results: Mapping[str, Any], suite: str, key: str) -> str:
+    """Why a reading metric's mean is null: its empty denominator, and in how many seeds."""
+    reason = UNDEFINED.get(key, "undefined")
+    seeds = results["per_seed"]
+    if len(seeds) < 2:
+        return reason
+    n = sum((m.get(suite) or {}).get(key, 0) is None for m in seeds)
+    return f"{reason} ({n} of {len(seeds)} seeds)"
 
 
 def _cell(results: Mapping[str, Any], path: str) -> str:
-    value = metric_value(results["metrics"], path)
+    suite, key = path.split(".")
+    block = results["metrics"].get(suite)
+    if block is None:
+        return "skipped" if suite == "ifeval" else "-"
+    if key not in block:
+        return "not measured"  # a reading metric of a results.json written before it existed
+    value = block[key]
     if value is None:
-        return "skipped" if path.startswith("ifeval.") else "-"
-    interval = (results.get("intervals") or {}).get(path.split(".")[0], {}).get(path.split(".")[1])
+        return _undefined(results, suite, key)
+    interval = (results.get("intervals") or {}).get(suite, {}).get(key)
     if len(results["seeds"]) > 1 and interval:
         return f"{value:.1f} [{interval[0]:.1f}, {interval[1]:.1f}]"
     return f"{value:.1f}"
@@ -233,6 +287,7 @@ def experiment_markdown(results: Mapping[str, Any], experiment: Experiment) -> s
     skipped = skip_reason(results, "ifeval")
     if skipped:
         lines += ["", f"IFEval skipped: {skipped}."]
+    lines += ["", READING_NOTE]
     lines += ["", "Paper: Qwen3.6-35B-A3B on the report's private sets (arXiv 2608.15763); ours: the simulator's "
               "held-out suites at this preset's scale. IF-mini is the in-domain IFEval-style gauge (no paper number).",
               ""]
@@ -263,6 +318,8 @@ def group_markdown(group: Group, results: Mapping[str, Mapping[str, Any]], prese
             paper = diff["paper"].get(c)
             parts.append(ours + (f" ({paper:+.1f})" if paper is not None else ""))
         lines.append(f"| {diff['name']} | " + " | ".join(parts) + " |")
+    if any(c.split(".")[1] in READING_KEYS for c in group.columns):
+        lines += ["", READING_NOTE]
     reasons = {skip_reason(res, "ifeval") for res in results.values() if res} - {None}
     if reasons and any(c.startswith("ifeval.") for c in group.columns):
         lines += ["", f"IFEval skipped: {sorted(reasons)[0]}."]

@@ -123,7 +123,7 @@ def _log_eval_scalars(directory: Path, metrics: Mapping[str, Any], step: int) ->
     if not is_primary():  # one process writes the run's files
         return
     values = {f"eval/{suite}/{key}": float(v) for suite, block in _metrics_only(metrics).items() if block
-              for key, v in block.items()}
+              for key, v in block.items() if v is not None}  # a reading metric is None when undefined (no calls)
     mtp = metrics.get("mtp")
     if mtp:
         values.update({f"eval/mtp/{key}": float(mtp[key]) for key in ("acceptance_depth1", "mean_accepted_length")})

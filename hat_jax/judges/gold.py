@@ -1,4 +1,4 @@
-"""Matching an episode's tool calls against its task's gold plan (used by the rule judges).
+"""Matching an episode's tool calls against its task's gold plan (used by the rule judges and the reading metrics).
 
 A task's gold plan (`Task.gold_calls`) is groups of (impl, canonical arguments); a call matches a gold call
 when it has that impl and its canonical arguments contain the gold ones (numbers tolerant, strings case- and
@@ -98,6 +98,24 @@ def match_gold_calls(episode: Episode) -> list[int | None]:
             used.add(idx)
         out.append(idx)
     return out
+
+
+def gold_chain_reasons(episode: Episode) -> tuple[str, ...]:
+    """Why the episode's calls do not complete its gold chain; () when they do (and for a task without gold calls).
+
+    The chain is complete when every gold call was made (`match_gold_calls`: not "invalid_arguments" or
+    "unknown_tool"; an environment failure still counts as making it) and the last matched call of each gold
+    group comes before the first matched call of every later group (calls within a group in any order).
+    """
+    plan, idx = gold_plan(episode), match_gold_calls(episode)
+    if any(i is None for i in idx):
+        return ("a gold call is missing, so the order is not the gold order",)
+    groups: dict[int, list[int]] = {}
+    for (g, _, _), i in zip(plan, idx):
+        groups.setdefault(g, []).append(i)
+    order = sorted(groups)
+    return tuple(f"gold group {b} called before group {a} finished" for a, b in zip(order, order[1:])
+                 if max(groups[a]) > min(groups[b]))
 
 
 def gold_ok(episode: Episode) -> list[bool]:

@@ -39,8 +39,8 @@ from hat_jax.harness.constraints import check_constraint
 from hat_jax.harness.state import DISTRACTOR_PREFIX, SKILL_TOOL_IMPL, HarnessState
 from hat_jax.judges import facts, phrases
 from hat_jax.judges.metric_table import JudgeMetric, check_metric_table
-from hat_jax.judges.gold import (BAD_STATUSES, FAILED_STATUSES, failed_gold_calls, gold_ok, gold_plan, gold_products,
-                                  match_gold_calls, matches_gold)
+from hat_jax.judges.gold import (BAD_STATUSES, FAILED_STATUSES, failed_gold_calls, gold_chain_reasons, gold_ok,
+                                  gold_plan, gold_products, match_gold_calls, matches_gold)
 from hat_jax.sim.tools import TOOL_IMPLS
 from hat_jax.sim.types import Episode
 
@@ -297,19 +297,9 @@ def llm(episode: Episode, harness: HarnessState) -> MetricResult:
 
 
 def tco(episode: Episode, harness: HarnessState) -> MetricResult:
-    """TCO (0/1): gold group order kept (every gold call made) and every tool_order constraint holds."""
-    reasons = []
-    plan, idx = gold_plan(episode), match_gold_calls(episode)
-    if any(i is None for i in idx):
-        reasons.append("a gold call is missing, so the order is not the gold order")
-    else:
-        groups: dict[int, list[int]] = {}
-        for (g, _, _), i in zip(plan, idx):
-            groups.setdefault(g, []).append(i)
-        order = sorted(groups)
-        for a, b in zip(order, order[1:]):
-            if max(groups[a]) > min(groups[b]):
-                reasons.append(f"gold group {b} called before group {a} finished")
+    """TCO (0/1): the gold chain complete in group order (`gold_chain_reasons`) and every tool_order constraint
+    holds."""
+    reasons = list(gold_chain_reasons(episode))
     impls = [c.impl for c in episode.tool_calls if c.impl]
     for c in harness.constraints():
         if c.id == "tool_order" and not check_constraint(c, episode.reply, impls):

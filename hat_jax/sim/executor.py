@@ -25,7 +25,7 @@ Faults are drawn by the caller (`draw_fault`) and applied only to calls that pas
 (a model's own mistake is reported as such). The skill loader is never faulted: it is part of the
 harness, not a remote service.
 
-Skill loading returns {"skill": name, "content": body}, the skill id read as `_skill_name` says.
+Skill loading returns {"skill": name, "content": body}, the skill id read as `skill_argument` says.
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ def _schema_errors(schema: Mapping[str, Any], arguments: Any) -> list[dict]:
         raise _BrokenSchema(f"{type(err).__name__}: {err}") from err
 
 
-def _skill_name(tool: Tool, arguments: Mapping[str, Any]) -> Any:
+def skill_argument(tool: Tool, arguments: Mapping[str, Any]) -> Any:
     """The skill id of a skill-loader call: the canonical argument "skill" (`Tool.arg_paths["skill"]`, None when
     the call lacks it); when the skill tool has no such path, its only string property; failing that, the only
     string value among the arguments (None when there is none or several)."""
@@ -239,7 +239,7 @@ def execute_tool_call(
     arguments = arguments or {}
 
     if tool.impl == SKILL_TOOL_IMPL:
-        skill_name = _skill_name(tool, arguments)
+        skill_name = skill_argument(tool, arguments)
         canonical = {SKILL_ARG: skill_name}
         skill = harness.skill(skill_name) if isinstance(skill_name, str) else None
         if skill is None:

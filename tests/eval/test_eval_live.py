@@ -83,8 +83,13 @@ def test_suite_items_run_under_their_harness_and_faults(tokenizer, recorded_envs
     assert [r["episode"]["harness_version"] for r in res.records] == [h.version for h in harnesses]
     assert len({h.version for h in harnesses}) == 3
     judgements = [judge_episode(recorded_episode(r), h) for r, h in zip(res.records, harnesses)]
-    assert res.scores == pytest.approx(suite_scores("tool_robustness", judgements))
-    assert set(res.scores) == {"adr", "rc", "tc", "avg"} and all(0 <= v <= 100 for v in res.scores.values())
+    assert {k: res.scores[k] for k in suite_keys("tool_robustness")} == pytest.approx(
+        suite_scores("tool_robustness", judgements))
+    assert list(res.scores) == ["adr", "rc", "tc", "avg", "name_valid", "skill_acc", "chain_done", "calls_per_ep"]
+    assert all(0 <= res.scores[k] <= 100 for k in ("adr", "rc", "tc", "avg"))
+    # The scripted policy replies at once: no call, so validity is undefined and every skill choice is missed.
+    assert res.scores["name_valid"] is None and res.scores["calls_per_ep"] == 0.0 and res.scores["skill_acc"] == 0.0
+    assert [r["reading"] for r in res.records] == [{"calls": 0, "valid_calls": 0, "skill": 0, "chain": 0}] * 3
     assert [r["item"]["item_id"] for r in res.records] == [it.item_id for it in items]
     assert all(r["turn_texts"][0] == REPLY + "<|im_end|>" for r in res.records)
     ex = res.extra
@@ -102,3 +107,32 @@ def recorded_episode(record):
     from hat_jax.sim.types import episode_from_dict
 
     return episode_from_dict(record["episode"])
+
+
+LOAD_PRICE_SKILL = ("ok\n</think>\n\n<tool_call>\n<function=load_skill>\n<parameter=skill>\nprice-promotion\n"
+                    "</parameter>\n</function>\n</tool_call>")
+
+
+def test_reading_metrics_of_a_policy_that_calls_the_original_names(tokenizer):
+    """A policy that always loads the production harness's "price-promotion" with the original loader name, then
+    replies: every name is valid under Live QA's original harness and invalid under Variant QA's renamed ones."""
+    world_config = WorldDataConfig(sft_tasks=8, rl_tasks=0, eval_items=3)
+    world, original = world_for(0, 240), production_harness()
+    script = scripted_generate(tokenizer, lambda prompt: REPLY if "<tool_response>" in prompt else LOAD_PRICE_SKILL,
+                               append_eos=True)
+    sampler = JaxSampler(None, get_config("micro", vocab_size=4096), tokenizer, bucket=256, generate_fn=script)
+    episodes = RolloutConfig(SamplingConfig(max_new_tokens=64), max_turns=3, seq_len=3000)
+    live = eval_items("live_qa", world_config)
+    assert [it.task.skill_key for it in live] == ["price_promotion", "identity_compliance", "product_qa"]
+    assert [bool(it.task.gold_calls) for it in live] == [True, False, True]
+    res = run_live_suite(sampler, "live_qa", live, episodes, world=world, original=original, batch_size=3)
+    # 3 calls, all valid; the right skill for the price task only (1 of 3); no world tool, so no chain (0 of 2)
+    assert {k: res.scores[k] for k in ("name_valid", "skill_acc", "chain_done", "calls_per_ep")} == pytest.approx(
+        {"name_valid": 100.0, "skill_acc": 100 / 3, "chain_done": 0.0, "calls_per_ep": 1.0})
+    variant = eval_items("variant_qa", world_config)
+    harnesses = [item_harness(it, original) for it in variant]
+    assert all(h.tool("load_skill") is None for h in harnesses)  # every held-out family renames the loader
+    res = run_live_suite(sampler, "variant_qa", variant, episodes, world=world, original=original, batch_size=3)
+    assert [r["episode"]["tool_calls"][0]["status"] for r in res.records] == ["unknown_tool"] * 3
+    assert {k: res.scores[k] for k in ("name_valid", "skill_acc", "chain_done", "calls_per_ep")} == {
+        "name_valid": 0.0, "skill_acc": 0.0, "chain_done": 0.0, "calls_per_ep": 1.0}

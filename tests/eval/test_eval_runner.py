@@ -28,6 +28,7 @@ CONFIG = EvalConfig(world=TINY_WORLD, max_new_tokens=NEW, max_turns=2, seq_len=1
 SCHEMA = {"live_qa": {"acc", "eff", "avg"}, "variant_qa": {"acc", "eff", "avg"},
           "tool_robustness": {"adr", "rc", "tc", "avg"}, "prompt_robustness": {"adr", "llm", "tco", "avg"}}
 IF_KEYS = {"prompt_strict", "inst_strict", "prompt_loose", "inst_loose"}
+READING = ("name_valid", "skill_acc", "chain_done", "calls_per_ep")  # `hat_jax.judges.reading`, after the suite's keys
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,11 @@ def test_full_schema_and_ranges(results):
     res, _ = results
     assert list(res) == [*SUITES, "ifeval", "ifeval_mini", "mtp", "extra"]
     for suite, keys in SCHEMA.items():
-        assert set(res[suite]) == keys and _in_range(res[suite]), (suite, res[suite])
+        assert list(res[suite])[len(keys):] == list(READING) and set(res[suite]) == keys | set(READING), suite
+        assert _in_range({k: res[suite][k] for k in keys}), (suite, res[suite])
+        assert _in_range({k: v for k, v in res[suite].items() if k in READING[:3] and v is not None}), res[suite]
+        calls = res[suite]["calls_per_ep"]
+        assert calls >= 0 and (res[suite]["name_valid"] is None) == (calls == 0)  # no calls: validity undefined
     assert set(res["ifeval_mini"]) == IF_KEYS and _in_range(res["ifeval_mini"])
     if SHARED_IFEVAL.is_file():
         assert set(res["ifeval"]) == IF_KEYS and _in_range(res["ifeval"])
@@ -110,7 +115,10 @@ def test_out_dir_files(results):
     res, out = results
     for suite in SUITES:
         rows = read_jsonl(out / f"{suite}.jsonl")
-        assert len(rows) == 2 and {"item", "scores", "judgement", "truncated", "turn_texts", "episode"} <= set(rows[0])
+        assert len(rows) == 2 and {"item", "scores", "judgement", "reading", "truncated", "turn_texts",
+                                   "episode"} <= set(rows[0])
+        assert sum(r["reading"]["calls"] for r in rows) / 2 == res[suite]["calls_per_ep"]
+        assert all(r["reading"]["calls"] == len(r["episode"]["tool_calls"]) for r in rows)
         assert rows[0]["item"]["suite"] == suite
         assert sum(r["scores"]["avg"] for r in rows) / 2 == pytest.approx(res[suite]["avg"])
     mini = read_jsonl(out / "ifeval_mini.jsonl")

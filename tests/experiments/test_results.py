@@ -9,12 +9,19 @@ from hat_jax.experiments.results import (aggregate, check_results, experiment_ma
                                          mtp_summary)
 
 
-def _metrics(x: float, ifeval=True) -> dict:
+def _metrics(x: float, ifeval=True, reading: dict | None = None) -> dict:
+    """Every suite's metrics at x; `reading`: the reading metrics of every live suite (None: a results.json
+    written before them, without the keys)."""
     four = {"prompt_strict": x, "inst_strict": x, "prompt_loose": x, "inst_loose": x}
-    return {"live_qa": {"acc": x, "eff": x, "avg": x}, "variant_qa": {"acc": x, "eff": x, "avg": x},
-            "tool_robustness": {"adr": x, "rc": x, "tc": x, "avg": x},
-            "prompt_robustness": {"adr": x, "llm": x, "tco": x, "avg": x},
+    r = dict(reading or {})
+    return {"live_qa": {"acc": x, "eff": x, "avg": x, **r}, "variant_qa": {"acc": x, "eff": x, "avg": x, **r},
+            "tool_robustness": {"adr": x, "rc": x, "tc": x, "avg": x, **r},
+            "prompt_robustness": {"adr": x, "llm": x, "tco": x, "avg": x, **r},
             "ifeval": dict(four) if ifeval else None, "ifeval_mini": dict(four)}
+
+
+def _reading(valid, calls=2.0, skill=40.0, chain=25.0) -> dict:
+    return {"name_valid": valid, "skill_acc": skill, "chain_done": chain, "calls_per_ep": calls}
 
 
 def test_mean_interval_hand_computed():
@@ -76,11 +83,20 @@ def test_check_results_accepts_the_schema_and_names_bad_fields():
 
 def test_group_table_puts_ours_beside_the_paper():
     group = load_all()["table6"]
-    res = _results()
+    assert group.columns[4:] == ("live_qa.name_valid", "variant_qa.name_valid", "live_qa.chain_done")
+    res = _results()  # written before the reading metrics: their columns say so
     table = group_markdown(group, {"table6_both": res}, "micro")
     line = next(l for l in table.splitlines() if l.startswith("| table6_both"))
-    assert line == "| table6_both | 50.0 (81.3) | 50.0 | 50.0 (93.3) | 50.0 |"
-    assert "| table6_standard | not run (71.3) | not run | not run | not run |" in table
+    assert line == "| table6_both | 50.0 (81.3) | 50.0 | 50.0 (93.3) | 50.0 | not measured | not measured | not measured |"
+    assert "| table6_standard | not run (71.3) | not run | not run | not run | not run | not run | not run |" in table
+    assert table.splitlines()[4] == ("| row | IFEval prompt strict | IF-mini prompt strict | Live QA avg | Variant QA avg | "
+                                     "Live QA name validity | Variant QA name validity | Live QA gold chain done |")
+    m = _metrics(50.0, reading=_reading(92.5))
+    m["variant_qa"]["name_valid"] = None
+    table = group_markdown(group, {"table6_both": dict(_results(), metrics=m, per_seed=[m])}, "micro")
+    line = next(l for l in table.splitlines() if l.startswith("| table6_both"))
+    assert line.endswith("| 50.0 | 92.5 | no calls | 25.0 |")
+    assert "Name validity, skill selection, gold chain done and calls / episode show reading directly" in table
 
 
 def test_results_md_splits_the_time_and_says_why_ifeval_was_skipped():
@@ -156,3 +172,60 @@ def test_results_md_has_the_mtp_section():
     assert "- seed 1: 0.3500 (40 positions)" in md
     none = dict(_results(), mtp=None, extra=[{"mtp": {"skipped": "EvalConfig.mtp_items is 0"}}])
     assert "## MTP draft acceptance\n\nNot measured: EvalConfig.mtp_items is 0.\n" in experiment_markdown(none, experiment)
+
+
+def test_reading_metrics_aggregate_with_their_ranges_and_nulls():
+    seeds = [_metrics(50.0, reading=_reading(v, calls=c)) for v, c in ((80.0, 150.0), (90.0, 160.0), (100.0, 170.0))]
+    mean, intervals = aggregate(seeds)
+    # name_valid 80, 90, 100: mean 90, s = 10, half = 4.302652729911275 * 10 / sqrt 3 = 24.8414, clipped at 100
+    assert mean["live_qa"]["name_valid"] == 90.0 and intervals["live_qa"]["name_valid"] == [65.1586, 100.0]
+    # calls_per_ep is a count: 150, 160, 170 -> mean 160, not clipped at 100
+    assert mean["variant_qa"]["calls_per_ep"] == 160.0 and intervals["variant_qa"]["calls_per_ep"] == [135.1586, 184.8414]
+    assert list(mean["live_qa"]) == ["acc", "eff", "avg", "name_valid", "skill_acc", "chain_done", "calls_per_ep"]
+    # one seed made no call: its validity is null, so the mean is null and has no interval; the others stand
+    seeds[1]["live_qa"]["name_valid"] = None
+    mean, intervals = aggregate(seeds)
+    assert mean["live_qa"]["name_valid"] is None and "name_valid" not in intervals["live_qa"]
+    assert mean["live_qa"]["skill_acc"] == 40.0 and mean["variant_qa"]["name_valid"] == 90.0
+    # a seed evaluated before the reading metrics existed (a cached evaluation): the keys are left out
+    mean, intervals = aggregate([seeds[0], _metrics(50.0)])
+    assert list(mean["live_qa"]) == ["acc", "eff", "avg"] and list(intervals["live_qa"]) == ["acc", "eff", "avg"]
+
+
+def test_check_results_takes_reading_metrics_nulls_and_old_files():
+    m = _metrics(50.0, reading=_reading(None, calls=0.0, skill=0.0, chain=None))  # an abstaining model
+    res = dict(_results(), metrics=m, per_seed=[copy.deepcopy(m)])
+    check_results(res)
+    res["metrics"]["live_qa"]["calls_per_ep"] = 150.0  # a count may pass 100
+    check_results(res)
+    check_results(_results())  # a results.json written before the reading metrics
+    for suite, key, value, expected in (("live_qa", "name_valid", 120.0, r"a number in \[0, 100\]"),
+                                        ("variant_qa", "calls_per_ep", -1.0, "a number >= 0"),
+                                        ("live_qa", "acc", None, r"a number in \[0, 100\]")):
+        bad = copy.deepcopy(res)
+        bad["per_seed"][0][suite][key] = value
+        with pytest.raises(ValueError, match=rf"per_seed\[0\]\.{suite}\.{key} = {value}; expected {expected}"):
+            check_results(bad)
+    bad = copy.deepcopy(res)
+    del bad["metrics"]["live_qa"]["eff"]
+    with pytest.raises(ValueError, match=r"metrics\.live_qa must hold acc, eff, avg, got"):
+        check_results(bad)
+
+
+def test_results_md_shows_reading_metrics_and_why_one_is_missing():
+    experiment = next(r for r in load_all()["table3"].rows if r.name == "table3_hat")
+    seeds = [_metrics(50.0, reading=_reading(v)) for v in (80.0, 90.0, 100.0)]
+    seeds[2]["variant_qa"]["name_valid"] = None
+    mean, intervals = aggregate(seeds)
+    res = dict(_results(), seeds=[0, 1, 2], metrics=mean, intervals=intervals, per_seed=seeds)
+    check_results(res)
+    md = experiment_markdown(res, experiment)
+    assert "| Live QA name validity | 90.0 [65.2, 100.0] |  |" in md  # no paper number
+    assert "| Variant QA name validity | no calls (1 of 3 seeds) |  |" in md
+    assert "| Live QA calls / episode | 2.0 [2.0, 2.0] |  |" in md and "| Tool rob. skill selection | 40.0" in md
+    assert "| Live QA avg | 50.0 [50.0, 50.0] | 94.8 |" in md  # AVG unchanged, beside the paper's
+    assert "calls whose tool name, and for a skill load whose skill id, exists in the harness" in md
+    old = experiment_markdown(_results(), experiment)  # a results.json without the reading metrics renders
+    assert "| Live QA name validity | not measured |  |" in old and "| Live QA avg | 50.0 | 94.8 |" in old
+    table = group_markdown(load_all()["table3"], {"table3_hat": res}, "micro")
+    assert "| 90.0 [65.2, 100.0] | no calls (1 of 3 seeds) | 25.0 [25.0, 25.0] |" in table

@@ -44,7 +44,8 @@ def test_results_follow_the_schema_and_share_the_sft_stage(runs):
     check_results(both)
     assert both["experiment"] == "table6_both" and both["preset"] == "micro" and both["seeds"] == [0]
     assert [(s["name"], s["harness"], s["steps"]) for s in both["stages"]] == [("sft", "hsa", 3), ("rl", "hsa", 1)]
-    assert both["metrics"]["ifeval_mini"] is not None and set(both["metrics"]["live_qa"]) == {"acc", "eff", "avg"}
+    assert both["metrics"]["ifeval_mini"] is not None and set(both["metrics"]["live_qa"]) == {
+        "acc", "eff", "avg", "name_valid", "skill_acc", "chain_done", "calls_per_ep"}
     row4 = json.loads((out / "table4_hsa_opd" / "results.json").read_text())
     check_results(row4)
     assert [(s["name"], s["cached"]) for s in row4["stages"]] == [("sft", True), ("opd", False)]
@@ -52,6 +53,7 @@ def test_results_follow_the_schema_and_share_the_sft_stage(runs):
     assert Path(row4["stages"][1]["dirs"][0], "stage_done.json").is_file()
     md = (out / "table6_both" / "results.md").read_text()
     assert "| Live QA avg |" in md and "| IFEval prompt strict |" in md and "81.3" in md
+    assert "| Variant QA name validity |" in md and "| Live QA calls / episode |" in md
     assert "(pretrained here)" in md and "base cached (pretrained once in" in (out / "table4_hsa_opd" / "results.md").read_text()
     # wall_s counts what this experiment trained: table4_hsa_opd reuses the SFT stage, so it is not counted
     assert row4["wall_s"] == pytest.approx(row4["stages"][1]["wall_s"] + sum(row4["eval_wall_s"]), abs=0.01)

@@ -1,0 +1,93 @@
+"""Reading metrics: do an episode's calls name what its harness offers, load the right skill, complete the gold chain.
+
+Not metrics of the HAT report: they show whether a model reads its harness (issue 21, "metrics that show reading
+directly"), beside the report's metrics of every live-stream suite; they never enter AVG. Judged, like the rule
+judges, under the harness the episode ran under (a suite item's own harness: the renamed names under Variant QA).
+
+Per episode (`episode_reading`):
+- calls: `len(Episode.tool_calls)`, skill loads and failed calls included.
+- valid_calls: the calls whose name exists in the harness (`HarnessState.tool`) and, for a skill-loader call, whose
+  skill id (read from the surface arguments as the executor reads it, `hat_jax.sim.executor.skill_argument`) names a
+  skill of the harness. A skill id is a name read from the context like a tool name, so one count covers both: the
+  original tool name, or the original skill id, called under a renamed harness is an invalid name.
+- skill: `rules.skill_selection` (1: the first loaded skill is bound to `Task.skill_key` and loaded before any world
+  tool call; 0 otherwise, also when no skill was loaded); None when the task needs no skill (`Task.skill_key` "";
+  every task the viewer generator draws names one, so in the suites every episode counts).
+- chain: 1 when every gold call was made in gold group order (`gold.gold_chain_reasons`: TCO's order check without
+  the prompt's tool_order constraints; no skill load is part of the chain); None when the task has no gold call
+  (identity, chit-chat, off-topic, injection tasks).
+
+Per suite (`reading_scores`), on the 0-100 scale but calls_per_ep:
+- name_valid = 100 x sum(valid_calls) / sum(calls), pooled over the suite's calls; None ("no calls") when no
+  episode called a tool.
+- skill_acc = 100 x mean(skill) over the episodes that need a skill; None when none does.
+- chain_done = 100 x mean(chain) over the episodes whose task has gold calls; None when none has.
+- calls_per_ep = sum(calls) / episodes, a count (`COUNT_KEYS`): with it an abstaining model is visible, as a
+  validity of 100 over 3 calls is no reading.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from hat_jax.harness.state import SKILL_TOOL_IMPL, HarnessState
+from hat_jax.judges.gold import gold_chain_reasons
+from hat_jax.judges.rules import skill_selection
+from hat_jax.sim.executor import skill_argument
+from hat_jax.sim.types import Episode, ToolCallRecord
+
+READING_KEYS: tuple[str, ...] = ("name_valid", "skill_acc", "chain_done", "calls_per_ep")
+COUNT_KEYS: tuple[str, ...] = ("calls_per_ep",)  # counts, not on 0-100: >= 0, no upper bound
+# Why a reading metric is None (its denominator is empty), as results.md says it.
+UNDEFINED: dict[str, str] = {"name_valid": "no calls", "skill_acc": "no task needs a skill",
+                             "chain_done": "no task has gold calls"}
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeReading:
+    """One episode's reading counts (module docstring): calls, valid_calls >= 0; skill, chain 0/1 or None."""
+
+    calls: int
+    valid_calls: int
+    skill: int | None
+    chain: int | None
+
+
+def valid_name(call: ToolCallRecord, harness: HarnessState) -> bool:
+    """Whether `call` names a tool of `harness` and, when that tool loads skills, a skill of it (module docstring)."""
+    tool = harness.tool(call.name)
+    if tool is None:
+        return False
+    if tool.impl != SKILL_TOOL_IMPL:
+        return True
+    skill = skill_argument(tool, call.arguments) if isinstance(call.arguments, Mapping) else None
+    return isinstance(skill, str) and harness.skill(skill) is not None
+
+
+def episode_reading(episode: Episode, harness: HarnessState) -> EpisodeReading:
+    """The reading counts of `episode` under `harness`, the harness it ran under (module docstring)."""
+    calls = episode.tool_calls
+    skill = int(skill_selection(episode, harness).value) if episode.task.skill_key else None
+    chain = int(not gold_chain_reasons(episode)) if episode.task.gold_calls else None
+    return EpisodeReading(len(calls), sum(valid_name(c, harness) for c in calls), skill, chain)
+
+
+def _percent(values: Sequence[int]) -> float | None:
+    return 100.0 * sum(values) / len(values) if values else None
+
+
+def reading_scores(readings: Sequence[EpisodeReading]) -> dict[str, float | None]:
+    """A suite's reading metrics from its episodes' counts: {key: value or None} in `READING_KEYS` order, 0-100
+    but calls_per_ep (calls per episode); None where the denominator is empty (`UNDEFINED`, module docstring).
+
+    Raises:
+      ValueError: no episodes.
+    """
+    if not readings:
+        raise ValueError("reading_scores: no episodes to score")
+    calls = sum(r.calls for r in readings)
+    return {"name_valid": 100.0 * sum(r.valid_calls for r in readings) / calls if calls else None,
+            "skill_acc": _percent([r.skill for r in readings if r.skill is not None]),
+            "chain_done": _percent([r.chain for r in readings if r.chain is not None]),
+            "calls_per_ep": calls / len(readings)}
