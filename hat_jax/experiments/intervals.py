@@ -269,6 +269,15 @@ def _aligned(a: Mapping[str, Any], b: Mapping[str, Any], suite: str, ids_a: list
     return [where[item] for item in ids_a]
 
 
+def seeds_only_interval(seed_values: Sequence[float], clip: tuple[float, float], why: str,
+                        confidence: float = CONFIDENCE) -> Interval:
+    """The t over seeds alone (`mean_interval`), clipped; no interval with 1 seed. `why`: why not the items."""
+    mean, lo, hi = mean_interval(list(seed_values), confidence)
+    if len(seed_values) < 2:
+        return Interval(mean, None, None, f"no interval: 1 seed, and {why}")
+    return Interval(mean, max(lo, clip[0]), min(hi, clip[1]), f"t over {len(seed_values)} seeds ({why})")
+
+
 def difference_interval(a: Mapping[str, Any], path_a: str, b: Mapping[str, Any] | None = None,
                         path_b: str | None = None, confidence: float = CONFIDENCE) -> Interval:
     """The cell (a, path_a) minus the cell (b, path_b) (b None: the cell itself), with its interval (module
@@ -277,22 +286,18 @@ def difference_interval(a: Mapping[str, Any], path_a: str, b: Mapping[str, Any] 
     Raises:
       ValueError: see the module docstring's refusals; a cell not measured for every seed.
     """
-    values_a = _seed_values(a, path_a)
-    seed_diffs = np.asarray(values_a) - (np.asarray(_seed_values(b, path_b)) if b is not None else 0.0)
+    if b is not None:
+        _check_pair(a, b)
+    seed_diffs = np.asarray(_seed_values(a, path_a)) - (np.asarray(_seed_values(b, path_b)) if b is not None else 0.0)
     point = float(np.mean(seed_diffs))
     lo_clip, hi_clip = (0.0, 100.0) if b is None else (-100.0, 100.0)
     s = len(seed_diffs)
-    if b is not None:
-        _check_pair(a, b)
     ma = _item_matrix(a, path_a)
     mb = _item_matrix(b, path_b) if b is not None else None
     if ma is None or (b is not None and mb is None):
         missing = a["experiment"] if ma is None else b["experiment"]
-        if s < 2:
-            return Interval(point, None, None, f"no interval: 1 seed and no per-item scores for {missing}")
-        _, lo, hi = mean_interval(list(seed_diffs), confidence)
-        return Interval(point, max(lo, lo_clip), min(hi, hi_clip), f"t over {s} seeds (no per-item scores for "
-                                                                   f"{missing})")
+        return seeds_only_interval(list(seed_diffs), (lo_clip, hi_clip), f"no per-item scores for {missing}",
+                                   confidence)
     ids_a, va, wa = ma
     if mb is None:
         stat, sizes = (lambda i: _means(va, wa, i).mean(0)), (len(ids_a),)
@@ -328,9 +333,9 @@ def reported_intervals(results: Mapping[str, Any]) -> tuple[dict, dict]:
         for key in keys:
             try:
                 iv = difference_interval(results, f"{suite}.{key}")
-            except ValueError as err:  # too few items: the t over seeds, with the reason
-                iv = difference_interval({**results, "items": None}, f"{suite}.{key}")
-                iv = dataclasses.replace(iv, method=f"{iv.method}; item bootstrap refused: {err}")
+            except ValueError as err:  # too few items: the t over seeds alone, with the reason
+                iv = seeds_only_interval(_seed_values(results, f"{suite}.{key}"), (0.0, 100.0),
+                                         f"the item bootstrap is refused: {err}")
             if iv.low is not None:
                 intervals[suite][key] = [round(iv.low, 4), round(iv.high, 4)]
             seen.append(iv.method)

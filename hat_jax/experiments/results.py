@@ -299,7 +299,7 @@ def group_markdown(group: Group, results: Mapping[str, Mapping[str, Any]], prese
         lines += ["", "Differences: minuend - subtrahend [95% interval, paired by seed and item; "
                   "`hat_jax.experiments.intervals`]; * marks an interval that excludes 0, no other difference is "
                   "significant."]
-        lines += [f"Note {n}: {text}." for text, n in notes.items()]
+        lines += [""] + [f"- note {n}: {text}." for text, n in notes.items()] if notes else []
     reasons = {skip_reason(res, "ifeval") for res in results.values() if res} - {None}
     if reasons and any(c.startswith("ifeval.") for c in group.columns):
         lines += ["", f"IFEval skipped: {sorted(reasons)[0]}."]

@@ -107,7 +107,8 @@ def test_without_per_item_scores_the_t_over_seeds_or_no_interval():
     assert (round(cell.low, 4), round(cell.high, 4)) == (54.0433, 71.9567)
     assert cell.method == "t over 3 seeds (no per-item scores for t_a)"
     one = iv.difference_interval({**row("t_a", {"live_qa.avg": [A]}), "items": None}, "live_qa.avg")
-    assert one.low is None and not one.excludes_zero and "no interval: 1 seed" in one.method
+    assert one.low is None and not one.excludes_zero
+    assert one.method == "no interval: 1 seed, and no per-item scores for t_a"
 
 
 def test_refusals_name_the_rows_the_suite_and_the_counts():
@@ -120,14 +121,16 @@ def test_refusals_name_the_rows_the_suite_and_the_counts():
         iv.difference_interval(a, "live_qa.avg", row("t_b", {"live_qa.avg": [B]}, eval_key="e2"), "live_qa.avg")
     with pytest.raises(ValueError, match=r"t_a \(seeds \[0\]\) and t_b \(seeds \[0, 1\]\) were run with different seeds"):
         iv.difference_interval(a, "live_qa.avg", row("t_b", {"live_qa.avg": [B, B]}, seeds=(0, 1)), "live_qa.avg")
+    with pytest.raises(ValueError, match=r"\(seeds \[0, 1\]\) and t_b \(seeds \[0, 1, 2\]\) were run with different"):
+        iv.difference_interval(row("t_a", {"live_qa.avg": [A, A]}, seeds=(0, 1)), "live_qa.avg",
+                               row("t_b", {"live_qa.avg": [B, B, B]}, seeds=(0, 1, 2)), "live_qa.avg")
     small = row("t_s", {"live_qa.avg": [A[:19]]})
     with pytest.raises(ValueError, match=r"t_s: live_qa has 19 items; an item bootstrap needs at least 20"):
         iv.difference_interval(small, "live_qa.avg")
     # results.json's intervals fall back to the t over seeds and say why
     intervals, methods = iv.reported_intervals(row("t_s", live([A[:19], B[:19]]), seeds=(0, 1)))
-    assert methods == {"live_qa": "t over 2 seeds (no per-item scores for t_s); item bootstrap refused: t_s: live_qa "
-                                  "has 19 items; an item bootstrap needs at least 20 (raise eval.world.eval_items / "
-                                  "eval.ifeval_mini_items)"}
+    assert methods == {"live_qa": "t over 2 seeds (the item bootstrap is refused: t_s: live_qa has 19 items; an item "
+                                  "bootstrap needs at least 20 (raise eval.world.eval_items / eval.ifeval_mini_items))"}
     assert set(intervals["live_qa"]) == {"acc", "eff", "avg"}
 
 
