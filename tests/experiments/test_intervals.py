@@ -195,3 +195,25 @@ def test_results_md_says_how_the_intervals_were_computed():
     old.update(seeds=[0, 1], per_seed=[res["metrics"], res["metrics"]])
     assert "95% intervals: the t over seeds (this results.json holds no per-item scores)." in experiment_markdown(
         old, experiment)
+
+
+def test_an_old_results_json_gets_its_items_from_the_evaluation_files(tmp_path):
+    from hat_jax.experiments.chain import base_key, eval_dir
+    from hat_jax.experiments.runner import with_item_intervals
+    from hat_jax.experiments.scales import get_scale
+
+    scale = get_scale("micro")
+    experiment = next(r for r in load_all()["table3"].rows if r.name == "table3_base")   # empty chain: the base
+    lines = [{"item": {"item_id": f"live_qa-{i:05d}"}, "scores": {"acc": a, "eff": a, "avg": a}}
+             for i, a in enumerate(map(float, A))]
+    for seed in (0, 1):
+        out = eval_dir(base_key(scale), seed, scale, tmp_path)
+        out.mkdir(parents=True)
+        (out / "live_qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    metrics = {"live_qa": {k: float(np.mean(A)) for k in ("acc", "eff", "avg")}, "variant_qa": None}
+    old = {"experiment": "table3_base", "seeds": [0, 1], "per_seed": [metrics, metrics]}
+    new = with_item_intervals(old, experiment, scale, tmp_path)
+    assert new["items"]["live_qa"]["ids"][:2] == ["live_qa-00000", "live_qa-00001"]
+    assert new["items"]["variant_qa"] is None and new["eval_key"] == eval_dir(base_key(scale), 0, scale, tmp_path).name
+    assert new["interval_method"] == {"live_qa": "t over 2 seeds + bootstrap over 22 items"}
+    assert new["intervals"]["live_qa"]["avg"][0] < np.mean(A) < new["intervals"]["live_qa"]["avg"][1]
