@@ -14,7 +14,9 @@ Options: --preset micro|tiny|qwen3_6_35b_a3b (default tiny; the scale config con
 --ifeval-data FILE (the official IFEval input_data.jsonl; default $HAT_IFEVAL_DATA, then the hub, else skipped),
 --no-progress; several processes (hosts): --coordinator HOST:PORT --num-processes N --process-id I, or
 --distributed (auto-detected, e.g. on a TPU pod slice), on every host. Outputs: DIR/<experiment>/results.json,
-results.md, eval curves; DIR/stages/ (stage run dirs, checkpoints, TensorBoard); `tensorboard --logdir DIR`.
+results.md, eval curves; a group also DIR/<group>.md (its table, differences with 95% intervals, the verdicts of
+the claims C1-C5 that rest on its rows; `python experiments/claims.py DIR` judges all of them);
+DIR/stages/ (stage run dirs, checkpoints, TensorBoard); `tensorboard --logdir DIR`.
 Exit status: 0 done, 2 bad input or a failed stage (message on stderr), 130 interrupted (rerun with --resume).
 """
 
@@ -135,6 +137,12 @@ def main(argv=None) -> int:
                           "wall_s": results[row.name]["wall_s"]}))
     if len(rows) > 1:
         table = group_markdown(group, results, scale.name)
+        from hat_jax.experiments.claims import CLAIMS, claims_markdown, load_run_results
+
+        # the claims that rest on this group's rows, judged on every finished row of --out (claims span groups)
+        claims = [c for c in CLAIMS if {r.name for r in rows} & {n for cond in c.conditions for n in cond.rows}]
+        if claims:
+            table += "\n" + claims_markdown({**load_run_results(out), **results}, claims)
         from hat_jax.train.distributed import is_primary
 
         if is_primary():

@@ -147,7 +147,7 @@ def _lookup_chat(rng, lang, pieces) -> list[dict]:
     rows = [(k, random_value(rng, pieces)) for k in keys]
     head = "Table:" if lang == "en" else "数据表："
     first = {"role": "user", "content": f"{head}\n{_layout_table(rng, rows)}"}
-    turns = _qa_turns(rng, "lookup", lang, rows, rng.randint(2, 4))
+    turns = _qa_turns(rng, "lookup", lang, rows, rng.randint(3, 5))
     turns[0] = {"role": "user", "content": first["content"] + "\n\n" + turns[0]["content"]}
     return turns
 
@@ -157,12 +157,12 @@ def _record_chat(rng, lang, pieces) -> list[dict]:
     record = {f: random_value(rng, pieces) for f in fields}
     system = {"role": "system", "content": ("Record: " if lang == "en" else "记录：")
               + json.dumps(record, ensure_ascii=False)}
-    return [system] + _qa_turns(rng, "record", lang, list(record.items()), rng.randint(2, 3))
+    return [system] + _qa_turns(rng, "record", lang, list(record.items()), rng.randint(2, 4))
 
 
 def _copy_chat(rng, lang, pieces) -> list[dict]:
     strings = [" ".join(random_name(rng, pieces) if rng.random() < 0.7 else random_value(rng, pieces)
-                        for _ in range(rng.randint(1, 3))) for _ in range(rng.randint(2, 3))]
+                        for _ in range(rng.randint(1, 3))) for _ in range(rng.randint(2, 4))]
     return _qa_turns(rng, "copy", lang, [(s, s) for s in strings], len(strings))
 
 
@@ -192,7 +192,7 @@ def _select_chat(rng, lang, pieces) -> list[dict]:
     head = "Entries:" if lang == "en" else "条目："
     system = {"role": "system", "content": f"{head}\n{_listing(rng, entries, lang)}"}
     pairs = [(_request(rng, task, lang), name) for name, task in named]
-    return [system] + _qa_turns(rng, "select", lang, pairs, rng.randint(2, 3))
+    return [system] + _qa_turns(rng, "select", lang, pairs, rng.randint(3, 4))
 
 
 def _call_chat(rng, lang, pieces) -> list[dict]:

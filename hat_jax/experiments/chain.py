@@ -262,13 +262,24 @@ def run_chain(chain: Sequence[StageSpec], scale: Scale, seed: int, out_root: Pat
     return previous, key, records, base_record
 
 
+def eval_key(scale: Scale) -> str:
+    """The digest of the scale's eval config: rows with the same eval key were scored on the same items."""
+    return digest(_config_identity(scale.eval))
+
+
+def eval_dir(key: str, seed: int, scale: Scale, out_root: Path) -> Path:
+    """DIR/evals/<key>/seed<k>/<eval-key>/: where `evaluate_cached` writes the evaluation of the checkpoint `key`
+    (metrics.json and the per-item `<suite>.jsonl` files)."""
+    return out_root / "evals" / key / f"seed{seed}" / eval_key(scale)
+
+
 def evaluate_cached(checkpoint: Path, key: str, seed: int, scale: Scale, out_root: Path, *,
                     progress: bool = True) -> dict:
-    """`hat_jax.eval.evaluate_checkpoint` of `checkpoint`, cached in DIR/evals/<key>/seed<k>/<eval-key>/metrics.json
-    (the eval key is the digest of the eval config). Returns {"metrics": ..., "wall_s": ...}."""
+    """`hat_jax.eval.evaluate_checkpoint` of `checkpoint`, cached in `eval_dir`/metrics.json. Returns
+    {"metrics": ..., "wall_s": ...}."""
     from hat_jax.eval import evaluate_checkpoint
 
-    out = out_root / "evals" / key / f"seed{seed}" / digest(_config_identity(scale.eval))
+    out = eval_dir(key, seed, scale, out_root)
     done = out / "metrics.json"
     if done.is_file():
         return json.loads(done.read_text())

@@ -13,7 +13,7 @@ A declaration file (`ablations/<group>.yaml`) holds one table (the HAT report, a
       - name: table6_both_gdpo
         description: "the same with GDPO"
         chain: ["sft:hsa", {stage: "rl:hsa", set: {estimator: gdpo}}]   # a stage with config overrides
-    differences:                                       # optional (Table 5): row minus row
+    differences:                                       # optional: row minus row, paired, with 95% intervals
       - {name: "...", minuend: ROW, subtrahend: ROW, paper: {metric: value}}
 
 A stage is `kind:variant` (`hat_jax.experiments.stage_kinds.STAGE_KINDS`): `sft:original|hsa`,

@@ -9,14 +9,20 @@ results.json (every metric on the paper's 0-100 scale but the count "calls_per_e
                  "prompt_robustness": {"adr", "llm", "tco", "avg", + READING}, "ifeval": {...}, "ifeval_mini": {...}},
      "per_seed": [{the same metrics for each seed}],
      "mtp": {"acceptance_depth1", "mean_accepted_length", "positions", "episodes", "per_seed": [...]} or null,
-     ...extra fields (chain, paper, intervals, base, eval_wall_s)}
+     "eval_key": the digest of the eval config (rows with one eval key were scored on the same items),
+     "items": {suite: {"ids", "scores": {key: [[per-item score] per seed]}, "weights": {...}} or null},
+     "intervals": {suite: {key: [low, high]}}, "interval_method": {suite: how, or why there is none},
+     ...extra fields (chain, paper, base, eval_wall_s)}
 
-With several seeds, "metrics" holds the mean over seeds and "intervals" the 95% confidence interval of the
-mean (Student's t with n - 1 degrees of freedom, `scipy.stats.t`), clipped to the metric's range (`metric_range`:
-0-100, a count's at 0; with 3 seeds the t-interval of a score near 100 otherwise passes 100); a metric that is
-null for some seed (IFEval skipped) is null in the mean. Means and bounds keep 4 decimals, so that results.md's
-one decimal rounds the same value the evaluation log rounds (2 decimals would round 11.646 to 11.65, then to
-11.7, against the log's 11.6). A suite that was not run is null: IFEval without its data, or a suite left out with
+"metrics" holds the mean over seeds; a metric that is null for some seed (IFEval skipped) is null in the mean.
+"intervals" is the 95% interval of each metric (`hat_jax.experiments.intervals`: the percentile bootstrap over
+the suite's items with 1 seed; with several seeds the t over seeds widened by the item bootstrap's variance;
+the t over seeds alone when there are no per-item scores, as in a results.json written before "items"; none
+with 1 seed and no per-item scores), clipped to the metric's range (`metric_range`: 0-100, a count's at 0;
+with 3 seeds the t-interval of a score near 100 otherwise passes 100); "interval_method" says which, per suite. `aggregate` is the mean with the
+t over seeds alone. Means and bounds keep 4 decimals, so that results.md's one decimal rounds the
+same value the evaluation log rounds (2 decimals would round 11.646 to 11.65, then to 11.7, against the log's
+11.6). A suite that was not run is null: IFEval without its data, or a suite left out with
 `--set eval.suites=[...]` or `--set eval.ifeval_mini_items=0`.
 
 READING is the reading metrics of every live-stream suite (`hat_jax.judges.reading`, not the paper's, never in
@@ -40,7 +46,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hat_jax.experiments.declarations import KEY_LABELS, METRIC_LABELS, SUITE_KEYS, Experiment, Group
-from hat_jax.judges.reading import COUNT_KEYS, READING_KEYS, UNDEFINED
+from hat_jax.experiments.intervals import mean_interval, metric_range
+from hat_jax.judges.reading import READING_KEYS, UNDEFINED
 
 RESULT_KEYS = ("experiment", "preset", "seeds", "wall_s", "stages", "metrics", "per_seed")
 MTP_FIGURES = ("acceptance_depth1", "mean_accepted_length", "positions", "episodes")
@@ -60,33 +67,12 @@ READING_NOTE = ("Name validity, skill selection, gold chain done and calls / epi
                 "count, not on 0-100.")
 
 
-def metric_range(key: str) -> tuple[float, float]:
-    """(low, high) of a results.json metric key: [0, inf) for a count (`COUNT_KEYS`), else the 0-100 scale."""
-    return (0.0, math.inf) if key in COUNT_KEYS else (0.0, 100.0)
-
-
 def metric_value(metrics: Mapping[str, Any], path: str) -> float | None:
     """metrics["suite"]["key"] for path "suite.key"; None when the suite is null or absent, or the key null or
     absent (a reading metric: module docstring)."""
     suite, key = path.split(".")
     block = metrics.get(suite)
     return None if block is None else block.get(key)
-
-
-def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float]:
-    """(mean, low, high): the t-interval of the mean of `values` (low = high = mean for one value).
-
-    Source: the Student-t confidence interval, mean +- t_{(1+c)/2, n-1} * s / sqrt(n), s the sample std.
-    """
-    from scipy import stats
-
-    n = len(values)
-    mean = sum(values) / n
-    if n < 2:
-        return mean, mean, mean
-    s = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = float(stats.t.ppf((1 + confidence) / 2, n - 1)) * s / math.sqrt(n)
-    return mean, mean - half, mean + half
 
 
 def aggregate(per_seed: Sequence[Mapping[str, Any]]) -> tuple[dict, dict]:
@@ -148,6 +134,17 @@ def _check_mtp(block: Any) -> None:
                              f"= {1 + acc!r}")
 
 
+def _check_items(items: Any, n_seeds: int) -> None:
+    for suite, block in (items or {}).items():
+        if block is None:
+            continue
+        n = len(block["ids"])
+        for key, rows in list(block["scores"].items()) + list(block["weights"].items()):
+            if len(rows) != n_seeds or any(len(r) != n for r in rows):
+                raise ValueError(f"results.json: items.{suite}.{key} must hold {n_seeds} lists (one per seed) of "
+                                 f"{n} values (one per id)")
+
+
 def check_results(data: Mapping[str, Any]) -> None:
     """Raises ValueError naming the first field that does not follow the results.json schema."""
     for key in RESULT_KEYS:
@@ -179,6 +176,7 @@ def check_results(data: Mapping[str, Any]) -> None:
                     raise ValueError(f"results.json: {where}.{suite}.{key} = {value!r}; expected {expected}")
     if len(data["per_seed"]) != len(data["seeds"]):
         raise ValueError(f"results.json: {len(data['per_seed'])} per_seed entries for seeds {data['seeds']}")
+    _check_items(data.get("items"), len(data["seeds"]))
     _check_mtp(data.get("mtp"))
 
 
@@ -208,7 +206,7 @@ def _cell(results: Mapping[str, Any], path: str) -> str:
     if value is None:
         return _undefined(results, suite, key)
     interval = (results.get("intervals") or {}).get(suite, {}).get(key)
-    if len(results["seeds"]) > 1 and interval:
+    if interval and (len(results["seeds"]) > 1 or "interval_method" in results):
         return f"{value:.1f} [{interval[0]:.1f}, {interval[1]:.1f}]"
     return f"{value:.1f}"
 
@@ -265,6 +263,36 @@ def mtp_markdown(results: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def interval_lines(results: Mapping[str, Any]) -> list[str]:
+    """How results.md's intervals were computed, per suite (results.json's "interval_method")."""
+    methods = results.get("interval_method")
+    if methods:
+        return ["", "95% intervals (`hat_jax.experiments.intervals`; docs/results.md):", ""] + [
+            f"- {METRIC_LABELS[suite]}: {how}" for suite, how in methods.items()]
+    if len(results["seeds"]) > 1:
+        return ["", "95% intervals: the t over seeds (this results.json holds no per-item scores)."]
+    return []
+
+
+def difference_cell(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None, path: str,
+                    notes: dict[str, int]) -> str:
+    """One cell of a difference row: "+d [low, high]", with "*" only when the interval excludes 0; a cell with no
+    interval or a refused one gets a numbered note (`notes`: text -> number, filled here)."""
+    if a is None or b is None or metric_value(a["metrics"], path) is None or metric_value(b["metrics"], path) is None:
+        return "-"
+    from hat_jax.experiments.intervals import difference_interval
+
+    try:
+        iv = difference_interval(a, path, b, path)
+    except ValueError as err:
+        d = metric_value(a["metrics"], path) - metric_value(b["metrics"], path)
+        note = notes.setdefault(f"no interval: {err}", len(notes) + 1)
+        return f"{d:+.1f} (note {note})"
+    if iv.low is None:
+        return f"{iv.point:+.1f} (note {notes.setdefault(iv.method, len(notes) + 1)})"
+    return f"{iv.point:+.1f} [{iv.low:+.1f}, {iv.high:+.1f}]" + ("*" if iv.excludes_zero else "")
+
+
 def experiment_markdown(results: Mapping[str, Any], experiment: Experiment) -> str:
     """results.md: the chain, the stages' wall time, and every metric beside the paper's number."""
     seeds = results["seeds"]
@@ -277,13 +305,15 @@ def experiment_markdown(results: Mapping[str, Any], experiment: Experiment) -> s
                   f"{'reused (another experiment trained it)' if s.get('cached') else 'here'} |"
                   for s in results["stages"]]
         lines.append("")
-    interval = " (mean [95% CI])" if len(seeds) > 1 else ""
+    shown = len(seeds) > 1 or "interval_method" in results
+    interval = (" (mean [95% CI])" if len(seeds) > 1 else " [95% CI]") if shown else ""
     lines += [f"| metric | ours{interval} | paper |", "|---|---|---|"]
     for suite, keys in SUITE_KEYS.items():
         for key in keys:
             path = f"{suite}.{key}"
             paper = experiment.paper.get(path)
             lines.append(f"| {_label(path)} | {_cell(results, path)} | {'' if paper is None else f'{paper:.1f}'} |")
+    lines += interval_lines(results)
     skipped = skip_reason(results, "ifeval")
     if skipped:
         lines += ["", f"IFEval skipped: {skipped}."]
@@ -308,16 +338,19 @@ def group_markdown(group: Group, results: Mapping[str, Mapping[str, Any]], prese
             paper = row.paper.get(c)
             cells.append(ours + (f" ({paper:.1f})" if paper is not None else ""))
         lines.append(f"| {row.name} | " + " | ".join(cells) + " |")
+    notes: dict[str, int] = {}
     for diff in group.differences:
         a, b = results.get(diff["minuend"]), results.get(diff["subtrahend"])
         parts = []
         for c in group.columns:
-            va = metric_value(a["metrics"], c) if a else None
-            vb = metric_value(b["metrics"], c) if b else None
-            ours = f"{va - vb:+.1f}" if va is not None and vb is not None else "-"
             paper = diff["paper"].get(c)
-            parts.append(ours + (f" ({paper:+.1f})" if paper is not None else ""))
+            parts.append(difference_cell(a, b, c, notes) + (f" ({paper:+.1f})" if paper is not None else ""))
         lines.append(f"| {diff['name']} | " + " | ".join(parts) + " |")
+    if group.differences:
+        lines += ["", "Differences: minuend - subtrahend [95% interval, paired by seed and item; "
+                  "`hat_jax.experiments.intervals`]; * marks an interval that excludes 0, no other difference is "
+                  "significant."]
+        lines += [""] + [f"- note {n}: {text}." for text, n in notes.items()] if notes else []
     if any(c.split(".")[1] in READING_KEYS for c in group.columns):
         lines += ["", READING_NOTE]
     reasons = {skip_reason(res, "ifeval") for res in results.values() if res} - {None}

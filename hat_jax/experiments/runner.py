@@ -10,7 +10,8 @@ Outputs in `DIR/<experiment>/`:
   (stage curves live in `DIR/stages/<chain>-<key>/seed<k>`, `hat_jax.experiments.chain`).
 - `stages/`: `<i>-<stage>.json` pointers to the stage run dirs (checkpoints) of seed 0, one per stage.
 - `results.json`, `results.md` (`hat_jax.experiments.results`; "mtp": the MTP draft acceptance the evaluation
-  measured on each seed's final checkpoint, `hat_jax.eval.runner`). Their `wall_s` is the time this experiment
+  measured on each seed's final checkpoint, `hat_jax.eval.runner`; "items", "intervals": the per-item scores
+  read from each seed's `DIR/evals/.../<suite>.jsonl` and the 95% intervals, `hat_jax.experiments.intervals`). Their `wall_s` is the time this experiment
   spent over all its invocations (stages it trained, the base when it pretrained it, the evaluations; stages
   reused from another experiment count 0); `wall_s_this_invocation` is the last command's.
 """
@@ -24,8 +25,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hat_jax.experiments.chain import evaluate_cached, run_chain, stage_template, write_json_atomic
+from hat_jax.experiments.chain import (base_key, chain_keys, eval_dir, eval_key, evaluate_cached, run_chain,
+                                      stage_template, write_json_atomic)
 from hat_jax.experiments.declarations import SUITE_KEYS, Experiment
+from hat_jax.experiments.intervals import item_block, read_item_scores, reported_intervals
 from hat_jax.experiments.results import aggregate, check_results, experiment_markdown, mtp_summary
 from hat_jax.experiments.scales import Scale, describe
 from hat_jax.train.distributed import is_primary
@@ -131,6 +134,22 @@ def _log_eval_scalars(directory: Path, metrics: Mapping[str, Any], step: int) ->
         writer.scalars(step, values)
 
 
+def with_item_intervals(results: Mapping[str, Any], experiment: Experiment, scale: Scale, out_root: Path) -> dict:
+    """`results` with "eval_key", "items" (each seed's per-item scores from its evaluation's files) and the
+    intervals they give ("intervals", "interval_method"; `hat_jax.experiments.intervals`). A results.json written
+    before per-item scores were stored gets them here when its evaluations' files are still on disk.
+
+    Raises:
+      ValueError: two seeds evaluated on different items of a suite (`item_block`).
+    """
+    keys = chain_keys(scale, experiment.chain)
+    final = keys[-1] if keys else base_key(scale)
+    per_item = [read_item_scores(eval_dir(final, seed, scale, out_root)) for seed in results["seeds"]]
+    out = dict(results, eval_key=eval_key(scale), items=item_block(per_item, results["per_seed"], experiment.name))
+    out["intervals"], out["interval_method"] = reported_intervals(out)
+    return out
+
+
 def run_experiment(experiment: Experiment, scale: Scale, seeds: Sequence[int], out_root: str | Path, *,
                    resume: bool = False, progress: bool = True) -> dict:
     """Runs `experiment` at `scale` for every seed and writes its outputs (module docstring); returns results.json.
@@ -146,7 +165,8 @@ def run_experiment(experiment: Experiment, scale: Scale, seeds: Sequence[int], o
     results_path = exp_dir / "results.json"
     if results_path.is_file():
         log.info("%s: already complete (%s)", experiment.name, results_path)
-        return json.loads(results_path.read_text())
+        results = json.loads(results_path.read_text())
+        return results if "items" in results else with_item_intervals(results, experiment, scale, out_root)
     if _failed_start(exp_dir):
         log.info("%s: no seed finished in the earlier start; starting it again", exp_dir)
     write_json_atomic(exp_dir / "run_config.json", run_config)
@@ -176,7 +196,7 @@ def run_experiment(experiment: Experiment, scale: Scale, seeds: Sequence[int], o
         for i, stage in enumerate(seed_records[0]["stages"]):
             write_json_atomic(exp_dir / "stages" / f"{i + 1}-{stage['name']}.json", stage)
 
-    mean, intervals = aggregate(per_seed)
+    mean, _ = aggregate(per_seed)   # the intervals: `with_item_intervals` below
     stages = []
     for i, stage in enumerate(seed_records[0]["stages"]):
         walls = [r["stages"][i]["wall_s"] for r in seed_records]
@@ -188,11 +208,12 @@ def run_experiment(experiment: Experiment, scale: Scale, seeds: Sequence[int], o
         "experiment": experiment.name, "preset": scale.name, "seeds": [int(s) for s in seeds],
         "wall_s": round(sum(r.get("wall_s", 0.0) for r in seed_records), 3),
         "wall_s_this_invocation": round(time.perf_counter() - t0, 3), "stages": stages, "metrics": mean, "per_seed": per_seed,
-        "intervals": intervals, "chain": [str(s) for s in experiment.chain], "paper": dict(experiment.paper),
+        "chain": [str(s) for s in experiment.chain], "paper": dict(experiment.paper),
         "base": seed_records[0]["base"], "eval_wall_s": [r["eval_wall_s"] for r in seed_records],
         "extra": [r["metrics"].get("extra") for r in seed_records], "budget": describe(scale, kinds),
         "mtp": mtp_summary(seed_records),
     }
+    results = with_item_intervals(results, experiment, scale, out_root)
     check_results(results)
     write_json_atomic(results_path, results)
     if is_primary():

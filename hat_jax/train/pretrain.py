@@ -143,6 +143,9 @@ class PretrainConfig:
                              f"({self.accum_steps})")
         if not isinstance(self.reading_share, (int, float)) or not 0.0 <= self.reading_share <= 1.0:
             raise ValueError(f"PretrainConfig.reading_share = {self.reading_share!r}: expected a share in [0, 1]")
+        if self.reading_share and not self.pack:
+            raise ValueError(f"PretrainConfig.reading_share = {self.reading_share!r} needs pack=True (the reading "
+                             "exercises' answer-only loss masks are built by the packed pipeline)")
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"PretrainConfig.compute_dtype = {self.compute_dtype!r}; valid: {sorted(COMPUTE_DTYPES)}")
         for name, kind in (("world", WorldDataConfig), ("optim", OptimConfig)):
@@ -266,19 +269,45 @@ def _epoch_permutation(n_chats: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(n_chats)
 
 
-class ChatDocument(grain.transforms.Map):
-    """Grain map: stream row -> that chat as one document (`packing.fit_document`: loss_mask 1 on every token
-    but the first, cut to seq_len; a truncation is logged once)."""
+def answer_mask(text: str, offsets: Sequence[tuple[int, int]]) -> np.ndarray:
+    """int32 [T]: 1 on the tokens of the assistant turns of a rendered chat (from after `<|im_start|>assistant\n`
+    through its `<|im_end|>`), 0 elsewhere; `offsets` are the tokens' (start, end) characters in `text`."""
+    spans, at = [], 0
+    while (start := text.find(ASSISTANT_OPEN, at)) >= 0:
+        start += len(ASSISTANT_OPEN)
+        end = text.find(TURN_END, start)
+        end = len(text) if end < 0 else end + len(TURN_END)
+        spans.append((start, end))
+        at = end
+    starts = np.asarray([s for s, _ in offsets], np.int64)
+    mask = np.zeros(len(offsets), np.int32)
+    for s, e in spans:
+        mask[(starts >= s) & (starts < e)] = 1
+    return mask
 
-    def __init__(self, chats: Sequence[tuple[list, list]], tokenizer, seq_len: int, seed: int, truncate: bool):
+
+ASSISTANT_OPEN, TURN_END = "<|im_start|>assistant\n", "<|im_end|>"
+
+
+class ChatDocument(grain.transforms.Map):
+    """Grain map: stream row -> that chat as one document (`packing.fit_document`, cut to seq_len; a truncation
+    is logged once). loss_mask: 1 on every token but the first; for the chats from index `answers_from` on (the
+    reading exercises), 1 on the assistant turns only (`answer_mask`): their listings are random names whose
+    loss is irreducible noise, their answers the reading decisions."""
+
+    def __init__(self, chats: Sequence[tuple[list, list]], tokenizer, seq_len: int, seed: int, truncate: bool,
+                 answers_from: int | None = None):
         self.chats, self.tokenizer, self.seq_len, self.seed, self.truncate = chats, tokenizer, seq_len, seed, truncate
+        self.answers_from = len(chats) if answers_from is None else answers_from
         self.logged = False
 
     def map(self, row: int) -> dict[str, np.ndarray]:
         index = chat_order(len(self.chats), self.seed, int(row))
         messages, tools = self.chats[index]
-        ids = self.tokenizer(render_chat(messages, tools), add_special_tokens=False)["input_ids"]
-        mask = np.ones(len(ids), np.int32)
+        text = render_chat(messages, tools)
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=index >= self.answers_from)
+        ids = enc["input_ids"]
+        mask = answer_mask(text, enc["offset_mapping"]) if index >= self.answers_from else np.ones(len(ids), np.int32)
         mask[:1] = 0  # the first token has no context
         doc = fit_document(ids, mask, self.seq_len, truncate=self.truncate,
                            name=f"pretraining chat {index} (stream row {row})")
@@ -302,7 +331,8 @@ def pretraining_batches(chats: Sequence[tuple[list, list]], tokenizer, config: P
     if not chats:
         raise ValueError("pretraining_batches: no chats")
     docs = grain.MapDataset.range(sys.maxsize).map(
-        ChatDocument(chats, tokenizer, config.seq_len, config.seed, config.truncate))
+        ChatDocument(chats, tokenizer, config.seq_len, config.seed, config.truncate,
+                     answers_from=len(chats) - round(len(chats) * config.reading_share)))
     docs = docs.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4 * config.pack_bins))
     rows = pack_documents(docs, config.seq_len, bins=config.pack_bins, pad_id=int(tokenizer.pad_token_id or 0),
                           sum_features=("truncated",))

@@ -54,6 +54,12 @@ def test_results_follow_the_schema_and_share_the_sft_stage(runs):
     md = (out / "table6_both" / "results.md").read_text()
     assert "| Live QA avg |" in md and "| IFEval prompt strict |" in md and "81.3" in md
     assert "| Variant QA name validity |" in md and "| Live QA calls / episode |" in md
+    # per-item scores from the evaluation's files; 2 items per suite: no item bootstrap, and results.md says why
+    assert both["items"]["live_qa"]["ids"] == ["live_qa-00000", "live_qa-00001"] and both["eval_key"]
+    assert len(both["items"]["ifeval_mini"]["scores"]["prompt_strict"][0]) == 3
+    assert "live_qa has 2 items; an item bootstrap needs at least 20" in both["interval_method"]["live_qa"]
+    assert ("- Live QA: no interval: 1 seed, and the item bootstrap is refused: table6_both: live_qa has 2 items; "
+            "an item bootstrap needs at least 20") in md
     assert "(pretrained here)" in md and "base cached (pretrained once in" in (out / "table4_hsa_opd" / "results.md").read_text()
     # wall_s counts what this experiment trained: table4_hsa_opd reuses the SFT stage, so it is not counted
     assert row4["wall_s"] == pytest.approx(row4["stages"][1]["wall_s"] + sum(row4["eval_wall_s"]), abs=0.01)
