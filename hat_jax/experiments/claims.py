@@ -16,8 +16,8 @@ when some condition is not, "not run" when one of its rows has no results.json, 
 interval is refused (too few items, different eval sets or seeds), else not separable.
 
 Metrics: the in-domain IF-mini gauge (`ifeval_mini.prompt_strict`) stands for IFEval's IFE-P (at the tiny
-scale the official IFEval may be skipped); the paper's differences (`paper`) are of IFE-P. C1 and C2 are the
-targets of issue 21 as it measures them; the paper's own numbers are in `paper` (../shared/PAPER.md).
+scale the official IFEval may be skipped); the paper's differences (`paper`) are of IFE-P. C1's and C2's conditions
+are the tiny scale's targets (docs/results.md); the paper's own numbers are in `paper` (../shared/PAPER.md).
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ docs/tuning.md, "Base pretraining"). The real preset imports its base (`hat_jax.
    live-stream SFT records, so the vocabulary covers the live-stream text the base never trains on and SFT
    from the base tokenizes exactly as SFT from scratch would. Copied to `<base>/tokenizer`.
 2. Pretraining objective: token-mean cross-entropy on EVERY non-pad token (loss_mask = attention_mask with
-   position 0 zeroed, as it has no context) + lb_coef x the MoE load-balancing loss + mtp_coef x the MTP
+   position 0 zeroed, as it has no context; the reading exercises, `reading_share` of the chats: their assistant
+   turns only, `answer_mask`) + lb_coef x the MoE load-balancing loss + mtp_coef x the MTP
    head's cross-entropy on the same tokens (`hat_jax.train.mtp`), through the shared trainer
    (`hat_jax.train.trainer`, the SFT loss function `sft_loss_fn`). Every token, not only the
    assistant's as in SFT: this is language-model pretraining (docs/tuning.md).
