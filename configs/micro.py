@@ -15,7 +15,7 @@ from hat_jax.data.pipeline import SFTDataConfig
 from hat_jax.data.world_data import WorldDataConfig
 from hat_jax.eval import EvalConfig
 from hat_jax.experiments.scales import BaseSpec, Scale, TeacherSpec
-from hat_jax.train.opd import OPDConfig
+from hat_jax.train.opd_config import OPDConfig
 from hat_jax.train.optim import OptimConfig
 from hat_jax.train.pretrain import PretrainConfig
 from hat_jax.train.rl import RLConfig

@@ -97,7 +97,8 @@ def run(args: argparse.Namespace) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from hat_jax.model.sampler import SamplingConfig, generate, left_pad
+    from hat_jax.model.sampler import generate, left_pad
+    from hat_jax.model.sampling import SamplingConfig
 
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               max_new_tokens=args.max_new_tokens)  # fail fast; stop and pad ids come later

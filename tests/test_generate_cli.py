@@ -13,7 +13,8 @@ import pytest
 
 from hat_jax.model import get_config, init_params
 from hat_jax.model.checkpoint_io import load_model_checkpoint, save_model_checkpoint
-from hat_jax.model.sampler import SamplingConfig, generate, left_pad
+from hat_jax.model.sampler import generate, left_pad
+from hat_jax.model.sampling import SamplingConfig
 
 PROMPT = "hello world, hello tokens"
 MAX_NEW = 6

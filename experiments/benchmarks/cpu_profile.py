@@ -133,7 +133,8 @@ def _prompts(config, rows: int, length: int, seed: int = 1):
 def bench_generate(config, params, args) -> None:
     """Prefill-only and full calls alternate, so that the decode time (their difference, per pair) sees
     the same load on both sides."""
-    from hat_jax.model.sampler import SamplingConfig, generate
+    from hat_jax.model.sampler import generate
+    from hat_jax.model.sampling import SamplingConfig
 
     ids, mask = _prompts(config, args.gen_rows, args.prompt)
     ids, mask = jnp.asarray(ids), jnp.asarray(mask)

@@ -99,7 +99,8 @@ def bench_batch(params, config, b: int, args, prompts: list | None = None) -> di
     import jax
     import numpy as np
 
-    from hat_jax.model.sampler import SamplingConfig, generate, left_pad
+    from hat_jax.model.sampler import generate, left_pad
+    from hat_jax.model.sampling import SamplingConfig
 
     totals = {"prefill_s": 0.0, "plain_s": 0.0, "spec_s": 0.0}
     steps = acc = 0

@@ -245,7 +245,8 @@ def rl_programs(scale, model_config, mesh: Mesh) -> list[Program]:
 def generate_programs(scale, model_config, mesh: Mesh) -> list[Program]:
     """The sampler's jitted decode (`hat_jax.model.sampler`) over one wave of the RL rollout batch (module
     docstring), params in the compute dtype; the policy's optimizer state stays resident during rollouts."""
-    from hat_jax.model.sampler import SamplingConfig, _decode_jit, _Sampling
+    from hat_jax.model.sampler import _decode_jit
+    from hat_jax.model.sampling import SamplingConfig, _Sampling
 
     c = scale.rl
     dtype = COMPUTE_DTYPES[c.compute_dtype]

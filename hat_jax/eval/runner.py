@@ -52,7 +52,7 @@ from hat_jax.eval.ifeval import IFEVAL_LINES, load_ifeval, skip_reason
 from hat_jax.eval.live import run_live_suite
 from hat_jax.model.config import Qwen3_5MoeTextConfig
 from hat_jax.model.params import COMPUTE_DTYPES
-from hat_jax.model.sampler import SamplingConfig
+from hat_jax.model.sampling import SamplingConfig
 from hat_jax.rollout import JaxSampler, RolloutConfig, Sampler, chat_completions, load_sampler
 from hat_jax.sim.world_harness import production_harness
 

@@ -20,7 +20,7 @@ from hat_jax.train.stage import apply_overrides, config_json, config_names, did_
 
 if TYPE_CHECKING:
     from hat_jax.eval import EvalConfig
-    from hat_jax.train.opd import OPDConfig
+    from hat_jax.train.opd_config import OPDConfig
     from hat_jax.train.pretrain import PretrainConfig
     from hat_jax.train.rl import RLConfig
     from hat_jax.train.sft import SFTConfig

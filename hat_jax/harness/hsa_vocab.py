@@ -2,10 +2,10 @@
 
 Variant implemented and why: at tiny scale, reading a harness is associative recall (bind the intent
 to the name written next to it in the prompt and copy that name), and a tiny model never produces a
-name built from tokens whose embeddings it never trained (measured at 0% in a recall probe while
-designing hat-jax), so every name here is a combination of word pieces from fixed pools (English
-and pinyin), written in one of several naming styles. The held-out families for Harness-Variant QA
-are new *combinations and styles* of those same pieces:
+name built from tokens whose embeddings it never trained (docs/tuning.md, "HSA-SFT"), so every name here
+is a combination of word pieces from fixed pools (English and pinyin), written in one of several naming
+styles. The held-out families for Harness-Variant QA are new *combinations and styles* of those same
+pieces:
 - naming styles `HELDOUT_TOOL_STYLES` (dotted.namespace, PascalCase) are never sampled for training;
   training uses `TRAIN_TOOL_STYLES` (snake_case, camelCase, kebab-case). Their pieces (incl. the
   `live`/`shop` namespaces, which training uses as prefixes) all occur in training names;

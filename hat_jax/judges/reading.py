@@ -1,7 +1,7 @@
 """Reading metrics: do an episode's calls name what its harness offers, load the right skill, complete the gold chain.
 
-Not metrics of the HAT report: they show whether a model reads its harness (issue 21, "metrics that show reading
-directly"), beside the report's metrics of every live-stream suite; they never enter AVG. Judged, like the rule
+Not metrics of the HAT report: they show directly whether a model reads its harness (the names, skills and tool
+chain it was given), beside the report's metrics of every live-stream suite; they never enter AVG. Judged, like the rule
 judges, under the harness the episode ran under (a suite item's own harness: the renamed names under Variant QA).
 
 Per episode (`episode_reading`):

@@ -5,7 +5,7 @@ tokens [i T/P, (i+1) T/P)). Token-local work (projections, norms, the MoE, the l
 tokens under GSPMD: the activations are constrained to ("batch", "length", ...) and the weights, stored
 sharded over 'context' too, are gathered as FSDP gathers them. The two sequence mixers are explicit
 `jax.shard_map`s over the batch axes and 'context' (`map_sequence_shards`):
-- full attention (`hat_jax.model.attention.context_parallel_attention`): each device keeps its queries and
+- full attention (`hat_jax.model.attention_impls.context_parallel_attention`): each device keeps its queries and
   all-gathers the keys, values and key segment ids (`gather_sequence`); its queries sit at key slot
   i T/P (`shard_start`). This is the all-gather form of context parallelism (MaxText's, Llama 3's),
   not the ring form;

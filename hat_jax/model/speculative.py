@@ -7,7 +7,7 @@ One step of the decode loop, for every row at once:
    prefix of drafts equal to the target argmax, then the target's token. Sampling: d_j is accepted with
    probability min(1, p_j(d_j) / q_j(d_j)); the first rejection is replaced by a sample of
    norm(max(0, p_j - q_j)), and after k acceptances a bonus token is sampled from p_k. p and q are the
-   distributions `hat_jax.model.sampler._sample` draws from (temperature, top-k, top-p) for the main model
+   distributions `hat_jax.model.sampling._sample` draws from (temperature, top-k, top-p) for the main model
    and the MTP block, so each row's tokens are distributed exactly as without speculation.
 3. Cache: rows accept different counts a but share one slot index, so the index advances by k + 1 and the
    slots of rejected drafts are marked invalid (`valid` False: attention ignores them and positions skip
@@ -33,7 +33,7 @@ from hat_jax.model.cache import cache_positions, init_cache
 from hat_jax.model.config import FULL_ATTENTION, Qwen3_5MoeTextConfig
 from hat_jax.model.process_sync import start_together
 from hat_jax.model.rope import rope_cos_sin
-from hat_jax.model.sampler import GenerationResult, SamplingConfig, _sample, _Sampling, filtered_logits
+from hat_jax.model.sampling import GenerationResult, SamplingConfig, _sample, _Sampling, filtered_logits
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 
 

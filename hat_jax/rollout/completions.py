@@ -28,7 +28,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from hat_jax.model.sampler import SamplingConfig
+from hat_jax.model.sampling import SamplingConfig
 from hat_jax.rollout.sampler import Sampler, batch_bucket, round_up
 from hat_jax.rollout.turns import check_lengths, decode, right_pad, turn_sampling
 from hat_jax.tokenizer import chat_encoding

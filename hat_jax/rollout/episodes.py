@@ -40,7 +40,7 @@ import numpy as np
 
 from hat_jax.harness.render import render_ids
 from hat_jax.harness.state import HarnessState
-from hat_jax.model.sampler import SamplingConfig
+from hat_jax.model.sampling import SamplingConfig
 from hat_jax.rollout.sampler import Generation, Sampler, batch_bucket, round_up
 from hat_jax.rollout.turns import check_lengths, decode, env_turn_ids, right_pad, turn_sampling
 from hat_jax.sim.catalog import World

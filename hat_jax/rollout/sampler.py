@@ -37,7 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from hat_jax.model.config import Qwen3_5MoeTextConfig
-from hat_jax.model.sampler import SamplingConfig, generate, left_pad
+from hat_jax.model.sampler import generate, left_pad
+from hat_jax.model.sampling import SamplingConfig
 from hat_jax.model.sharding import host_values
 
 DEFAULT_BUCKET = 64

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from hat_jax.model.config import Qwen3_5MoeTextConfig
-from hat_jax.model.sampler import SamplingConfig
+from hat_jax.model.sampling import SamplingConfig
 from hat_jax.tokenizer import chat_encoding, split_reasoning
 
 EOS_TEXT = "<|im_end|>"

@@ -14,8 +14,8 @@ SKU ids are "<product id>-<dimension 1>-<dimension 2>", e.g. "P0001-黑色-M" or
 readable, so an agent can compose them from the product id and the viewer's words. Dimension values
 never contain "-".
 
-The catalog is data only; `World.call(impl, canonical_args)` runs a world function from
-`hat_jax.sim.tools` over it. `World.to_dict` / `World.from_dict` round-trip it through JSON for
+The catalog is data only; `hat_jax.sim.tools.call_world_function(world, impl, canonical_args)` runs a
+world function over it. `World.to_dict` / `World.from_dict` round-trip it through JSON for
 caching.
 """
 
@@ -285,17 +285,6 @@ class World:
     def sku(self, sku_id: str) -> tuple[Product, Sku] | None:
         """(product, SKU) for `sku_id`, or None."""
         return self._by_sku.get(sku_id)
-
-    def call(self, impl: str, canonical_args: Mapping[str, Any]) -> dict:
-        """Runs world function `impl` (`hat_jax.sim.tools.WORLD_FUNCTIONS`) with canonical arguments.
-
-        Raises:
-          hat_jax.sim.tools.ToolError: a business error (unknown product, region not served, ...).
-          KeyError: `impl` is not a world function.
-        """
-        from hat_jax.sim.tools import call_world_function
-
-        return call_world_function(self, impl, canonical_args)
 
     def to_dict(self) -> dict:
         """JSON-serialisable form (`World.from_dict` inverts it)."""

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hat_jax.sim.catalog import Product, World
-from hat_jax.sim.tools import CITIES, PROVINCE_ZONE
+from hat_jax.sim.tools import CITIES, PROVINCE_ZONE, call_world_function
 from hat_jax.sim.types import INTENTS, Task
 
 INTENT_SKILL: dict[str, str] = {
@@ -155,7 +155,7 @@ def _task_seed(seed: int, index: int) -> int:
 def product_mention(world: World, product: Product) -> str:
     """How a viewer writes the product: its short form "brand + item noun" if search ranks the product first for
     it, else its full name."""
-    top = world.call("search_products", {"query": product.short_name})["products"]
+    top = call_world_function(world, "search_products", {"query": product.short_name})["products"]
     return product.short_name if top and top[0]["product_id"] == product.product_id else product.name
 
 
@@ -176,7 +176,7 @@ _ProductGold = tuple[list, dict[str, Any], dict[str, Any], dict[str, Any]]
 def _product_info_gold(world: World, rng: random.Random, p: Product, mention: str, key: str) -> _ProductGold:
     impl, pid = "get_product_detail", p.product_id
     calls = [(_search(mention),), ((impl, {"product_id": pid}),)]
-    detail = world.call(impl, {"product_id": pid})
+    detail = call_world_function(world, impl, {"product_id": pid})
     field = key.split(":")[1]
     return calls, {field: detail[field]}, {}, {"asked": field}
 
@@ -184,7 +184,7 @@ def _product_info_gold(world: World, rng: random.Random, p: Product, mention: st
 def _price_gold(world: World, rng: random.Random, p: Product, mention: str, key: str) -> _ProductGold:
     pid = p.product_id
     calls = [(_search(mention),), (("get_price", {"product_id": pid}),)]
-    return calls, {"live_price": world.call("get_price", {"product_id": pid})["live_price"]}, {}, {}
+    return calls, {"live_price": call_world_function(world, "get_price", {"product_id": pid})["live_price"]}, {}, {}
 
 
 def _stock_gold(world: World, rng: random.Random, p: Product, mention: str, key: str) -> _ProductGold:
@@ -194,7 +194,7 @@ def _stock_gold(world: World, rng: random.Random, p: Product, mention: str, key:
         (("get_product_detail", {"product_id": p.product_id}),),
         (("get_stock", {"sku_id": sku.sku_id}),),
     ]
-    res = world.call("get_stock", {"sku_id": sku.sku_id})
+    res = call_world_function(world, "get_stock", {"sku_id": sku.sku_id})
     facts = {"stock": res["stock"], "in_stock": res["in_stock"]}
     return calls, facts, {"sku": sku_phrase(p, sku.v1, sku.v2)}, {"sku_id": sku.sku_id, "v1": sku.v1, "v2": sku.v2}
 
@@ -205,7 +205,7 @@ def _size_advice_gold(world: World, rng: random.Random, p: Product, mention: str
     w = rng.randint(row["weight_kg"][0] + 1, row["weight_kg"][1])
     args = {"product_id": p.product_id, "height_cm": h, "weight_kg": w}
     calls = [(_search(mention),), (("get_size_chart", args),)]
-    facts = {"recommended_size": world.call("get_size_chart", args)["recommended_size"]}
+    facts = {"recommended_size": call_world_function(world, "get_size_chart", args)["recommended_size"]}
     return calls, facts, {"h": h, "w": w, "jin": 2 * w}, {"height_cm": h, "weight_kg": w}
 
 
@@ -222,7 +222,7 @@ def _shipping_gold(world: World, rng: random.Random, p: Product, mention: str, k
         text = province
     args = {"product_id": p.product_id, "region": province}
     calls = [(_search(mention),), (("estimate_shipping", args),)]
-    res = world.call("estimate_shipping", args)
+    res = call_world_function(world, "estimate_shipping", args)
     facts = {
         "days_min": res["days_min"],
         "days_max": res["days_max"],
@@ -234,7 +234,7 @@ def _shipping_gold(world: World, rng: random.Random, p: Product, mention: str, k
 def _coupon_gold(world: World, rng: random.Random, p: Product, mention: str, key: str) -> _ProductGold:
     pid = p.product_id
     calls = [(_search(mention),), (("get_promotions", {"product_id": pid}),)]
-    res = world.call("get_promotions", {"product_id": pid})
+    res = call_world_function(world, "get_promotions", {"product_id": pid})
     if res["coupons"]:
         facts = {"coupon_amount": res["coupons"][0]["amount"], "coupon_threshold": res["coupons"][0]["threshold"]}
     else:
@@ -246,7 +246,7 @@ def _after_sales_gold(world: World, rng: random.Random, p: Product, mention: str
     """after_sales and complaint: the warranty or the return days, as the template key says."""
     pid = p.product_id
     calls = [(_search(mention),), (("get_after_sales_policy", {"product_id": pid}),)]
-    res = world.call("get_after_sales_policy", {"product_id": pid})
+    res = call_world_function(world, "get_after_sales_policy", {"product_id": pid})
     facts = (
         {"warranty_months": res["warranty_months"]}
         if key == "after_sales:warranty"

@@ -46,7 +46,7 @@ import numpy as np
 
 from hat_jax.judges.rewards import COMPONENTS, RewardConfig, weighted_reward
 from hat_jax.model.params import COMPUTE_DTYPES
-from hat_jax.model.sampler import SamplingConfig
+from hat_jax.model.sampling import SamplingConfig
 from hat_jax.rollout import RolloutConfig, rollout_episodes, sample_completions
 from hat_jax.rollout.sampler import round_up
 from hat_jax.tokenizer import chat_encoding
@@ -57,7 +57,7 @@ from hat_jax.train.stage import stage_sampler
 from hat_jax.train.trainer import TrainState
 
 if TYPE_CHECKING:
-    from hat_jax.train.opd import OPDConfig
+    from hat_jax.train.opd_config import OPDConfig
 
 log = logging.getLogger(__name__)
 # The host batch's arrays that the train step takes, split into micro-batches (`OPDBatches`).

@@ -52,7 +52,7 @@ from hat_jax.train.rl_loss import counted_sequences
 from hat_jax.train.trainer import moe_aux, output_router_stats
 
 if TYPE_CHECKING:
-    from hat_jax.train.opd import OPDConfig
+    from hat_jax.train.opd_config import OPDConfig
 
 
 def _entropy(logits: jax.Array, temperature: float) -> jax.Array:

@@ -17,21 +17,18 @@ One RL step (a batch function for `hat_jax.train.trainer.run_stage`, called with
    only, so a resumed run repeats the killed one exactly; the checkpoint's data_state is just
    {"rl_step": n} (informational).
    Sampling: temperature (default 1.0) and top_p (default 1.0 = off). The sampler's logprobs are
-   log_softmax(logits / T) *before* top-p truncation (`hat_jax.model.sampler`), and the trainer recomputes
+   log_softmax(logits / T) *before* top-p truncation (`hat_jax.model.sampling`), and the trainer recomputes
    exactly that, so with top_p < 1 the tokens come from the truncated distribution while the ratio's
    denominator is the untruncated one: an off-policy mismatch (TRL #6789) that this stage does not
    correct (no TIS/MIS); keep top_p = 1 for on-policy RL.
 3. Rewards (`hat_jax.judges`): `judge_episode(episode, harness)` and `reward_components` -> Accuracy,
    Effectiveness, Tool Rationality, Skill Selection and the CoT length penalty (0 up to `reward.cot_free`
    = 100 reasoning tokens, linear to -1 at `reward.cot_zero_at` = 200; mean over the episode's turns).
-   Reasoning tokens are counted per sampled turn from `RolloutBatch.turn_texts` (the text after the
-   `<think>\\n` generation prompt up to `</think>`, all of it for a turn cut while thinking; re-tokenised
-   with the stage's tokenizer), so a truncated last turn is counted too.
-4. Advantages (`hat_jax.train.advantages`; the HAT report, arXiv 2608.15763, "Training, three stages"), `estimator`:
-   "grpo" (weighted sum, then group normalisation, sample std + 1e-6; DeepSeekMath arXiv 2402.03300 eq. 3),
-   "gdpo" (each component normalised in its group, weighted sum, batch normalisation, eps 1e-4; arXiv
-   2601.05242), "dr_grpo" (weighted sum minus the group mean, no std; arXiv 2503.20783). Weights:
-   `reward.weights` (components missing there weigh 0). A zero-variance or single-sample group gives 0.
+   Reasoning tokens are counted per sampled turn, a truncated last turn too
+   (`hat_jax.rollout.turns.reasoning_tokens`).
+4. Advantages (`hat_jax.train.advantages`; the HAT report, arXiv 2608.15763, "Training, three stages"):
+   `estimator` "grpo", "gdpo" or "dr_grpo", each registered there with its normalisation, eps and source.
+   Weights: `reward.weights` (components missing there weigh 0). A zero-variance or single-sample group gives 0.
    A NaN/inf component drops the sample: advantage 0 *and* action mask zeroed (it adds no token and no
    sequence to any normaliser), counted in data/invalid_samples.
 5. Update (`hat_jax.train.rl_loss`): per token max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high))
@@ -257,7 +254,7 @@ class RLBatches:
     """
 
     def __init__(self, config: RLConfig, model_config, tokenizer, ref_params=None, dtype=None, sampler=None):
-        from hat_jax.model.sampler import SamplingConfig
+        from hat_jax.model.sampling import SamplingConfig
         from hat_jax.rollout import RolloutConfig
         from hat_jax.sim.world_harness import production_harness
 

@@ -25,9 +25,8 @@ Tokenizer: the --init checkpoint's `tokenizer/` folder when it has one; otherwis
 model's vocab_size trained on `tokenizer_training_texts` + the rendered SFT records, cached under
 `<cache root>/tokenizers/bpe-<hash>` (cache root of `hat_jax.data.world_data`; `bpe_tokenizer_dir`, shared
 with the base pretraining of `hat_jax.train.pretrain`). It is copied to
-`<out>/tokenizer`, which a resumed run reuses. Note: the production harness's system prompt is ~2,350
-tokens with the micro preset's 512-token vocabulary (~930 with tiny's 4,096), so seq_len must exceed it or
-rows carry no loss tokens; the scale configs (`configs/`) are sized for that.
+`<out>/tokenizer`, which a resumed run reuses. seq_len must exceed the production harness's system prompt,
+or rows carry no loss tokens; the scale configs are sized for that (`configs/micro.py` gives its length).
 
 The run directory `--out` is the `StageCheckpointer` root (checkpoints, model_config.json, tokenizer/) and
 the TensorBoard run directory (`hat_jax.train.metrics`); `load_model_checkpoint(out)` reads its latest params.

@@ -34,12 +34,7 @@ Sharding: with `mesh` given (`hat_jax.model.sharding.default_mesh()` when `jax.d
 expert), params and the optimizer moments are placed by `hat_jax.model.sharding` rules, step/rng replicated,
 and batches split over ('data', 'fsdp') on their micro-batch axis; GSPMD inserts the collectives.
 
-`run_stage`: the loop with a tqdm progress bar (rate, ETA), metrics every `log_every` steps, a checkpoint
-every `ckpt_every` steps and at the end. Every step's metrics carry `finite` (`finite_flag`: one fused
-reduction in the jitted step over the loss, total loss, gradient norm and the updated parameters), read with
-the metrics the loop fetches anyway; a step whose flag is 0 (or whose lr is not finite) raises
-`NonFiniteLossError` naming the step and the quantity before anything of that step is saved, so every
-checkpoint on disk passed the check.
+`run_stage`: the loop (metrics, checkpoints, and a non-finite step refused before anything of it is saved).
 """
 
 from __future__ import annotations
@@ -412,7 +407,13 @@ def run_stage(loop: LoopConfig, state: TrainState,
               count_tokens: Callable[[Mapping[str, Any]], int] | None = None,
               checkpointer=None, data_state: Callable[[], Any] = lambda: None,
               writer=None, batch_metrics: Callable[[Mapping[str, Any]], dict] | None = None) -> TrainState:
-    """Runs `step_fn` from `state.step` to `loop.steps`.
+    """Runs `step_fn` from `state.step` to `loop.steps`, with a tqdm progress bar (rate, ETA), metrics every
+    `log_every` steps, a checkpoint every `ckpt_every` steps and at the end.
+
+    Every step's metrics carry `finite` (`finite_flag`: one fused reduction in the jitted step over the loss,
+    total loss, gradient norm and the updated parameters), read with the metrics the loop fetches anyway; a
+    step whose flag is 0 (or whose lr is not finite) raises `NonFiniteLossError` naming the step and the
+    quantity before anything of that step is saved, so every checkpoint on disk passed the check.
 
     Args:
         batches: host batches (one per step); exhausting it ends the stage early (a checkpoint is written).

@@ -177,7 +177,10 @@ def test_transform_shares_hand_checked():
         **dict.fromkeys(hsa.transform_names(), 0.0),
         "original": 1.0,
     }
-    flags = [{"hsa_applied": np.array([[1, 0, 0, 0, 0, 0, 0, 1], [0] * 8], np.int8)}]
+    names = hsa.transform_names()
+    applied = np.zeros((2, len(names)), np.int8)   # row 0: rename_skills and hook_params; row 1: the original
+    applied[0, [names.index("rename_skills"), names.index("hook_params")]] = 1
+    flags = [{"hsa_applied": applied}]
     assert P.transform_shares(flags) == {
         **dict.fromkeys(hsa.transform_names(), 0.0),
         "rename_skills": 0.5,

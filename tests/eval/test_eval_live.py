@@ -12,7 +12,7 @@ from hat_jax.data.world_data import WorldDataConfig, eval_items, world_for
 from hat_jax.eval.live import run_live_suite, sample_scores, suite_keys, suite_scores
 from hat_jax.judges.rules import Judgement, judge_episode
 from hat_jax.model import get_config
-from hat_jax.model.sampler import SamplingConfig
+from hat_jax.model.sampling import SamplingConfig
 from hat_jax.rollout import JaxSampler, RolloutConfig
 from hat_jax.rollout.turns import encode
 from hat_jax.sim.world_harness import production_harness

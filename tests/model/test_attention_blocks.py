@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hat_jax.model import Qwen3_5MoeForCausalLM, get_config, init_cache, init_params
-from hat_jax.model.attention import causal_gqa_attention, gqa_attention
+from hat_jax.model.attention_impls import causal_gqa_attention, gqa_attention
 
 
 def _inputs(seed, b, t, s, h, kv, d):

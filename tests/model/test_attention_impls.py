@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hat_jax.model.attention import (attention, cudnn_attention, resolve_attention_impl, splash_attention,
-                                     splash_block)
+from hat_jax.model.attention import attention, resolve_attention_impl
+from hat_jax.model.attention_impls import cudnn_attention, splash_attention, splash_block
 
 TOL = 1e-5
 
@@ -133,7 +133,7 @@ def test_model_attention_impl_auto_is_the_xla_path_on_cpu():
 
 def test_has_key_matches_the_segment_mask():
     """`_has_key` (sort-based, no [T, S] mask) equals any() over `segment_mask`, causal and not."""
-    from hat_jax.model.attention import _has_key, segment_mask
+    from hat_jax.model.attention_impls import _has_key, segment_mask
 
     rng = np.random.default_rng(0)
     kvs = jnp.asarray(rng.integers(0, 4, (6, 50)), jnp.int32)

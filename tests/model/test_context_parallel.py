@@ -83,7 +83,8 @@ def _attention_worker() -> dict:
     import jax
     import jax.numpy as jnp
 
-    from hat_jax.model.attention import attention, context_parallel_attention
+    from hat_jax.model.attention import attention
+    from hat_jax.model.attention_impls import context_parallel_attention
     from hat_jax.model.sharding import make_mesh, mesh_context
 
     b, t, h, kv, d = 2, 512, 4, 2, 128

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from moe_helpers import expert_grads, expert_inputs
 
-from hat_jax.model.attention import gqa_attention
+from hat_jax.model.attention_impls import gqa_attention
 from hat_jax.model.deltanet import (causal_depthwise_conv, chunk_gated_delta_rule, l2_normalize,
                                     recurrent_gated_delta_rule)
 from hat_jax.model.moe import (blocked_expert_ffn, load_balancing_loss, ragged_expert_ffn, route,

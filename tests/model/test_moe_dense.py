@@ -8,7 +8,8 @@ from moe_helpers import expert_grads, expert_inputs
 
 from hat_jax.model import Qwen3_5MoeForCausalLM, get_config, init_params
 from hat_jax.model.moe import blocked_expert_ffn, dense_expert_ffn
-from hat_jax.model.sampler import SamplingConfig, generate, left_pad
+from hat_jax.model.sampler import generate, left_pad
+from hat_jax.model.sampling import SamplingConfig
 
 
 @pytest.mark.parametrize("n,e,k", [(1, 16, 4), (16, 8, 2), (300, 8, 2)])

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from hat_jax.model import Qwen3_5MoeForCausalLM, get_config, init_cache, init_params
-from hat_jax.model.sampler import SamplingConfig, generate, left_pad, sample_tokens, top_k_mask, top_p_mask
+from hat_jax.model.sampler import generate, left_pad
+from hat_jax.model.sampling import SamplingConfig, sample_tokens, top_k_mask, top_p_mask
 
 N = 16                      # new tokens
 LENGTHS = (66, 52, 9)       # rows 0 and 1 cross 64 tokens (one accelerator DeltaNet chunk, four CPU chunks): row 0 in prefill, row 1 while decoding

@@ -9,7 +9,8 @@ import pytest
 
 from hat_jax.model import (Qwen3_5MoeForCausalLM, check_segment_ids, get_config, init_cache, init_params,
                            segment_ends, segment_positions, segment_starts)
-from hat_jax.model.attention import attention, causal_gqa_attention
+from hat_jax.model.attention import attention
+from hat_jax.model.attention_impls import causal_gqa_attention
 from hat_jax.model.deltanet import (causal_depthwise_conv, chunk_gated_delta_rule, default_chunk_size,
                                     recurrent_gated_delta_rule)
 from hat_jax.model.moe import load_balancing_loss

@@ -106,7 +106,8 @@ def _worker(out_path: str) -> None:
 
 def _greedy(config, params, ids, mask):
     """Greedy tokens [B, 6] after the rows' first 20 tokens (left-padded prompts)."""
-    from hat_jax.model.sampler import SamplingConfig, generate
+    from hat_jax.model.sampler import generate
+    from hat_jax.model.sampling import SamplingConfig
 
     return np.asarray(generate(params, config, ids[:, :20], mask[:, :20].astype(bool), jax.random.key(0),
                                SamplingConfig(max_new_tokens=6)).tokens)

@@ -14,7 +14,8 @@ import pytest
 from scipy import stats
 
 from hat_jax.model import Qwen3_5MoeForCausalLM, get_config, init_cache, init_params
-from hat_jax.model.sampler import SamplingConfig, _Sampling, filtered_logits, generate, left_pad
+from hat_jax.model.sampler import generate, left_pad
+from hat_jax.model.sampling import SamplingConfig, _Sampling, filtered_logits
 from hat_jax.model.speculative import accept_drafts, rewind_cache
 
 N = 12

@@ -10,7 +10,7 @@ from policy_helpers import scripted_generate as scripted
 from rollout_helpers import decode_text, reference_logprobs
 
 from hat_jax.model import Qwen3_5MoeForCausalLM
-from hat_jax.model.sampler import SamplingConfig
+from hat_jax.model.sampling import SamplingConfig
 from hat_jax.rollout import JaxSampler, chat_completions, sample_completions
 from hat_jax.rollout.completions import chat_prompt_ids
 

@@ -19,7 +19,7 @@ from policy_helpers import scripted_generate as scripted
 
 from hat_jax.harness.render import render_text
 from hat_jax.model import Qwen3_5MoeForCausalLM
-from hat_jax.model.sampler import SamplingConfig
+from hat_jax.model.sampling import SamplingConfig
 from hat_jax.rollout import JaxSampler, RolloutBatch, RolloutConfig, forced_expert_ids, rollout_episodes
 from hat_jax.rollout.sampler import round_up
 from hat_jax.rollout.turns import env_turn_text

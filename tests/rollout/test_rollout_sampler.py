@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from policy_helpers import scripted_generate as scripted
 
-from hat_jax.model.sampler import SamplingConfig, generate, left_pad
+from hat_jax.model.sampler import generate, left_pad
+from hat_jax.model.sampling import SamplingConfig
 from hat_jax.rollout import Generation, JaxSampler, RolloutConfig, rollout_episodes
 from hat_jax.rollout.sampler import batch_bucket, prompt_bucket, round_up
 from hat_jax.sim.viewers import sample_tasks

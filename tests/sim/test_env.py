@@ -9,6 +9,7 @@ from hat_jax.harness.hooks import HOOK_FEEDBACK_PREFIX
 from hat_jax.harness.render import render_system_prompt
 from hat_jax.sim.env import EnvConfig, LiveStreamEnv
 from hat_jax.sim.executor import execute_tool_call
+from hat_jax.sim.tools import call_world_function
 from hat_jax.sim.viewers import sample_tasks
 
 
@@ -47,7 +48,7 @@ def test_scripted_price_episode(world, harness, task):
         {
             "role": "tool",
             "name": "get_price",
-            "content": json.dumps(world.call("get_price", {"product_id": pid}), ensure_ascii=False),
+            "content": json.dumps(call_world_function(world, "get_price", {"product_id": pid}), ensure_ascii=False),
         }
     ]
     price = task.gold_facts["live_price"]

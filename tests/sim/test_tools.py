@@ -69,36 +69,37 @@ def test_an_incomplete_world_tool_declaration_fails_naming_the_tool_and_the_argu
 
 def test_search_full_name_ranks_first(world):
     for p in world.products:
-        hits = world.call("search_products", {"query": p.name})["products"]
+        hits = call_world_function(world, "search_products", {"query": p.name})["products"]
         assert hits[0]["product_id"] == p.product_id
 
 
 def test_search_short_form_category_and_limits(world):
-    hits = world.call("search_products", {"query": "南风针织开衫"})["products"]
+    hits = call_world_function(world, "search_products", {"query": "南风针织开衫"})["products"]
     assert hits[0] == {"product_id": "P0001", "name": "南风简约通勤针织开衫", "category": "女装", "brand": "南风"}
-    assert len(world.call("search_products", {"query": "连衣裙", "max_results": 2})["products"]) == 2
-    only = world.call("search_products", {"query": "南风", "category": "鞋靴", "max_results": 20})["products"]
+    assert len(call_world_function(world, "search_products", {"query": "连衣裙", "max_results": 2})["products"]) == 2
+    only = call_world_function(world, "search_products",
+                               {"query": "南风", "category": "鞋靴", "max_results": 20})["products"]
     assert only and all(h["category"] == "鞋靴" and h["brand"] == "南风" for h in only)
-    assert world.call("search_products", {"query": "火箭发动机"})["products"] == []
+    assert call_world_function(world, "search_products", {"query": "火箭发动机"})["products"] == []
     with pytest.raises(ToolError, match="category"):
-        world.call("search_products", {"query": "裙", "category": "汽车"})
+        call_world_function(world, "search_products", {"query": "裙", "category": "汽车"})
 
 
 def test_price_and_unknown_product(world):
-    assert world.call("get_price", {"product_id": "P0001"})["live_price"] == 188.9
+    assert call_world_function(world, "get_price", {"product_id": "P0001"})["live_price"] == 188.9
     with pytest.raises(ToolError, match="P9999") as err:
-        world.call("get_price", {"product_id": "P9999"})
+        call_world_function(world, "get_price", {"product_id": "P9999"})
     assert err.value.kind == "not_found"
 
 
 def test_stock(world):
-    res = world.call("get_stock", {"sku_id": "P0001-黑色-M"})
+    res = call_world_function(world, "get_stock", {"sku_id": "P0001-黑色-M"})
     assert res["spec"] == {"颜色": "黑色", "尺码": "M"} and res["stock"] == 218 and res["in_stock"] is True
     with pytest.raises(ToolError) as err:
-        world.call("get_stock", {"sku_id": "P0001-紫色-M"})
+        call_world_function(world, "get_stock", {"sku_id": "P0001-紫色-M"})
     assert "P0001-黑色-M" in err.value.details["valid_sku_ids"]
     with pytest.raises(ToolError, match="格式"):
-        world.call("get_stock", {"sku_id": "黑色M"})
+        call_world_function(world, "get_stock", {"sku_id": "黑色M"})
 
 
 def test_region_resolution():
@@ -124,16 +125,16 @@ def test_shipping_days_hand_checked():
 
 def test_estimate_shipping(world):
     # P0001 ships from 青岛 (山东, 华东) within 72 h, always 包邮: 广东 is another zone -> 3-5 +1
-    res = world.call("estimate_shipping", {"product_id": "P0001", "region": "深圳"})
+    res = call_world_function(world, "estimate_shipping", {"product_id": "P0001", "region": "深圳"})
     assert (res["region"], res["days_min"], res["days_max"], res["fee"], res["note"]) == ("广东", 4, 6, 0.0, "包邮")
-    remote = world.call("estimate_shipping", {"product_id": "P0001", "region": "西藏"})
+    remote = call_world_function(world, "estimate_shipping", {"product_id": "P0001", "region": "西藏"})
     assert remote["fee"] == 20.0 and remote["note"] == "偏远地区不包邮"
     with pytest.raises(ToolError) as err:
-        world.call("estimate_shipping", {"product_id": "P0001", "region": "香港"})
+        call_world_function(world, "estimate_shipping", {"product_id": "P0001", "region": "香港"})
     assert err.value.kind == "not_served"
     excl = next(p for p in world.products if "新疆" in p.shipping["excluded_regions"])
     with pytest.raises(ToolError, match="新疆"):
-        world.call("estimate_shipping", {"product_id": excl.product_id, "region": "乌鲁木齐"})
+        call_world_function(world, "estimate_shipping", {"product_id": excl.product_id, "region": "乌鲁木齐"})
 
 
 def test_recommend_size_hand_checked():
@@ -151,31 +152,31 @@ def test_recommend_size_hand_checked():
 
 
 def test_size_chart(world):
-    res = world.call("get_size_chart", {"product_id": "P0001", "height_cm": 160, "weight_kg": 50})
+    res = call_world_function(world, "get_size_chart", {"product_id": "P0001", "height_cm": 160, "weight_kg": 50})
     assert res["recommended_size"] == "M"
     assert res["size_chart"][0] == {"size": "S", "height_cm": "150-158", "weight_kg": "40-47"}
     shoe = next(p for p in world.products if p.category == "鞋靴")
-    assert world.call("get_size_chart", {"product_id": shoe.product_id})["recommended_size"] is None
+    assert call_world_function(world, "get_size_chart", {"product_id": shoe.product_id})["recommended_size"] is None
     food = next(p for p in world.products if p.category == "食品零食")
     with pytest.raises(ToolError) as err:
-        world.call("get_size_chart", {"product_id": food.product_id})
+        call_world_function(world, "get_size_chart", {"product_id": food.product_id})
     assert err.value.kind == "no_size_chart"
 
 
 def test_detail_promotions_after_sales(world):
-    detail = world.call("get_product_detail", {"product_id": "P0001"})
+    detail = call_world_function(world, "get_product_detail", {"product_id": "P0001"})
     assert detail["material"] == "醋酸" and detail["sku_dimensions"]["尺码"] == ["S", "M", "L"]
     assert "P0001-黑色-M" in detail["sku_ids"]
-    promo = world.call("get_promotions", {"product_id": "P0001"})
+    promo = call_world_function(world, "get_promotions", {"product_id": "P0001"})
     assert promo["promotions"][1]["description"] == "满199减20" and promo["coupons"][0]["amount"] == 50.0
-    policy = world.call("get_after_sales_policy", {"product_id": "P0008"})
+    policy = call_world_function(world, "get_after_sales_policy", {"product_id": "P0008"})
     assert (policy["return_days"], policy["warranty_months"], policy["return_insurance"]) == (15, 12, "无运费险")
 
 
 def test_results_are_json(world):
     for p in world.products[:30]:
         for impl in ("get_product_detail", "get_price", "get_promotions", "get_after_sales_policy"):
-            json.dumps(world.call(impl, {"product_id": p.product_id}), ensure_ascii=False)
+            json.dumps(call_world_function(world, impl, {"product_id": p.product_id}), ensure_ascii=False)
 
 
 def test_canonical_validation_and_distractor(world):

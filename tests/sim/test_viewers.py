@@ -4,7 +4,7 @@ import collections
 
 import pytest
 
-from hat_jax.sim.tools import recommend_size
+from hat_jax.sim.tools import call_world_function, recommend_size
 from hat_jax.sim.types import INTENTS, SKILL_KEYS
 from hat_jax.sim.viewers import INTENT_SKILL, TEMPLATES, _redundant_prefix, sample_task, sample_tasks
 
@@ -51,10 +51,10 @@ def test_gold_plans_run_and_search_finds_the_product(world, intent):
         assert len(searches) == len(task.product_ids)
         for query, pid in zip(searches, task.product_ids, strict=True):
             assert query in task.message
-            assert world.call("search_products", {"query": query})["products"][0]["product_id"] == pid
+            assert call_world_function(world, "search_products", {"query": query})["products"][0]["product_id"] == pid
         for rnd in task.gold_calls:
             for impl, args in rnd:
-                world.call(impl, args)  # no ToolError
+                call_world_function(world, impl, args)  # no ToolError
         assert task.gold_facts and all(isinstance(v, (str, int, float)) for v in task.gold_facts.values())
 
 

@@ -14,7 +14,7 @@ from hat_jax.model import Qwen3_5MoeForCausalLM, get_config, init_params
 from hat_jax.model.transformer import mtp_loss
 from hat_jax.train.losses import masked_token_ce_sum
 from hat_jax.train.mtp import check_mtp_model, mtp_ce_chunked, mtp_ce_counted_rows, mtp_target_mask
-from hat_jax.train.opd import OPDConfig
+from hat_jax.train.opd_config import OPDConfig
 from hat_jax.train.opd_loss import opd_loss_fn
 from hat_jax.train.pretrain import PretrainConfig
 from hat_jax.train.rl import RLConfig
