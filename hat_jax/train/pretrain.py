@@ -306,9 +306,12 @@ class ChatDocument(grain.transforms.Map):
         index = chat_order(len(self.chats), self.seed, int(row))
         messages, tools = self.chats[index]
         text = render_chat(messages, tools)
-        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=index >= self.answers_from)
-        ids = enc["input_ids"]
-        mask = answer_mask(text, enc["offset_mapping"]) if index >= self.answers_from else np.ones(len(ids), np.int32)
+        if index >= self.answers_from:
+            enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+            ids, mask = enc["input_ids"], answer_mask(text, enc["offset_mapping"])
+        else:
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            mask = np.ones(len(ids), np.int32)
         mask[:1] = 0  # the first token has no context
         doc = fit_document(ids, mask, self.seq_len, truncate=self.truncate,
                            name=f"pretraining chat {index} (stream row {row})")

@@ -307,3 +307,13 @@ def test_import_hf_base(tmp_path):
         import_hf_base(broken, tmp_path / "base2")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         import_hf_base(tmp_path / "nowhere", tmp_path / "base3")
+
+
+def test_answer_mask_covers_the_assistant_turns_through_their_end_marker():
+    from hat_jax.train.pretrain import answer_mask
+
+    text = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nok<|im_end|>\n<|im_start|>assistant\nab"
+    mask = answer_mask(text, [(i, i + 1) for i in range(len(text))])  # one token per character
+    covered = "".join(c for c, m in zip(text, mask) if m)
+    assert covered == "ok<|im_end|>" + "ab"  # an unterminated last turn runs to the end
+    assert mask.dtype == np.int32 and len(mask) == len(text)
