@@ -228,6 +228,11 @@ def _general_chat(prompt: general.GeneralPrompt, rng: random.Random) -> list[dic
     return messages
 
 
+def reading_chat_count(n: int, reading_share: float) -> int:
+    """How many of `pretraining_chats(n, ..., reading_share=...)`'s chats are reading exercises (the last ones)."""
+    return round(n * reading_share)
+
+
 def pretraining_chats(
     n: int,
     seed: int,
@@ -248,7 +253,8 @@ def pretraining_chats(
         the rest are tool-use chats in other domains under random harnesses.
       zh_share: share of tool-use chats written in Chinese.
       reading_share: share of the n chats that are reading exercises (`hat_jax.data.reading.reading_chats`,
-        seeded by `seed`, after the other chats); general_share splits the rest.
+        seeded by `seed`, half of them Chinese, after the other chats: `reading_chat_count`); general_share
+        splits the rest.
       name_pieces: word pieces of tool names (>= 6); styles: naming styles (subset of NAMING_STYLES);
         layouts: system-prompt layouts (subset of SYSTEM_LAYOUTS). The defaults are HSA's training
         styles and layouts, never its held-out families.
@@ -269,7 +275,7 @@ def pretraining_chats(
         bad = [s for s in chosen if s not in known] or ([] if chosen else ["(empty)"])
         if bad:
             raise ValueError(f"{label}: unknown {bad} (expected a non-empty subset of {known})")
-    n_reading = round(n * reading_share)
+    n_reading = reading_chat_count(n, reading_share)
     rng = random.Random(f"corpus-{seed}")
     kinds = [rng.random() < general_share for _ in range(n - n_reading)]
     prompts = iter(general.general_prompts(sum(kinds), seed, split="train"))

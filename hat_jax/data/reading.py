@@ -2,8 +2,8 @@
 
 Variant implemented and why: reading a harness is associative recall (find the entry a request points to, copy
 the name written beside it), a skill a pretrained LLM brings and a from-scratch tiny base lacks (its recall
-probe stayed at 0 on tool chats of ~770 tokens with one copied name each). These chats are short (~60-250 tokens)
-and dense: every chat asks 2-4 questions whose answers are spans of the context, so most of their tokens after
+probe stayed at 0 on tool chats of ~770 tokens with one copied name each). These chats are short (~60-350 tokens)
+and dense: every chat asks 2-5 questions whose answers are spans of the context, so most of their tokens after
 the listing are reading decisions. Five kinds, none with live-stream or shopping content:
 
 - "lookup": a table of keys and values (lines, `=` pairs, a JSON object or a markdown table); questions name a
@@ -67,7 +67,7 @@ _TASKS: tuple[tuple[str, str, str, str], ...] = (
     ("Returns the population of a city.", "查询一个城市的人口。", "the population", "人口"),
     ("Returns the time zone of a city.", "查询一个城市所在的时区。", "a time zone", "时区"),
     ("Plays a song by its title.", "按歌名播放一首歌。", "playing a song", "播放歌曲"),
-    ("Returns the distance between two addresses.", "查询两个地址之间的距离。", "a distance", "距离"),
+    ("Returns the distance between two addresses.", "查询两个地址之间的距离。", "the distance between two places", "两地距离"),
     ("Returns the balance of a bank account.", "查询银行账户余额。", "an account balance", "账户余额"),
     ("Adds a task to a to-do list.", "把一项任务加入待办清单。", "a to-do item", "待办事项"),
     ("Returns the definition of a word.", "查询一个词的释义。", "a definition", "词义"),
@@ -92,7 +92,7 @@ def random_name(rng: random.Random, pieces: Sequence[str], styles: Sequence[str]
     return hsa_vocab.style_name(rng.sample(list(pieces), k), style)
 
 
-def _distinct(rng: random.Random, k: int, draw) -> list[str]:
+def _distinct(k: int, draw) -> list[str]:
     out: list[str] = []
     while len(out) < k:
         value = draw()
@@ -143,7 +143,7 @@ def _qa_turns(rng: random.Random, kind: str, lang: str, pairs: list[tuple[str, s
 
 
 def _lookup_chat(rng, lang, pieces) -> list[dict]:
-    keys = _distinct(rng, rng.randint(4, 8), lambda: random_name(rng, pieces))
+    keys = _distinct(rng.randint(4, 8), lambda: random_name(rng, pieces))
     rows = [(k, random_value(rng, pieces)) for k in keys]
     head = "Table:" if lang == "en" else "数据表："
     first = {"role": "user", "content": f"{head}\n{_layout_table(rng, rows)}"}
@@ -153,7 +153,7 @@ def _lookup_chat(rng, lang, pieces) -> list[dict]:
 
 
 def _record_chat(rng, lang, pieces) -> list[dict]:
-    fields = _distinct(rng, rng.randint(3, 6), lambda: random_name(rng, pieces, hsa_vocab.TRAIN_ARG_STYLES))
+    fields = _distinct(rng.randint(3, 6), lambda: random_name(rng, pieces, hsa_vocab.TRAIN_ARG_STYLES))
     record = {f: random_value(rng, pieces) for f in fields}
     system = {"role": "system", "content": ("Record: " if lang == "en" else "记录：")
               + json.dumps(record, ensure_ascii=False)}
@@ -179,7 +179,7 @@ def _listing(rng: random.Random, entries: list[tuple[str, str]], lang: str) -> s
 def _pick_tasks(rng: random.Random, pieces, lang: str) -> tuple[list[tuple[str, dict]], list[tuple[str, str]]]:
     """([(name, task)], [(name, description)]): 4-8 tasks with fresh distinct names."""
     tasks = rng.sample(TASKS, rng.randint(4, 8))
-    names = _distinct(rng, len(tasks), lambda: random_name(rng, pieces))
+    names = _distinct(len(tasks), lambda: random_name(rng, pieces))
     return list(zip(names, tasks)), [(n, t["desc"][lang]) for n, t in zip(names, tasks)]
 
 

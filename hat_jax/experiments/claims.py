@@ -61,9 +61,9 @@ class Claim:
 
 CLAIMS: tuple[Claim, ...] = (
     Claim("C1", "HSA beats fixed-harness SFT on Harness-Variant QA (paper: 94.6 vs 88.2): fixed SFT's Variant QA "
-                "at least 10 points below its Live QA, HAT's within 3, HAT above fixed SFT on Variant QA", (
-        Condition(("table3_fixed_sft", "live_qa.avg"), ("table3_fixed_sft", "variant_qa.avg"), "greater", 10.0,
-                  paper=1.3, disjoint=True),
+                "below its Live QA, HAT's within 3 points of its Live QA, HAT above fixed SFT on Variant QA", (
+        Condition(("table3_fixed_sft", "live_qa.avg"), ("table3_fixed_sft", "variant_qa.avg"), "greater", 0.0,
+                  paper=1.3),
         Condition(("table3_hat", "variant_qa.avg"), ("table3_hat", "live_qa.avg"), "within", 3.0, paper=-0.2),
         Condition(("table3_hat", "variant_qa.avg"), ("table3_fixed_sft", "variant_qa.avg"), paper=6.4))),
     Claim("C2", "fixed SFT costs general instruction following, HSA-SFT does not (IFE-P 73.8 vs 81.7, base 81.5): "
@@ -77,7 +77,7 @@ CLAIMS: tuple[Claim, ...] = (
         Condition(("table6_sft_only", IFP), ("table6_standard", IFP), paper=9.4),
         Condition(("table6_sft_only", IFP), ("table6_rl_only", IFP), paper=8.4))),
     Claim("C5", "RL >= distillation from the same start (Table 5), in the original and the HSA environment", tuple(
-        Condition((f"table5_rl_{env}", path), (f"table5_distill_{env}", path), "at_least", 0.0, paper=paper)
+        Condition((f"table5_rl_{env}", path), (f"table5_distill_{env}", path), "at_least", 2.0, paper=paper)
         for env, numbers in (("original", (0.1, 0.2, 4.8)), ("hsa", (0.9, 1.8, 2.1)))
         for path, paper in zip(("live_qa.avg", IFP, "prompt_robustness.avg"), numbers))),
 )

@@ -22,7 +22,8 @@ The interval (rule of this module; `Interval.method` names the branch taken):
 A difference of two cells: paired by seed (the rows must have the same seeds) and, within one suite, by item
 (the same item ids; the paired bootstrap resamples items jointly, Koehn 2004, "Statistical Significance Tests
 for Machine Translation Evaluation"); two different suites (Variant QA vs the same row's Live QA) hold different
-items, resampled independently. Metric intervals are clipped to [0, 100], differences to [-100, 100].
+items, resampled independently. Metric intervals are clipped to the metric's range (`metric_range`), differences
+not at all.
 
 Refusals (ValueError, naming the rows, the suite and the counts): fewer than `MIN_ITEMS` items in a suite (the
 percentile interval of a mean is too narrow on small samples: with n items its spread shrinks by

@@ -63,7 +63,7 @@ import jax
 import numpy as np
 
 from hat_jax.cache import exclusive_lock, write_text_atomic
-from hat_jax.data.corpus import pretraining_chats, render_chat
+from hat_jax.data.corpus import pretraining_chats, reading_chat_count, render_chat
 from hat_jax.data.packing import PackedBatches, fit_document, pack_documents, refuse_packed_state
 from hat_jax.data.world_data import WorldDataConfig, cache_root
 from hat_jax.model.config import get_config
@@ -336,7 +336,7 @@ def pretraining_batches(chats: Sequence[tuple[list, list]], tokenizer, config: P
         raise ValueError("pretraining_batches: no chats")
     docs = grain.MapDataset.range(sys.maxsize).map(
         ChatDocument(chats, tokenizer, config.seq_len, config.seed, config.truncate,
-                     answers_from=len(chats) - round(len(chats) * config.reading_share)))
+                     answers_from=len(chats) - reading_chat_count(len(chats), config.reading_share)))
     docs = docs.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4 * config.pack_bins))
     rows = pack_documents(docs, config.seq_len, bins=config.pack_bins, pad_id=int(tokenizer.pad_token_id or 0),
                           sum_features=("truncated",))
@@ -369,7 +369,8 @@ def train_base(config: PretrainConfig, out_dir: str | Path, *, progress: bool = 
         call: tokenizer, data, training, probe), "tokenizer_s", "train_s" (compilation included), "probe_s",
         "tokens" (real tokens trained, all calls),
         "tokens_per_s" (real tokens per second, steady state of this call, compilation excluded), "truncated_rows"
-        (chats cut to seq_len), "rows" (rows trained), "documents" (chats trained; > rows when packed), "probe"}.
+        (chats cut to seq_len), "rows" (rows trained), "documents" (chats trained; > rows when packed), "probe",
+        "reading_gauge" (`reading_gauge_figures`; its time is in probe_s)}.
     Raises:
         NonFiniteLossError: a NaN/inf loss. ConfigMismatchError: `out_dir` holds another config's checkpoints.
     """
