@@ -58,6 +58,12 @@ QWEN_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Letters never take the character before them (a space, "=", "_"), so a run of letters is split into the same
+# tokens wherever it stands: a name listed after ": " and called after "=" is one token sequence.
+WORD_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|\p{L}+|\p{N}|[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+SPLIT_PATTERNS = {"qwen": QWEN_SPLIT_PATTERN, "words": WORD_SPLIT_PATTERN}
 _PARAM_END = "</parameter>"
 _VALUE_FOLLOWERS = ("<parameter=", "</function>", "</tool_call>")  # what may follow a value's </parameter>
 _PYTHON_LITERALS = {"True": True, "False": False, "None": None}
@@ -96,7 +102,7 @@ def load_tokenizer(path: str | Path) -> transformers.PreTrainedTokenizerBase:
 
 
 def train_bpe_tokenizer(
-    texts: Iterable[str], vocab_size: int, out_dir: str | Path, min_frequency: int = 2
+    texts: Iterable[str], vocab_size: int, out_dir: str | Path, min_frequency: int = 2, split: str = "qwen"
 ) -> transformers.PreTrainedTokenizerFast:
     """Trains a byte-level BPE on `texts` and saves it, with the chat template, to `out_dir`.
 
@@ -109,11 +115,15 @@ def train_bpe_tokenizer(
       vocab_size: total vocabulary size, chat tokens and the 256 bytes included (so > 265).
       out_dir: folder to write (created if missing); `load_tokenizer(out_dir)` reloads it.
       min_frequency: a pair is merged only if it occurs at least this often.
+      split: the pre-tokenizer's split (`SPLIT_PATTERNS`): "qwen", Qwen's (a letter run takes the character
+        before it, " get"), or "words" (it never does: a name has one segmentation in every context).
     Returns:
       the trained `PreTrainedTokenizerFast` (pad <|endoftext|>, eos <|im_end|>, chat template set).
     Raises:
-      ValueError: vocab_size leaves no room beyond the chat tokens and the byte alphabet.
+      ValueError: vocab_size leaves no room beyond the chat tokens and the byte alphabet; an unknown split.
     """
+    if split not in SPLIT_PATTERNS:
+        raise ValueError(f"tokenizer split {split!r}: expected one of {sorted(SPLIT_PATTERNS)}")
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     if vocab_size <= len(CHAT_TOKENS) + len(alphabet):
         floor = len(CHAT_TOKENS) + len(alphabet)
@@ -121,7 +131,7 @@ def train_bpe_tokenizer(
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(QWEN_SPLIT_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(SPLIT_PATTERNS[split]), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )

@@ -129,6 +129,29 @@ def test_training_is_deterministic(tmp_path):
     assert a != c
 
 
+def test_word_split_gives_a_name_one_segmentation_in_every_context(tmp_path):
+    """split="words": a letter run never takes the character before it, so a name listed after ": " or " " and
+    called after "=" is the same token sequence (Qwen's split attaches the space or the "=" to it); text still
+    round-trips exactly."""
+    texts = _corpus(seed=5)
+    words = tk.train_bpe_tokenizer(texts, VOCAB_SIZE, tmp_path / "w", split="words")
+    qwen = tk.train_bpe_tokenizer(texts, VOCAB_SIZE, tmp_path / "q")
+    names = ["get_stock", "searchProducts", "shu.ju-xin", "PriceLookup"]
+
+    def tail(tok, prefix, name):
+        ids = tok.encode(prefix + name, add_special_tokens=False)
+        return ids[len(tok.encode(prefix, add_special_tokens=False)):]
+
+    for name in names:
+        seen = {tuple(tail(words, prefix, name)) for prefix in ("- 查询价格: ", "tool ", "<function=", "\n")}
+        assert seen == {tuple(words.encode(name, add_special_tokens=False))}, name
+        assert words.decode(words.encode("x " + name)) == "x " + name
+    assert any(len({tuple(tail(qwen, prefix, name)) for prefix in ("- 查询价格: ", "tool ", "<function=", "\n")}) > 1
+               for name in names)  # what the split fixes
+    with pytest.raises(ValueError, match=r"tokenizer split 'bytes': expected one of \['qwen', 'words'\]"):
+        tk.train_bpe_tokenizer(texts, VOCAB_SIZE, tmp_path / "x", split="bytes")
+
+
 def test_vocab_size_too_small_raises(tmp_path):
     with pytest.raises(ValueError, match="vocab_size=200 must exceed 265"):
         tk.train_bpe_tokenizer(["hello"], 200, tmp_path)

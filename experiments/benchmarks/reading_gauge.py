@@ -59,7 +59,7 @@ def tokenizer_and_params(args):
 
     base = stage_section(args.preset, "base.pretrain")
     config = base.model_config()
-    folder = bpe_tokenizer_dir(config.vocab_size, base.tokenizer_texts, base.world)
+    folder = bpe_tokenizer_dir(config.vocab_size, base.tokenizer_texts, base.world, split=args.tokenizer_split)
     return load_tokenizer(folder), config, init_params(config, jax.random.key(args.seed))
 
 
@@ -148,6 +148,8 @@ def main(argv=None) -> int:
     p.add_argument("--width", type=positive_int, default=160, help="tokens per row (rows are right-padded)")
     p.add_argument("--preset", default="tiny", help="pretraining preset whose model and tokenizer start fresh")
     p.add_argument("--init", help="start from this checkpoint (with its tokenizer/) instead")
+    p.add_argument("--tokenizer-split", default="qwen", choices=("qwen", "words"),
+                   help="the fresh model's BPE pre-tokenizer split (hat_jax.tokenizer.SPLIT_PATTERNS)")
     p.add_argument("--eval-every", type=positive_int, default=100)
     p.add_argument("--eval-rows", type=positive_int, default=256, help="scored rows per family")
     p.add_argument("--seed", type=int, default=0)

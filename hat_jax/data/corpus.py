@@ -34,6 +34,7 @@ from transformers.utils.chat_template_utils import render_jinja_template
 
 from hat_jax.data import general
 from hat_jax.data.corpus_domains import DOMAINS, Intent
+from hat_jax.data.reading import KINDS as READING_KINDS
 from hat_jax.data.reading import reading_chats
 from hat_jax.tokenizer import read_chat_template
 
@@ -240,6 +241,7 @@ def pretraining_chats(
     general_share: float = 0.35,
     zh_share: float = 0.3,
     reading_share: float = 0.0,
+    reading_kinds: Sequence[str] = READING_KINDS,
     name_pieces: Sequence[str] = NAME_PIECES,
     styles: Sequence[str] = TRAIN_NAMING_STYLES,
     layouts: Sequence[str] = SYSTEM_LAYOUTS,
@@ -254,7 +256,7 @@ def pretraining_chats(
       zh_share: share of tool-use chats written in Chinese.
       reading_share: share of the n chats that are reading exercises (`hat_jax.data.reading.reading_chats`,
         seeded by `seed`, half of them Chinese, after the other chats: `reading_chat_count`); general_share
-        splits the rest.
+        splits the rest. reading_kinds: the exercises' kinds (a non-empty subset of `hat_jax.data.reading.KINDS`).
       name_pieces: word pieces of tool names (>= 6); styles: naming styles (subset of NAMING_STYLES);
         layouts: system-prompt layouts (subset of SYSTEM_LAYOUTS). The defaults are HSA's training
         styles and layouts, never its held-out families.
@@ -262,7 +264,7 @@ def pretraining_chats(
       [(messages, tools)]: OpenAI-format messages and OpenAI tool dicts ([] for general chats), so
       `tokenizer.apply_chat_template(messages, tools=tools or None)` renders each.
     Raises:
-      ValueError: negative n, shares outside [0, 1], too few pieces, unknown style or layout.
+      ValueError: negative n, shares outside [0, 1], too few pieces, unknown style, layout or reading kind.
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
@@ -286,7 +288,7 @@ def pretraining_chats(
         else:
             messages, tools, _, _ = _tool_chat(rng, name_pieces, styles, layouts, zh_share)
             out.append((messages, tools))
-    return out + [(messages, []) for messages in reading_chats(n_reading, seed)]
+    return out + [(messages, []) for messages in reading_chats(n_reading, seed, kinds=reading_kinds)]
 
 
 def render_chat(

@@ -14,7 +14,9 @@ the listing are reading decisions. Five kinds, none with live-stream or shopping
   is the entry's name;
 - "call": a tool list in the system message (name and description, as a harness lists them); requests give
   the description or its gist; the assistant calls the listed tool (`tool_calls`), the tool message returns
-  a record and the reply copies its value.
+  a record and the reply copies its value;
+- "label": as "call", but the list gives each tool a short label and the request is that label verbatim: the
+  match is exact, so finding the entry is pure recall (the form of the reading gauge, generic content).
 
 Names are 1-3 word pieces from a broad pool (generic English, pinyin and the English words of HSA's tool and
 skill vocabulary, as a real base has seen them all) in every naming style, HSA's held-out ones included: a
@@ -30,10 +32,12 @@ import json
 import random
 from collections.abc import Sequence
 
+import numpy as np
+
 from hat_jax.data.corpus_domains import BOOKS, CITIES, CONDITIONS, DISHES, DOMAINS, FOODS, STATIONS
 from hat_jax.harness import hsa_vocab
 
-KINDS: tuple[str, ...] = ("lookup", "record", "copy", "select", "call")
+KINDS: tuple[str, ...] = ("lookup", "record", "copy", "select", "call", "label")
 NAME_STYLES: tuple[str, ...] = hsa_vocab.TRAIN_TOOL_STYLES + hsa_vocab.HELDOUT_TOOL_STYLES
 _GENERIC_PIECES: tuple[str, ...] = (
     "get", "set", "find", "list", "load", "read", "show", "calc", "run", "send", "make", "open", "sync", "scan",
@@ -195,16 +199,19 @@ def _select_chat(rng, lang, pieces) -> list[dict]:
     return [system] + _qa_turns(rng, "select", lang, pairs, rng.randint(3, 4))
 
 
-def _call_chat(rng, lang, pieces) -> list[dict]:
+def _call_chat(rng, lang, pieces, *, by_label: bool = False) -> list[dict]:
     named, entries = _pick_tasks(rng, pieces, lang)
+    if by_label:  # the listing shows each task's gist, and the request repeats it
+        entries = [(n, t["gist"][lang]) for n, t in named]
     rule = "Call the tool that serves the request." if lang == "en" else "按用户的需求调用对应的工具。"
     head = "Tools:" if lang == "en" else "工具列表："
     messages = [{"role": "system", "content": f"{head}\n{_listing(rng, entries, lang)}\n{rule}"}]
     for name, task in rng.sample(named, rng.randint(2, 3)):
         field = random_name(rng, pieces, hsa_vocab.TRAIN_ARG_STYLES)
         value = random_value(rng, pieces)
+        request = task["gist"][lang] if by_label else _request(rng, task, lang)
         messages += [
-            {"role": "user", "content": _request(rng, task, lang)},
+            {"role": "user", "content": request},
             {"role": "assistant", "content": "",
              "tool_calls": [{"type": "function", "function": {"name": name, "arguments": {}}}]},
             {"role": "tool", "name": name, "content": json.dumps({field: value}, ensure_ascii=False)},
@@ -213,8 +220,12 @@ def _call_chat(rng, lang, pieces) -> list[dict]:
     return messages
 
 
+def _label_chat(rng, lang, pieces) -> list[dict]:
+    return _call_chat(rng, lang, pieces, by_label=True)
+
+
 _MAKERS = {"lookup": _lookup_chat, "record": _record_chat, "copy": _copy_chat, "select": _select_chat,
-           "call": _call_chat}
+           "call": _call_chat, "label": _label_chat}
 
 
 def reading_chats(n: int, seed: int, *, zh_share: float = 0.5, kinds: Sequence[str] = KINDS) -> list[list[dict]]:
@@ -244,3 +255,43 @@ def reading_chats(n: int, seed: int, *, zh_share: float = 0.5, kinds: Sequence[s
         out.append(_MAKERS[rng.choice(list(kinds))](rng, lang, pieces))
     return out
 
+
+ASSISTANT_OPEN, TURN_END = "<|im_start|>assistant\n", "<|im_end|>"
+
+
+def answer_mask(text: str, offsets: Sequence[tuple[int, int]]) -> np.ndarray:
+    """int32 [T]: 1 on the tokens of the assistant turns of a rendered chat (from after `<|im_start|>assistant\n`
+    through its `<|im_end|>`), 0 elsewhere; `offsets` are the tokens' (start, end) characters in `text`."""
+    spans, at = [], 0
+    while (start := text.find(ASSISTANT_OPEN, at)) >= 0:
+        start += len(ASSISTANT_OPEN)
+        end = text.find(TURN_END, start)
+        end = len(text) if end < 0 else end + len(TURN_END)
+        spans.append((start, end))
+        at = end
+    starts = np.asarray([s for s, _ in offsets], np.int64)
+    mask = np.zeros(len(offsets), np.int32)
+    for s, e in spans:
+        mask[(starts >= s) & (starts < e)] = 1
+    return mask
+
+
+def exercise_answer_spans(text: str, messages: Sequence[dict]) -> list[tuple[int, int]]:
+    """[(start, end)] character spans of each assistant turn's answer in the rendered chat `text`: the called
+    tool's name, or the turn's content (`hat_jax.data.reading`'s chats), in the order of the assistant turns.
+
+    Raises:
+        ValueError: an answer not found in its rendered turn (a template that drops it).
+    """
+    spans, at = [], 0
+    for m in (m for m in messages if m["role"] == "assistant"):
+        calls = m.get("tool_calls")
+        answer = calls[0]["function"]["name"] if calls else m["content"]
+        start = text.index(ASSISTANT_OPEN, at) + len(ASSISTANT_OPEN)
+        end = text.find(TURN_END, start)
+        found = text.find(answer, start, end)
+        if found < 0:
+            raise ValueError(f"reading exercise answer {answer!r} not rendered in its turn {text[start:end]!r}")
+        spans.append((found, found + len(answer)))
+        at = end
+    return spans

@@ -15,6 +15,8 @@ Layouts that `load_model_checkpoint` reads:
    present and readable) is used; newer damaged steps are named in a logged warning with what to do, and a
    root whose steps are all damaged raises `DamagedCheckpointError`. Orbax's temporary directories (names
    that are not integers) are ignored. The step read is logged ("hat_jax.checkpoints", INFO).
+3. One step of such a root, `<root>/<step>` (an earlier step than the latest): its params, and the config of
+   the step or of the root.
 
 Parameters are restored with the dtypes and shapes stored in the checkpoint (checked against the config's
 parameter shapes before any array is read), onto the default device, straight into a mesh's shardings, or
@@ -113,7 +115,8 @@ def resolve_checkpoint(directory: str | Path) -> tuple[Path, Path]:
         item = root / PARAMS_ITEM
     else:
         item = _latest_params_item(root)
-    for config_path in (item.parent / CONFIG_FILE, root / CONFIG_FILE):
+    step_of_root = item.parent == root and root.name.isdigit()
+    for config_path in (item.parent / CONFIG_FILE, root / CONFIG_FILE) + ((root.parent / CONFIG_FILE,) if step_of_root else ()):
         if config_path.is_file():
             return item, config_path
     places = str(item.parent) if item.parent == root else f"{item.parent} or {root}"

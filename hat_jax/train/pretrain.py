@@ -64,6 +64,8 @@ import numpy as np
 
 from hat_jax.cache import exclusive_lock, write_text_atomic
 from hat_jax.data.corpus import pretraining_chats, reading_chat_count, render_chat
+from hat_jax.data.reading import KINDS as READING_KINDS
+from hat_jax.data.reading import answer_mask
 from hat_jax.data.packing import PackedBatches, fit_document, pack_documents, refuse_packed_state
 from hat_jax.data.world_data import WorldDataConfig, cache_root
 from hat_jax.model.config import get_config
@@ -73,7 +75,7 @@ from hat_jax.train.distributed import is_primary
 from hat_jax.train.metrics import MetricsWriter, read_metrics
 from hat_jax.train.mtp import DEFAULT_MTP_COEF, check_mtp_coef, check_mtp_model
 from hat_jax.train.optim import OptimConfig
-from hat_jax.train.recall_probe import reading_gauge_figures, recall_probe_figures
+from hat_jax.train.recall_probe import reading_exercise_figures, reading_gauge_figures, recall_probe_figures
 from hat_jax.train.sft import bpe_tokenizer_dir, run_masked_ce
 from hat_jax.train.stage import (StageRun, copy_tokenizer, add_set_progress, apply_overrides, cli, config_json,
                                  parse_stage_args, stage_parser, stage_section)
@@ -94,7 +96,8 @@ class PretrainConfig:
         the SFT config's of the same scale (`configs/`), so both share one tokenizer.
       n_chats: pretraining chats (`pretraining_chats(n_chats, seed, reading_share=...)`); the stream repeats
         them in a new order each epoch. reading_share: the share of them that are short reading exercises
-        (`hat_jax.data.reading`; 0 = the tool and general chats only). seq_len: tokens per row. batch_size: rows per optimizer step (accum_steps
+        (`hat_jax.data.reading`; 0 = the tool and general chats only); reading_kinds: their kinds (a non-empty
+        subset of `hat_jax.data.reading.KINDS`). seq_len: tokens per row. batch_size: rows per optimizer step (accum_steps
         micro-batches of batch_size / accum_steps rows).
       steps, optim: optimizer steps; AdamW + warmup-cosine schedule. lb_coef: MoE load-balancing coefficient.
       mtp_coef: weight of the MTP loss (`hat_jax.train.mtp`; >= 0, 0 skips the MTP forward; default 0.1,
@@ -114,6 +117,7 @@ class PretrainConfig:
     tokenizer_texts: int = 200
     n_chats: int = 1024
     reading_share: float = 0.0
+    reading_kinds: tuple[str, ...] = READING_KINDS
     seq_len: int = 1024
     batch_size: int = 8
     accum_steps: int = 1
@@ -147,6 +151,10 @@ class PretrainConfig:
         if self.reading_share and not self.pack:
             raise ValueError(f"PretrainConfig.reading_share = {self.reading_share!r} needs pack=True (the reading "
                              "exercises' answer-only loss masks are built by the packed pipeline)")
+        bad = [k for k in self.reading_kinds if k not in READING_KINDS] if isinstance(self.reading_kinds, tuple) else None
+        if bad is None or bad or not self.reading_kinds:
+            raise ValueError(f"PretrainConfig.reading_kinds = {self.reading_kinds!r}: expected a non-empty tuple of "
+                             f"{READING_KINDS}" + (f" (unknown: {bad})" if bad else ""))
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"PretrainConfig.compute_dtype = {self.compute_dtype!r}; valid: {sorted(COMPUTE_DTYPES)}")
         for name, kind in (("world", WorldDataConfig), ("optim", OptimConfig)):
@@ -270,24 +278,6 @@ def _epoch_permutation(n_chats: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(n_chats)
 
 
-def answer_mask(text: str, offsets: Sequence[tuple[int, int]]) -> np.ndarray:
-    """int32 [T]: 1 on the tokens of the assistant turns of a rendered chat (from after `<|im_start|>assistant\n`
-    through its `<|im_end|>`), 0 elsewhere; `offsets` are the tokens' (start, end) characters in `text`."""
-    spans, at = [], 0
-    while (start := text.find(ASSISTANT_OPEN, at)) >= 0:
-        start += len(ASSISTANT_OPEN)
-        end = text.find(TURN_END, start)
-        end = len(text) if end < 0 else end + len(TURN_END)
-        spans.append((start, end))
-        at = end
-    starts = np.asarray([s for s, _ in offsets], np.int64)
-    mask = np.zeros(len(offsets), np.int32)
-    for s, e in spans:
-        mask[(starts >= s) & (starts < e)] = 1
-    return mask
-
-
-ASSISTANT_OPEN, TURN_END = "<|im_start|>assistant\n", "<|im_end|>"
 
 
 class ChatDocument(grain.transforms.Map):
@@ -370,7 +360,8 @@ def train_base(config: PretrainConfig, out_dir: str | Path, *, progress: bool = 
         "tokens" (real tokens trained, all calls),
         "tokens_per_s" (real tokens per second, steady state of this call, compilation excluded), "truncated_rows"
         (chats cut to seq_len), "rows" (rows trained), "documents" (chats trained; > rows when packed), "probe",
-        "reading_gauge" (`reading_gauge_figures`; its time is in probe_s)}.
+        "reading_gauge" (`reading_gauge_figures`), "reading" (`reading_exercise_figures` on probe_items / 4 fresh
+        chats per reading kind when reading_share > 0, else empty); their time is in probe_s}.
     Raises:
         NonFiniteLossError: a NaN/inf loss. ConfigMismatchError: `out_dir` holds another config's checkpoints.
     """
@@ -381,7 +372,8 @@ def train_base(config: PretrainConfig, out_dir: str | Path, *, progress: bool = 
     model_config = config.model_config()
     tokenizer = _base_tokenizer(config, out)
     t_tok = time.perf_counter() - t_start
-    chats = pretraining_chats(config.n_chats, config.seed, reading_share=config.reading_share)
+    chats = pretraining_chats(config.n_chats, config.seed, reading_share=config.reading_share,
+                              reading_kinds=config.reading_kinds)
     if config.pack:
         batches = pretraining_batches(chats, tokenizer, config)
     else:
@@ -395,6 +387,9 @@ def train_base(config: PretrainConfig, out_dir: str | Path, *, progress: bool = 
                                  dtype=COMPUTE_DTYPES[config.compute_dtype])
     gauge = reading_gauge_figures(state.params, model_config, tokenizer, config.probe_items,
                                   dtype=COMPUTE_DTYPES[config.compute_dtype])
+    reading = reading_exercise_figures(state.params, model_config, tokenizer,
+                                       -(-config.probe_items // 4) if config.reading_share else 0,
+                                       config.reading_kinds, dtype=COMPUTE_DTYPES[config.compute_dtype])
     rows = [r for r in read_metrics(out) if r.get("train/loss") is not None]
     rates = [r["train/tokens_per_s"] for r in rows if r.get("train/tokens_per_s")]
     step = int(jax.device_get(state.step))
@@ -408,12 +403,14 @@ def train_base(config: PretrainConfig, out_dir: str | Path, *, progress: bool = 
         "tokens_per_s": round(float(np.mean(rates)), 1) if rates else None,
         "truncated_rows": batches.truncated, "rows": batches.batches * config.batch_size,
         "documents": batches.documents, "probe": probe, "reading_gauge": gauge,
+        "reading": reading,
     }
     if is_primary():  # one process writes the run's files
         with MetricsWriter(out) as writer:
             writer.scalars(step, {"eval/recall_exact": probe["exact"], "eval/recall_first_token": probe["first_token"],
                                   "eval/recall_name_nll": probe["name_nll"],
-                                  **{f"eval/gauge_{family}": v for family, v in gauge["exact"].items()}})
+                                  **{f"eval/gauge_{family}": v for family, v in gauge["exact"].items()},
+                                  **{f"eval/reading_{kind}_exact": v["exact"] for kind, v in reading["kinds"].items()}})
             writer.text("eval/recall_probe", "```\n" + json.dumps(probe, indent=1) + "\n```", step)
         write_text_atomic(out / REPORT, json.dumps(report, indent=1) + "\n")
     log.info("base %s: %d steps, loss %.3f (step %s) -> %.3f (step %s), %.0f s (train %.0f s, %s tok/s); recall "
@@ -422,6 +419,10 @@ def train_base(config: PretrainConfig, out_dir: str | Path, *, progress: bool = 
              report["loss_first_step"], report["loss_final"] or 0, report["loss_final_step"], report["wall_s"],
              train_s, report["tokens_per_s"], probe["n"], probe["exact"], probe["first_token"], probe["name_nll"],
              gauge["rows"], ", ".join(f"{f} {v:.3f}" for f, v in gauge["exact"].items()))
+    if reading["kinds"]:
+        log.info("reading exercises (%d fresh chats per kind; exact answers / first answer token / answer tokens): %s",
+                 reading["chats_per_kind"], "; ".join(f"{k} {v['exact']:.3f} / {v['first_token']:.3f} / "
+                                                       f"{v['token_acc']:.3f}" for k, v in reading["kinds"].items()))
     return report
 
 

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hat_jax.data.corpus import recall_probe, render_chat
+from hat_jax.data.reading import exercise_answer_spans, reading_chats
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.rollout.logprobs import token_logprobs
 
@@ -127,3 +128,51 @@ def reading_gauge_figures(params, model_config, tokenizer, rows: int, *, seed: i
                 for s in range(0, len(batch["input_ids"]), batch_size)]
         exact[family] = float(np.mean(np.concatenate(hits)[:rows]))
     return {"rows": rows, "exact": exact}
+
+
+def reading_exercise_figures(params, model_config, tokenizer, chats_per_kind: int, kinds: Sequence[str], *,
+                             seed: int = 10_000 + PROBE_SEED, batch_size: int = 16, dtype=jnp.float32) -> dict:
+    """The reading exercises (`hat_jax.data.reading`) scored teacher-forced, per kind, on fresh chats (a seed the
+    pretraining corpus does not use): every answer (a copied value or a called tool's name) is scored on its
+    tokens, the tokens that overlap its characters.
+
+    Args:
+        params, model_config: the model. tokenizer: its tokenizer (with offsets). chats_per_kind: chats per kind
+        (0 = skip). kinds: kinds of `hat_jax.data.reading.KINDS`. batch_size: chats per forward.
+    Returns:
+        {"chats_per_kind", "kinds": {kind: {"answers": count, "exact": share of answers whose every token is the
+        argmax, "first_token": share whose first token is, "token_acc": share of answer tokens}}}.
+    """
+    if chats_per_kind == 0:
+        return {"chats_per_kind": 0, "kinds": {}}
+    model = Qwen3_5MoeForCausalLM(model_config, dtype=dtype)
+
+    @jax.jit
+    def hits(p, ids, mask):
+        logits = model.apply({"params": p}, ids, attention_mask=mask).logits
+        return jnp.pad(jnp.argmax(logits[:, :-1], axis=-1) == ids[:, 1:], ((0, 0), (1, 0)))
+
+    out = {}
+    for kind in kinds:
+        rows = []  # (ids, [token indices of each answer])
+        for messages in reading_chats(chats_per_kind, seed, kinds=[kind]):
+            text = render_chat(messages)
+            enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+            answers = [[t for t, (s, e) in enumerate(enc["offset_mapping"]) if s < b and e > a and t > 0]
+                       for a, b in exercise_answer_spans(text, messages)]
+            rows.append((enc["input_ids"], [a for a in answers if a]))
+        length = -(-max(len(ids) for ids, _ in rows) // 64) * 64
+        exact, first, right, total = [], [], 0, 0
+        for s in range(0, len(rows), batch_size):
+            chunk = rows[s:s + batch_size]
+            batch = padded_rows([ids for ids, _ in chunk] + [chunk[-1][0]] * (batch_size - len(chunk)), length,
+                                int(tokenizer.pad_token_id or 0))
+            hit = np.asarray(hits(params, jnp.asarray(batch["input_ids"]), jnp.asarray(batch["attention_mask"])))
+            for i, (_, answers) in enumerate(chunk):
+                for tokens in answers:
+                    exact.append(bool(hit[i, tokens].all()))
+                    first.append(bool(hit[i, tokens[0]]))
+                    right, total = right + int(hit[i, tokens].sum()), total + len(tokens)
+        out[kind] = {"answers": len(exact), "exact": float(np.mean(exact)), "first_token": float(np.mean(first)),
+                     "token_acc": right / total}
+    return {"chats_per_kind": chats_per_kind, "kinds": out}

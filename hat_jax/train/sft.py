@@ -174,7 +174,7 @@ def _render_record(record: dict) -> str:
 
 
 def bpe_tokenizer_dir(vocab_size: int, tokenizer_texts: int, world: WorldDataConfig,
-                      records: Sequence[dict] | None = None) -> Path:
+                      records: Sequence[dict] | None = None, split: str = "qwen") -> Path:
     """The cached byte-level BPE of the tiny presets: `<cache root>/tokenizers/bpe-<hash>`, trained on a miss.
 
     One tokenizer per (vocab_size, tokenizer_texts, world): the SFT stage and the base pretraining
@@ -185,6 +185,7 @@ def bpe_tokenizer_dir(vocab_size: int, tokenizer_texts: int, world: WorldDataCon
 
     Args:
         records: the world's SFT records when the caller has them (else read on a miss with `sft_records`).
+        split: the pre-tokenizer split (`hat_jax.tokenizer.SPLIT_PATTERNS`; part of the key unless "qwen").
     Returns:
         the folder (holds tokenizer.json and the chat template).
     """
@@ -192,14 +193,14 @@ def bpe_tokenizer_dir(vocab_size: int, tokenizer_texts: int, world: WorldDataCon
     from hat_jax.tokenizer import train_bpe_tokenizer
 
     key = json.dumps({"v": TOKENIZER_VERSION, "vocab": vocab_size, "texts": tokenizer_texts,
-                      "world": world.digest("sft")}, sort_keys=True)
+                      "world": world.digest("sft"), **({"split": split} if split != "qwen" else {})}, sort_keys=True)
     source = cache_root() / "tokenizers" / f"bpe-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
     if not (source / "tokenizer.json").is_file():
         if records is None:
             records, _ = sft_records(world)
         texts = tokenizer_training_texts(tokenizer_texts, 0, [_render_record(r) for r in records])
         with atomic_dir(source) as tmp:  # another process may cache it first: then its folder is kept
-            train_bpe_tokenizer(texts, vocab_size, tmp)
+            train_bpe_tokenizer(texts, vocab_size, tmp, split=split)
     return source
 
 

@@ -9,7 +9,10 @@ import re
 import pytest
 
 from hat_jax.data.corpus import pretraining_chats, render_chat
-from hat_jax.data.reading import KINDS, NAME_STYLES, TASKS, name_pieces, random_name, reading_chats
+import numpy as np
+
+from hat_jax.data.reading import (KINDS, NAME_STYLES, TASKS, answer_mask, exercise_answer_spans, name_pieces,
+                               random_name, reading_chats)
 
 
 def answers(messages):
@@ -47,8 +50,21 @@ def test_a_request_points_to_the_entry_it_answers(kind):
             assert desc in line, (request, name, listing)
 
 
-def test_call_replies_copy_the_tool_result():
-    for messages in reading_chats(20, 7, kinds=["call"]):
+def test_a_label_request_is_its_listed_label_verbatim():
+    gists = {t["gist"][lang] for t in TASKS for lang in ("en", "zh")}
+    for messages in reading_chats(40, 9, kinds=["label"]):
+        listing = messages[0]["content"]
+        for i, name in answers(messages):
+            if messages[i].get("tool_calls"):
+                label = messages[i - 1]["content"]
+                assert label in gists
+                line = next(line for line in listing.splitlines() if label in line)
+                assert re.search(rf'(^|[ "=]){re.escape(name)}($|[ "<])', line), (label, name, listing)
+
+
+@pytest.mark.parametrize("kind", ["call", "label"])
+def test_call_replies_copy_the_tool_result(kind):
+    for messages in reading_chats(20, 7, kinds=[kind]):
         for i, m in enumerate(messages):
             if m["role"] == "tool":
                 assert messages[i + 1]["content"] in json.loads(m["content"]).values()
@@ -72,6 +88,8 @@ def test_reading_share_adds_exercises_after_the_same_other_chats():
     assert len(mixed) == 40 and mixed[:30] == pretraining_chats(30, 0)
     assert [(m, []) for m in reading_chats(10, 0)] == mixed[30:]
     assert pretraining_chats(40, 0, reading_share=0.0) == pretraining_chats(40, 0)
+    only = pretraining_chats(40, 0, reading_share=0.25, reading_kinds=("label",))
+    assert only[:30] == mixed[:30] and [(m, []) for m in reading_chats(10, 0, kinds=("label",))] == only[30:]
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -85,3 +103,22 @@ def test_bad_arguments_are_named(kwargs, message):
         reading_chats(**{"n": 2, "seed": 0, **kwargs})
     with pytest.raises(ValueError, match=r"reading_share must be in \[0, 1\], got -0.5"):
         pretraining_chats(4, 0, reading_share=-0.5)
+
+
+def test_answer_mask_covers_the_assistant_turns_through_their_end_marker():
+    text = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nok<|im_end|>\n<|im_start|>assistant\nab"
+    mask = answer_mask(text, [(i, i + 1) for i in range(len(text))])  # one token per character
+    covered = "".join(c for c, m in zip(text, mask) if m)
+    assert covered == "ok<|im_end|>" + "ab"  # an unterminated last turn runs to the end
+    assert mask.dtype == np.int32 and len(mask) == len(text)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_exercise_answer_spans_are_the_answers_in_their_turns(kind):
+    for messages in reading_chats(10, 4, kinds=[kind]):
+        text = render_chat(messages)
+        spans = exercise_answer_spans(text, messages)
+        assert [text[a:b] for a, b in spans] == [answer for _, answer in answers(messages)]
+        turns = [i for i in range(len(text)) if text.startswith("<|im_start|>assistant", i)]
+        assert all(t < a for t, (a, _) in zip(turns, spans))  # each inside its own turn, in order
+        assert all(a >= turns[k] and (k + 1 == len(turns) or b <= turns[k + 1]) for k, (a, b) in enumerate(spans))

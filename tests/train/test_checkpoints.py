@@ -104,13 +104,16 @@ def test_training_run_is_a_model_checkpoint(tmp_path):
     config = get_config("micro")
     params = init_params(config, jax.random.key(0))
     checkpointer = StageCheckpointer(tmp_path, CONFIG, config)
+    shifted = {step: jax.tree_util.tree_map(lambda p, s=step: p + s, params) for step in (2, 4)}
     for step in (2, 4):
-        checkpointer.save(step, at_step(init_train_state(params, TX, jax.random.key(step)), step), {"step": step})
+        checkpointer.save(step, at_step(init_train_state(shifted[step], TX, jax.random.key(step)), step),
+                          {"step": step})
     checkpointer.close()
-    loaded_config, loaded = load_model_checkpoint(tmp_path)
-    assert loaded_config == config
-    for a, b in zip(jax.tree_util.tree_leaves(loaded), jax.tree_util.tree_leaves(params)):
-        assert np.array_equal(a, b)
+    for where, step in ((tmp_path, 4), (tmp_path / "2", 2)):  # the root's latest step, or one step's folder
+        loaded_config, loaded = load_model_checkpoint(where)
+        assert loaded_config == config
+        for a, b in zip(jax.tree_util.tree_leaves(loaded), jax.tree_util.tree_leaves(shifted[step]), strict=True):
+            assert np.array_equal(a, b)
 
 
 def test_corrupt_array_files_name_the_checkpoint_and_the_fallback(tmp_path):

@@ -158,12 +158,16 @@ def test_config_hash_and_bad_fields(monkeypatch):
     # total_steps null hashes as the steps it stands for; other steps move the schedule and the digest
     assert apply_overrides(micro, [f"optim.total_steps={micro.steps}"]).digest() == micro.digest()
     assert apply_overrides(micro, ["steps=3"]).digest() != micro.digest()
+    kinds = apply_overrides(micro, ['reading_kinds=["label", "lookup"]'])
+    assert kinds.reading_kinds == ("label", "lookup") and kinds.digest() != micro.digest()
     for field, value, message in (("seq_len", 0, "PretrainConfig.seq_len = 0: expected an int >= 2"),
                                   ("batch_size", 3, r"batch_size \(3\) must be a multiple of accum_steps \(2\)"),
                                   ("compute_dtype", "fp8", "compute_dtype = 'fp8'; valid"),
                                   ("preset", "huge", "unknown preset 'huge'.*Valid presets: micro, tiny"),
                                   ("n_chats", 1.5, "PretrainConfig.n_chats = 1.5"),
-                                  ("reading_share", 1.5, r"reading_share = 1.5: expected a share in \[0, 1\]")):
+                                  ("reading_share", 1.5, r"reading_share = 1.5: expected a share in \[0, 1\]"),
+                                  ("reading_kinds", ("label", "quiz"), r"reading_kinds = .*\(unknown: \['quiz'\]\)"),
+                                  ("reading_kinds", (), r"reading_kinds = \(\): expected a non-empty tuple")):
         extra = {"accum_steps": 2} if field == "batch_size" else {}
         with pytest.raises(ValueError, match=message):
             PretrainConfig(**{field: value, **extra})
@@ -204,6 +208,7 @@ def test_base_layout_report_and_cache(base, monkeypatch):
     assert rows[-1]["eval/recall_exact"] == report["probe"]["exact"]
     gauge = report["reading_gauge"]
     assert gauge["rows"] == 4 and set(gauge["exact"]) == {"fixed", "renamed", "heldout"}
+    assert report["reading"] == {"chats_per_kind": 0, "kinds": {}}  # no reading exercises in this base
     assert all(rows[-1][f"eval/gauge_{f}"] == v and v in (0, 0.25, 0.5, 0.75, 1) for f, v in gauge["exact"].items())
 
     def no_training(*args, **kwargs):
@@ -211,6 +216,37 @@ def test_base_layout_report_and_cache(base, monkeypatch):
 
     monkeypatch.setattr(pretrain, "train_base", no_training)
     assert base_checkpoint(micro_base(), cache_dir=base.parent) == base
+
+
+def test_reading_exercise_figures_equal_one_chat_at_a_time(base):
+    """Batched, padded scoring equals an unpadded forward per chat, answer by answer."""
+    from hat_jax.data.corpus import render_chat
+    from hat_jax.data.reading import exercise_answer_spans, reading_chats
+    from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
+    from hat_jax.tokenizer import load_tokenizer
+    from hat_jax.train.recall_probe import reading_exercise_figures
+
+    tok = load_tokenizer(base / "tokenizer")
+    config, params = load_model_checkpoint(base)
+    figures = reading_exercise_figures(params, config, tok, 3, ["lookup", "label"], seed=5, batch_size=2)
+    model = Qwen3_5MoeForCausalLM(config)
+    for kind in ("lookup", "label"):
+        exact, first, right, total = [], [], 0, 0
+        for messages in reading_chats(3, 5, kinds=[kind]):
+            text = render_chat(messages)
+            enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+            ids = jnp.asarray([enc["input_ids"]])
+            guess = np.asarray(jnp.argmax(model.apply({"params": params}, ids).logits[0], axis=-1))
+            for a, b in exercise_answer_spans(text, messages):
+                tokens = [t for t, (s, e) in enumerate(enc["offset_mapping"]) if s < b and e > a]
+                hit = [guess[t - 1] == enc["input_ids"][t] for t in tokens]
+                exact.append(all(hit))
+                first.append(hit[0])
+                right, total = right + sum(hit), total + len(hit)
+        got = figures["kinds"][kind]
+        assert got["answers"] == len(exact) and got["exact"] == np.mean(exact)
+        assert got["first_token"] == np.mean(first) and got["token_acc"] == right / total
+    assert reading_exercise_figures(params, config, tok, 0, ["lookup"]) == {"chats_per_kind": 0, "kinds": {}}
 
 
 def test_sft_from_the_base_uses_its_tokenizer(base, tmp_path):
@@ -307,13 +343,3 @@ def test_import_hf_base(tmp_path):
         import_hf_base(broken, tmp_path / "base2")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         import_hf_base(tmp_path / "nowhere", tmp_path / "base3")
-
-
-def test_answer_mask_covers_the_assistant_turns_through_their_end_marker():
-    from hat_jax.train.pretrain import answer_mask
-
-    text = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nok<|im_end|>\n<|im_start|>assistant\nab"
-    mask = answer_mask(text, [(i, i + 1) for i in range(len(text))])  # one token per character
-    covered = "".join(c for c, m in zip(text, mask) if m)
-    assert covered == "ok<|im_end|>" + "ab"  # an unterminated last turn runs to the end
-    assert mask.dtype == np.int32 and len(mask) == len(text)

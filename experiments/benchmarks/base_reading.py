@@ -1,0 +1,65 @@
+"""How a base's reading grows over its checkpoints: the recall probe, the reading gauge (zero-shot) and the
+reading exercises per kind, scored on each saved step of a pretraining run. A script that prints figures.
+
+    .venv/bin/python experiments/benchmarks/base_reading.py RUN [--steps 100,200] [--items 64]
+        [--kinds label,lookup,copy] [--json OUT]
+
+RUN is a pretraining run folder (`<cache>/bases/base-<hash>[.partial]`, with model_config.json, tokenizer/ and
+the step folders its `max_to_keep` kept); every step is scored unless --steps picks some. Figures as in the
+base's base_report.json (`hat_jax.train.recall_probe`): recall probe exact / first token on --items prompts,
+gauge exact per family on --items rows, exercises exact answers / first answer token / answer tokens on
+--items / 4 fresh chats per kind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("run", type=Path, help="pretraining run folder")
+    p.add_argument("--steps", help="comma list of steps (default: every step folder)")
+    p.add_argument("--items", type=int, default=64, help="probe prompts and gauge rows; exercises: items / 4 chats")
+    p.add_argument("--kinds", default=None, help="reading kinds (default: the run's reading_kinds)")
+    p.add_argument("--json", help="write the figures to this file")
+    args = p.parse_args(argv)
+    stage = json.loads((args.run / "stage_config.json").read_text()) if (args.run / "stage_config.json").is_file() \
+        else {}
+    steps = sorted(int(d.name) for d in args.run.iterdir() if d.is_dir() and d.name.isdigit())
+    if args.steps:
+        wanted = [int(s) for s in args.steps.split(",")]
+        missing = [s for s in wanted if s not in steps]
+        if missing:
+            p.error(f"--steps {missing} not saved in {args.run} (saved: {steps})")
+        steps = wanted
+    if not steps:
+        p.error(f"{args.run} holds no step folders")
+    kinds = args.kinds.split(",") if args.kinds else list(stage.get("reading_kinds") or ["label"])
+
+    from hat_jax.model.checkpoint_io import load_model_checkpoint
+    from hat_jax.tokenizer import load_tokenizer
+    from hat_jax.train.recall_probe import reading_exercise_figures, reading_gauge_figures, recall_probe_figures
+
+    tokenizer = load_tokenizer(args.run / "tokenizer")
+    out = []
+    for step in steps:
+        config, params = load_model_checkpoint(args.run / str(step))
+        probe = recall_probe_figures(params, config, tokenizer, args.items)
+        gauge = reading_gauge_figures(params, config, tokenizer, args.items)
+        reading = reading_exercise_figures(params, config, tokenizer, -(-args.items // 4), kinds)
+        out.append({"step": step, "probe": probe, "reading_gauge": gauge, "reading": reading})
+        ex = "; ".join(f"{k} {v['exact']:.2f}/{v['first_token']:.2f}/{v['token_acc']:.2f}"
+                       for k, v in reading["kinds"].items())
+        print(f"step {step:5d}  probe {probe['exact']:.3f}/{probe['first_token']:.3f}  gauge "
+              + " ".join(f"{f} {v:.3f}" for f, v in gauge["exact"].items()) + f"  exercises {ex}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"run": str(args.run), "items": args.items, "curve": out}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
