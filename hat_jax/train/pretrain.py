@@ -76,7 +76,7 @@ from hat_jax.train.metrics import MetricsWriter, read_metrics
 from hat_jax.train.mtp import DEFAULT_MTP_COEF, check_mtp_coef, check_mtp_model
 from hat_jax.train.optim import OptimConfig
 from hat_jax.train.recall_probe import reading_exercise_figures, reading_gauge_figures, recall_probe_figures
-from hat_jax.train.sft import bpe_tokenizer_dir, run_masked_ce
+from hat_jax.train.sft import bpe_tokenizer_dir, check_tokenizer_split, run_masked_ce
 from hat_jax.train.stage import (StageRun, copy_tokenizer, add_set_progress, apply_overrides, cli, config_json,
                                  parse_stage_args, stage_parser, stage_section)
 
@@ -91,8 +91,9 @@ class PretrainConfig:
     Attributes:
       preset, model_overrides: the model (`hat_jax.model.get_config(preset, **overrides)`); must equal the
         later stages' model, since they load the base as --init.
-      world, tokenizer_texts: the tokenizer's key (`hat_jax.train.sft.bpe_tokenizer_dir`): the world whose
-        live-stream SFT records the BPE covers, and the number of pretraining chats in its texts. Equal to
+      world, tokenizer_texts, tokenizer_split: the tokenizer's key (`hat_jax.train.sft.bpe_tokenizer_dir`): the
+        world whose live-stream SFT records the BPE covers, the number of pretraining chats in its texts and its
+        pre-tokenizer split (`hat_jax.tokenizer.SPLIT_PATTERNS`). Equal to
         the SFT config's of the same scale (`configs/`), so both share one tokenizer.
       n_chats: pretraining chats (`pretraining_chats(n_chats, seed, reading_share=...)`); the stream repeats
         them in a new order each epoch. reading_share: the share of them that are short reading exercises
@@ -115,6 +116,7 @@ class PretrainConfig:
     model_overrides: tuple[tuple[str, Any], ...] = ()
     world: WorldDataConfig = WorldDataConfig()
     tokenizer_texts: int = 200
+    tokenizer_split: str = "qwen"
     n_chats: int = 1024
     reading_share: float = 0.0
     reading_kinds: tuple[str, ...] = READING_KINDS
@@ -151,6 +153,7 @@ class PretrainConfig:
         if self.reading_share and not self.pack:
             raise ValueError(f"PretrainConfig.reading_share = {self.reading_share!r} needs pack=True (the reading "
                              "exercises' answer-only loss masks are built by the packed pipeline)")
+        check_tokenizer_split("PretrainConfig", self.tokenizer_split)
         bad = [k for k in self.reading_kinds if k not in READING_KINDS] if isinstance(self.reading_kinds, tuple) else None
         if bad is None or bad or not self.reading_kinds:
             raise ValueError(f"PretrainConfig.reading_kinds = {self.reading_kinds!r}: expected a non-empty tuple of "
@@ -342,7 +345,7 @@ def _base_tokenizer(config: PretrainConfig, out: Path):
     vocab = config.model_config().vocab_size
     target = source = out / "tokenizer"
     if not target.is_dir():
-        source = bpe_tokenizer_dir(vocab, config.tokenizer_texts, config.world)
+        source = bpe_tokenizer_dir(vocab, config.tokenizer_texts, config.world, split=config.tokenizer_split)
         source = copy_tokenizer(source, target)
     tok = load_tokenizer(source)
     if len(tok) > vocab:

@@ -95,6 +95,7 @@ class SFTConfig:
       log_every, ckpt_every, max_to_keep: metrics/checkpoint intervals and checkpoints kept.
       seed: init and step RNG. init: checkpoint to start from (None = fresh init).
       tokenizer_texts: pretraining chats in the BPE's training texts (when no tokenizer comes with init).
+      tokenizer_split: the BPE's pre-tokenizer split (`hat_jax.tokenizer.SPLIT_PATTERNS`), with tokenizer_texts.
       mesh: (data, fsdp, expert, tensor[, context]) or None (fsdp x expert over every device when there are several);
         not part of the config hash, so a run resumes on another mesh.
     """
@@ -123,10 +124,12 @@ class SFTConfig:
     seed: int = 0
     init: str | None = None
     tokenizer_texts: int = 200
+    tokenizer_split: str = "qwen"
     mesh: tuple[int, ...] | None = None
 
     def __post_init__(self):
         check_run_fields(self)
+        check_tokenizer_split("SFTConfig", self.tokenizer_split)
         check_dtypes("SFTConfig", compute_dtype=self.compute_dtype, param_dtype=self.param_dtype,
                      mu_dtype=self.mu_dtype)
         check_model_options("SFTConfig", self)
@@ -171,6 +174,14 @@ def _render_record(record: dict) -> str:
 
     h = production_harness()
     return render_chat(render_messages(h, record["messages"]), h.openai_tools())
+
+
+def check_tokenizer_split(owner: str, split: str) -> None:
+    """Raises ValueError naming `<owner>.tokenizer_split` unless it is a key of `hat_jax.tokenizer.SPLIT_PATTERNS`."""
+    from hat_jax.tokenizer import SPLIT_PATTERNS
+
+    if split not in SPLIT_PATTERNS:
+        raise ValueError(f"{owner}.tokenizer_split = {split!r}: expected one of {sorted(SPLIT_PATTERNS)}")
 
 
 def bpe_tokenizer_dir(vocab_size: int, tokenizer_texts: int, world: WorldDataConfig,
@@ -218,7 +229,7 @@ def sft_tokenizer(config: SFTConfig, records: Sequence[dict], out_dir: Path):
     target = out_dir / "tokenizer"
     source = target if (target / "tokenizer.json").is_file() else tokenizer_from_checkpoint(config.init)
     if source is None:
-        source = bpe_tokenizer_dir(vocab, config.tokenizer_texts, config.world, records)
+        source = bpe_tokenizer_dir(vocab, config.tokenizer_texts, config.world, records, config.tokenizer_split)
     source = copy_tokenizer(source, target)
     tok = load_tokenizer(source)
     if len(tok) > vocab:

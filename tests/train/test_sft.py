@@ -182,3 +182,17 @@ def test_overrides_and_switches():
         apply_overrides(config, ["model.vocab=3"])
     with pytest.raises(ValueError, match="accum_steps"):
         apply_overrides(config, ["accum_steps=3"])
+
+
+def test_tokenizer_split_is_checked_and_keys_the_cached_bpe(tmp_path, monkeypatch):
+    from hat_jax.data.world_data import WorldDataConfig
+    from hat_jax.train import sft as sft_module
+
+    with pytest.raises(ValueError, match=r"SFTConfig.tokenizer_split = 'bytes': expected one of \['qwen', 'words'\]"):
+        sft_module.SFTConfig(tokenizer_split="bytes")
+    monkeypatch.setenv("HAT_JAX_CACHE", str(tmp_path))
+    trained = []
+    monkeypatch.setattr("hat_jax.tokenizer.train_bpe_tokenizer",
+                        lambda texts, vocab, out, split: trained.append(split) or (out / "tokenizer.json").write_text("{}"))
+    folders = {split: sft_module.bpe_tokenizer_dir(512, 0, WorldDataConfig(), [], split) for split in ("qwen", "words")}
+    assert folders["qwen"] != folders["words"] and trained == ["qwen", "words"]
