@@ -6,6 +6,7 @@ shapes; `compiled_memory` is also the helper of the real-size memory comparison 
 """
 
 import importlib.util
+import os
 import sys
 
 import pytest
@@ -29,6 +30,7 @@ def compiled_memory(impl: str, b: int, t: int, h: int, kv: int, d: int, dtype=jn
     Inputs are ShapeDtypeStructs on a 1-device mesh: q [B, T, H, D], k/v [B, T, KV, D] in dtype, packed
     segment ids [B, T] int32.
     """
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # compile-only: no lock file (as hat_jax.aot.topology)
     devices = topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
     mesh = Mesh(np.array(devices[:1]), ("x",))
     rep = NamedSharding(mesh, P())
