@@ -214,8 +214,12 @@ def test_topology_names_and_meshes():
     assert parse_mesh("1,8,4,1") == (1, 8, 4, 1)
     with pytest.raises(ValueError, match="expected 4 or 5 positive integers data,fsdp,expert,tensor,context"):
         parse_mesh("8,4")
-    with pytest.raises(ValueError, match=r"mesh \(data=1, fsdp=8, expert=8, tensor=1\) has 64 devices, the topology 32"):
+    with pytest.raises(ValueError, match=r"mesh \(data=1, fsdp=8, expert=8, tensor=1\) has 64 devices, the topology 32: "
+                                         r"the sizes' product must equal the chips"):
         check_mesh((1, 8, 8, 1), 32)
+    from hat_jax.aot.report import size
+
+    assert (size(57.31 * GiB), size(201_479_296), size(0)) == ("57.31 GiB", "192.15 MiB", "0.00 GiB")
     assert fully_sharded_shape(32, 256) == (1, 8, 4, 1) and fully_sharded_shape(64, 256) == (1, 8, 8, 1)
     assert fully_sharded_shape(8, 8) == (1, 4, 2, 1) and fully_sharded_shape(1, 8) == (1, 1, 1, 1)
 

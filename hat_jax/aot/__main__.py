@@ -1,7 +1,7 @@
 """Compile a stage's jitted programs for a TPU pod slice on this machine and report per-chip memory and FLOPs.
 
     python -m hat_jax.aot --preset qwen3_6_35b_a3b --topology v5p-64 --stage sft|opd|rl|generate
-        [--mesh data,fsdp,expert,tensor] [--set sft.data.seq_len=4096 --set model.num_hidden_layers=4 ...]
+        [--mesh data,fsdp,expert,tensor[,context]] [--set sft.data.seq_len=4096 --set model.num_hidden_layers=4 ...]
         [--json FILE] [--flops-check [--flops-seq-len 4096]]
 
 Needs libtpu (`pip install -e ".[tpu-aot]"`); run with JAX_PLATFORMS=cpu (nothing runs on a TPU). `--set`
@@ -43,7 +43,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--topology", required=True, help=f"TPU slice: {', '.join(valid_names())} or libtpu's "
                                                           "'v5p:4x4x2' form")
     parser.add_argument("--stage", required=True, choices=STAGES)
-    parser.add_argument("--mesh", help="data,fsdp,expert,tensor sizes (default: the stage's `mesh` field when "
+    parser.add_argument("--mesh", help="data,fsdp,expert,tensor[,context] sizes whose product is the chips (default: "
+                                       "the stage's `mesh` field when "
                                        "set, e.g. --set sft.mesh=[1,1,32,1], else fsdp x expert over every chip)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="section.field=value of the preset (sft.data.seq_len=4096, rl.accum_steps=8) or "

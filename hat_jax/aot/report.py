@@ -216,23 +216,28 @@ def stage_report(stage: str, topology: Topology, mesh, programs: Sequence[Progra
     return report
 
 
+def size(n: float) -> str:
+    """Bytes in GiB, or in MiB below 1 GiB (a micro program's figures would all read 0.00 GiB)."""
+    return f"{n / GiB:.2f} GiB" if n >= GiB or n == 0 else f"{n / 2**20:.2f} MiB"
+
+
 def format_report(report: Mapping[str, Any]) -> str:
-    """Human-readable lines of a `stage_report` (GiB, TFLOPs, collective counts and sizes)."""
+    """Human-readable lines of a `stage_report` (GiB or MiB, TFLOPs, collective counts and sizes)."""
     hbm = report["hbm_bytes_per_chip"]
     lines = [f"{report['stage']} on {report['topology']} ({report['chips']} chips, mesh "
              + ", ".join(f"{k}={v}" for k, v in report["mesh"].items()) + f"), HBM {hbm / GiB:.1f} GiB per chip"]
     for r in report["programs"]:
         b = r["bytes_per_chip"]
         if "error" in r:
-            temps = "?" if b["temporaries"] is None else f"{b['temporaries'] / GiB:.2f} GiB"
+            temps = "?" if b["temporaries"] is None else size(b["temporaries"])
             lines.append(f"  {r['name']}: the compiler refused it after {r['compile_s']:.0f} s: temporaries {temps} "
                          f"per chip exceed the HBM; its message:")
             lines += ["    | " + line for line in r["error"].splitlines()[:40]]
             continue
         lines.append(f"  {r['name']}: compiled in {r['compile_s']:.0f} s ({r['compile_cpu_s']:.0f} s of CPU)")
-        lines.append("    per chip: " + ", ".join(f"{k} {b[k] / GiB:.2f} GiB" for k in
+        lines.append("    per chip: " + ", ".join(f"{k} {size(b[k])}" for k in
                                                   ("arguments", "outputs", "aliased", "temporaries", "resident"))
-                     + f" -> total {b['total'] / GiB:.2f} GiB ({100 * b['total'] / hbm:.0f}% of HBM"
+                     + f" -> total {size(b['total'])} ({100 * b['total'] / hbm:.0f}% of HBM"
                      + (", does NOT fit)" if b["total"] > hbm else ")"))
         ratio = f" (x{r['flops_ratio']:.2f}" if r["flops_ratio"] else ""
         if ratio:  # loops count once and Pallas kernels by their own estimate outside the FLOPs check

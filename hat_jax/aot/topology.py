@@ -116,4 +116,5 @@ def check_mesh(shape: Sequence[int], devices: int) -> None:
     """Raises ValueError naming the mesh and the device count when their sizes differ."""
     if math.prod(shape) != devices:
         named = ", ".join(f"{a}={s}" for a, s in zip(MESH_AXES, shape))
-        raise ValueError(f"mesh ({named}) has {math.prod(shape)} devices, the topology {devices}")
+        raise ValueError(f"mesh ({named}) has {math.prod(shape)} devices, the topology {devices}: the sizes' "
+                         f"product must equal the chips")
