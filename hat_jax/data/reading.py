@@ -4,7 +4,7 @@ Variant implemented and why: reading a harness is associative recall (find the e
 the name written beside it), a skill a pretrained LLM brings and a from-scratch tiny base lacks (its recall
 probe stayed at 0 on tool chats of ~770 tokens with one copied name each). These chats are short (~60-350 tokens)
 and dense: every chat asks 2-5 questions whose answers are spans of the context, so most of their tokens after
-the listing are reading decisions. Five kinds, none with live-stream or shopping content:
+the listing are reading decisions. Six kinds, none with live-stream or shopping content:
 
 - "lookup": a table of keys and values (lines, `=` pairs, a JSON object or a markdown table); questions name a
   key, the answer is its value;
