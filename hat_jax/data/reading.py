@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -224,6 +224,18 @@ def _label_chat(rng, lang, pieces) -> list[dict]:
     return _call_chat(rng, lang, pieces, by_label=True)
 
 
+def check_kinds(field: str, kinds: Sequence[str]) -> None:
+    """Refuses anything but a non-empty tuple or list of names from `KINDS`.
+
+    Raises:
+      ValueError: naming `field`, the value, what was expected and the unknown kinds.
+    """
+    bad = [k for k in kinds if k not in KINDS] if isinstance(kinds, (tuple, list)) else None
+    if bad is None or bad or not kinds:
+        raise ValueError(f"{field} = {kinds!r}: expected a non-empty tuple or list of {KINDS}"
+                         + (f" (unknown: {bad})" if bad else ""))
+
+
 _MAKERS = {"lookup": _lookup_chat, "record": _record_chat, "copy": _copy_chat, "select": _select_chat,
            "call": _call_chat, "label": _label_chat}
 
@@ -244,9 +256,7 @@ def reading_chats(n: int, seed: int, *, zh_share: float = 0.5, kinds: Sequence[s
         raise ValueError(f"reading_chats: n must be >= 0, got {n}")
     if not 0.0 <= zh_share <= 1.0:
         raise ValueError(f"reading_chats: zh_share must be in [0, 1], got {zh_share}")
-    bad = [k for k in kinds if k not in KINDS] or ([] if kinds else ["(empty)"])
-    if bad:
-        raise ValueError(f"reading_chats: kinds {bad} unknown; expected a non-empty subset of {KINDS}")
+    check_kinds("reading_chats: kinds", kinds)
     rng = random.Random(f"reading-{seed}")
     pieces = name_pieces()
     out = []
@@ -259,20 +269,24 @@ def reading_chats(n: int, seed: int, *, zh_share: float = 0.5, kinds: Sequence[s
 ASSISTANT_OPEN, TURN_END = "<|im_start|>assistant\n", "<|im_end|>"
 
 
-def answer_mask(text: str, offsets: Sequence[tuple[int, int]]) -> np.ndarray:
-    """int32 [T]: 1 on the tokens of the assistant turns of a rendered chat (from after `<|im_start|>assistant\n`
-    through its `<|im_end|>`), 0 elsewhere; `offsets` are the tokens' (start, end) characters in `text`."""
-    spans, at = [], 0
+def _assistant_turns(text: str) -> Iterator[tuple[int, int]]:
+    """(start, end) characters of each assistant turn's body in a rendered chat: from after
+    `<|im_start|>assistant\n` to its `<|im_end|>` (exclusive; the text's end when the turn is cut)."""
+    at = 0
     while (start := text.find(ASSISTANT_OPEN, at)) >= 0:
         start += len(ASSISTANT_OPEN)
         end = text.find(TURN_END, start)
-        end = len(text) if end < 0 else end + len(TURN_END)
-        spans.append((start, end))
-        at = end
+        at = end = len(text) if end < 0 else end
+        yield start, end
+
+
+def answer_mask(text: str, offsets: Sequence[tuple[int, int]]) -> np.ndarray:
+    """int32 [T]: 1 on the tokens of the assistant turns of a rendered chat (from after `<|im_start|>assistant\n`
+    through its `<|im_end|>`), 0 elsewhere; `offsets` are the tokens' (start, end) characters in `text`."""
     starts = np.asarray([s for s, _ in offsets], np.int64)
     mask = np.zeros(len(offsets), np.int32)
-    for s, e in spans:
-        mask[(starts >= s) & (starts < e)] = 1
+    for s, e in _assistant_turns(text):
+        mask[(starts >= s) & (starts < e + len(TURN_END))] = 1
     return mask
 
 
@@ -281,17 +295,16 @@ def exercise_answer_spans(text: str, messages: Sequence[dict]) -> list[tuple[int
     tool's name, or the turn's content (`hat_jax.data.reading`'s chats), in the order of the assistant turns.
 
     Raises:
-        ValueError: an answer not found in its rendered turn (a template that drops it).
+        ValueError: an answer not found in its rendered turn (a template that drops it or a cut turn).
     """
-    spans, at = [], 0
-    for m in (m for m in messages if m["role"] == "assistant"):
-        calls = m.get("tool_calls")
-        answer = calls[0]["function"]["name"] if calls else m["content"]
-        start = text.index(ASSISTANT_OPEN, at) + len(ASSISTANT_OPEN)
-        end = text.find(TURN_END, start)
+    answers = [m["tool_calls"][0]["function"]["name"] if m.get("tool_calls") else m["content"]
+               for m in messages if m["role"] == "assistant"]
+    spans = []
+    for answer, (start, end) in zip(answers, _assistant_turns(text)):
         found = text.find(answer, start, end)
         if found < 0:
             raise ValueError(f"reading exercise answer {answer!r} not rendered in its turn {text[start:end]!r}")
         spans.append((found, found + len(answer)))
-        at = end
+    if len(spans) < len(answers):
+        raise ValueError(f"reading exercise: {len(answers)} assistant turns, {len(spans)} rendered")
     return spans

@@ -66,6 +66,7 @@ from hat_jax.cache import exclusive_lock, write_text_atomic
 from hat_jax.data.corpus import pretraining_chats, reading_chat_count, render_chat
 from hat_jax.data.reading import KINDS as READING_KINDS
 from hat_jax.data.reading import answer_mask
+from hat_jax.data.reading import check_kinds as check_reading_kinds
 from hat_jax.data.packing import PackedBatches, fit_document, pack_documents, refuse_packed_state
 from hat_jax.data.world_data import WorldDataConfig, cache_root
 from hat_jax.model.config import get_config
@@ -154,10 +155,9 @@ class PretrainConfig:
             raise ValueError(f"PretrainConfig.reading_share = {self.reading_share!r} needs pack=True (the reading "
                              "exercises' answer-only loss masks are built by the packed pipeline)")
         check_tokenizer_split("PretrainConfig", self.tokenizer_split)
-        bad = [k for k in self.reading_kinds if k not in READING_KINDS] if isinstance(self.reading_kinds, tuple) else None
-        if bad is None or bad or not self.reading_kinds:
-            raise ValueError(f"PretrainConfig.reading_kinds = {self.reading_kinds!r}: expected a non-empty tuple of "
-                             f"{READING_KINDS}" + (f" (unknown: {bad})" if bad else ""))
+        if not isinstance(self.reading_kinds, tuple):  # hashable: the config is a cache key
+            raise ValueError(f"PretrainConfig.reading_kinds = {self.reading_kinds!r}: expected a tuple")
+        check_reading_kinds("PretrainConfig.reading_kinds", self.reading_kinds)
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"PretrainConfig.compute_dtype = {self.compute_dtype!r}; valid: {sorted(COMPUTE_DTYPES)}")
         for name, kind in (("world", WorldDataConfig), ("optim", OptimConfig)):

@@ -12,7 +12,7 @@ Used by base pretraining (`hat_jax.train.pretrain`, base_report.json) on every b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +50,35 @@ def probe_targets(tokenizer, probes) -> list[tuple[list[int], int]]:
     return rows
 
 
+def teacher_forced(params, model_config, token_rows: Sequence[Sequence[int]], pad_id: int, *, batch_size: int,
+                   dtype=jnp.float32) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Each row of `token_rows` run teacher-forced, in order: (hit bool [T], logprobs float32 [T]) for its T tokens.
+
+    hit[t] = the argmax of position t-1 is token t; logprobs[t] = log p(token t | tokens < t) (`token_logprobs`);
+    entry 0 is False / 0. Rows are right-padded to one length (the longest rounded up to 64) and run `batch_size`
+    at a time, the last batch filled with repeats, so one shape compiles.
+    """
+    if not token_rows:
+        return
+    length = -(-max(len(r) for r in token_rows) // 64) * 64
+    batch_size = min(batch_size, len(token_rows))
+    model = Qwen3_5MoeForCausalLM(model_config, dtype=dtype)
+
+    @jax.jit
+    def score(p, ids, mask):
+        logits = model.apply({"params": p}, ids, attention_mask=mask).logits
+        hit = jnp.pad(jnp.argmax(logits[:, :-1], axis=-1) == ids[:, 1:], ((0, 0), (1, 0)))
+        return hit, token_logprobs(logits, ids)
+
+    for s in range(0, len(token_rows), batch_size):
+        chunk = list(token_rows[s:s + batch_size])
+        real = len(chunk)
+        batch = padded_rows(chunk + [chunk[-1]] * (batch_size - real), length, pad_id)
+        hit, lp = jax.device_get(score(params, jnp.asarray(batch["input_ids"]), jnp.asarray(batch["attention_mask"])))
+        for i in range(real):
+            yield hit[i, :len(chunk[i])], lp[i, :len(chunk[i])]
+
+
 def recall_probe_figures(params, model_config, tokenizer, n: int, *, seed: int = PROBE_SEED, batch_size: int = 16,
                          dtype=jnp.float32) -> dict:
     """The recall probe of `n` prompts, teacher-forced (module docstring).
@@ -64,28 +93,14 @@ def recall_probe_figures(params, model_config, tokenizer, n: int, *, seed: int =
     if n == 0:
         return {"n": 0, "exact": 0.0, "first_token": 0.0, "name_nll": 0.0, "target_tokens": 0.0}
     rows = probe_targets(tokenizer, recall_probe(n, seed))
-    length = -(-max(len(f) for f, _ in rows) // 64) * 64
-    batch_size = min(batch_size, n)
-    model = Qwen3_5MoeForCausalLM(model_config, dtype=dtype)
-
-    @jax.jit
-    def score(p, ids, mask):
-        logits = model.apply({"params": p}, ids, attention_mask=mask).logits
-        hit = jnp.pad(jnp.argmax(logits[:, :-1], axis=-1) == ids[:, 1:], ((0, 0), (1, 0)))
-        return token_logprobs(logits, ids), hit
-
     exact, first, nll, count = [], [], 0.0, 0
-    pad = int(tokenizer.pad_token_id or 0)
-    for s in range(0, n, batch_size):
-        chunk = rows[s:s + batch_size]
-        chunk = chunk + [chunk[-1]] * (batch_size - len(chunk))  # one shape; the repeats are not counted
-        ids = padded_rows([f for f, _ in chunk], length, pad)
-        lp, hit = jax.device_get(score(params, jnp.asarray(ids["input_ids"]), jnp.asarray(ids["attention_mask"])))
-        for i, (full, c) in enumerate(chunk[:min(batch_size, n - s)]):
-            exact.append(bool(hit[i, c:len(full)].all()))
-            first.append(bool(hit[i, c]))
-            nll -= float(lp[i, c:len(full)].sum())
-            count += len(full) - c
+    scored = teacher_forced(params, model_config, [f for f, _ in rows], int(tokenizer.pad_token_id or 0),
+                            batch_size=batch_size, dtype=dtype)
+    for (_, c), (hit, lp) in zip(rows, scored):
+        exact.append(bool(hit[c:].all()))
+        first.append(bool(hit[c]))
+        nll -= float(lp[c:].sum())
+        count += len(hit) - c
     return {"n": n, "exact": float(np.mean(exact)), "first_token": float(np.mean(first)), "name_nll": nll / count,
             "target_tokens": count / n}
 
@@ -145,13 +160,7 @@ def reading_exercise_figures(params, model_config, tokenizer, chats_per_kind: in
     """
     if chats_per_kind == 0:
         return {"chats_per_kind": 0, "kinds": {}}
-    model = Qwen3_5MoeForCausalLM(model_config, dtype=dtype)
-
-    @jax.jit
-    def hits(p, ids, mask):
-        logits = model.apply({"params": p}, ids, attention_mask=mask).logits
-        return jnp.pad(jnp.argmax(logits[:, :-1], axis=-1) == ids[:, 1:], ((0, 0), (1, 0)))
-
+    pad = int(tokenizer.pad_token_id or 0)
     out = {}
     for kind in kinds:
         rows = []  # (ids, [token indices of each answer])
@@ -161,18 +170,14 @@ def reading_exercise_figures(params, model_config, tokenizer, chats_per_kind: in
             answers = [[t for t, (s, e) in enumerate(enc["offset_mapping"]) if s < b and e > a and t > 0]
                        for a, b in exercise_answer_spans(text, messages)]
             rows.append((enc["input_ids"], [a for a in answers if a]))
-        length = -(-max(len(ids) for ids, _ in rows) // 64) * 64
         exact, first, right, total = [], [], 0, 0
-        for s in range(0, len(rows), batch_size):
-            chunk = rows[s:s + batch_size]
-            batch = padded_rows([ids for ids, _ in chunk] + [chunk[-1][0]] * (batch_size - len(chunk)), length,
-                                int(tokenizer.pad_token_id or 0))
-            hit = np.asarray(hits(params, jnp.asarray(batch["input_ids"]), jnp.asarray(batch["attention_mask"])))
-            for i, (_, answers) in enumerate(chunk):
-                for tokens in answers:
-                    exact.append(bool(hit[i, tokens].all()))
-                    first.append(bool(hit[i, tokens[0]]))
-                    right, total = right + int(hit[i, tokens].sum()), total + len(tokens)
+        scored = teacher_forced(params, model_config, [ids for ids, _ in rows], pad, batch_size=batch_size,
+                                dtype=dtype)
+        for (_, answers), (hit, _) in zip(rows, scored):
+            for tokens in answers:
+                exact.append(bool(hit[tokens].all()))
+                first.append(bool(hit[tokens[0]]))
+                right, total = right + int(hit[tokens].sum()), total + len(tokens)
         out[kind] = {"answers": len(exact), "exact": float(np.mean(exact)), "first_token": float(np.mean(first)),
                      "token_acc": right / total}
     return {"chats_per_kind": chats_per_kind, "kinds": out}

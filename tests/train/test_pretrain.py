@@ -250,6 +250,35 @@ def test_reading_exercise_figures_equal_one_chat_at_a_time(base):
     assert reading_exercise_figures(params, config, tok, 0, ["lookup"]) == {"chats_per_kind": 0, "kinds": {}}
 
 
+def test_base_reading_script_scores_every_saved_step(base, tmp_path, capsys):
+    """experiments/benchmarks/base_reading.py: one line and one curve point per step folder, the figures of the
+    three scoring functions on that step's weights; an unsaved step is refused naming the saved ones."""
+    import importlib.util
+
+    from hat_jax.tokenizer import load_tokenizer
+    from hat_jax.train.recall_probe import reading_exercise_figures, reading_gauge_figures, recall_probe_figures
+
+    spec = importlib.util.spec_from_file_location(
+        "base_reading", Path(__file__).resolve().parents[2] / "experiments" / "benchmarks" / "base_reading.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    steps = sorted(int(d.name) for d in base.iterdir() if d.is_dir() and d.name.isdigit())
+    assert steps
+    out = tmp_path / "curve.json"
+    assert script.main([str(base), "--items", "4", "--kinds", "label,copy", "--json", str(out)]) == 0
+    curve = json.loads(out.read_text())["curve"]
+    assert [point["step"] for point in curve] == steps
+    assert len([line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]) == len(steps)
+    tok = load_tokenizer(base / "tokenizer")
+    config, params = load_model_checkpoint(base / str(steps[-1]))
+    assert curve[-1]["probe"] == recall_probe_figures(params, config, tok, 4)
+    assert curve[-1]["reading_gauge"] == reading_gauge_figures(params, config, tok, 4)
+    assert curve[-1]["reading"] == reading_exercise_figures(params, config, tok, 1, ["label", "copy"])
+    with pytest.raises(SystemExit):
+        script.main([str(base), "--steps", str(steps[-1] + 1)])
+    assert f"not saved in {base} (saved: {steps})" in capsys.readouterr().err
+
+
 def test_sft_from_the_base_uses_its_tokenizer(base, tmp_path):
     from hat_jax.train.sft import SFTConfig, run_sft
 
