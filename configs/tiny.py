@@ -4,7 +4,7 @@
     python experiments/run.py --exp table6 --resume                 # every row of Table 6, then the table
     python -m hat_jax.train.sft --preset tiny --out runs/sft         # one stage: its section of this file
 
-Sized so that `table6_both` (base, HSA-SFT, HSA-RL, every suite) fits in 20 minutes on a 2-core machine
+Sized for a laptop: `table6_both` (base, HSA-SFT, HSA-RL, every suite) takes about 30 minutes on 2 idle cores
 (measurements: docs/tuning.md); `--set eval.world.eval_items=200` gives the larger evaluation sets.
 """
 
