@@ -102,6 +102,10 @@ def run(args: argparse.Namespace) -> dict:
 
     sampling = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               max_new_tokens=args.max_new_tokens)  # fail fast; stop and pad ids come later
+    model_dir = args.hf if args.hf is not None else args.ckpt
+    if not Path(model_dir).is_dir():
+        raise FileNotFoundError(f"{'--hf' if args.hf is not None else '--ckpt'} '{model_dir}' does not exist "
+                                "(expected a checkpoint folder)")
     tok_dir = tokenizer_dir(args)
     if args.prompt is not None and tok_dir is None:
         where = args.hf if args.hf is not None else args.ckpt / "tokenizer"

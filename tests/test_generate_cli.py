@@ -68,12 +68,15 @@ def test_cli_prompt_text_with_tokenizer(model):
     assert out["text"] == tokenizer.decode(out["ids"], skip_special_tokens=False)
 
 
-@pytest.mark.parametrize("case", ["missing_dir", "prompt_without_tokenizer"])
+@pytest.mark.parametrize("case", ["missing_dir", "missing_hf_dir", "prompt_without_tokenizer"])
 def test_cli_errors_exit_nonzero_with_message(model, tmp_path, case):
     _, _, plain, _, _ = model
     if case == "missing_dir":
         proc = run_cli("--ckpt", tmp_path / "nope", "--prompt-ids", "1,2", "--max-new-tokens", 2)
         expected = f"{tmp_path / 'nope'}' does not exist"
+    elif case == "missing_hf_dir":
+        proc = run_cli("--hf", tmp_path / "nope", "--prompt", "hi", "--max-new-tokens", 2)
+        expected = f"--hf '{tmp_path / 'nope'}' does not exist"
     else:
         proc = run_cli("--ckpt", plain, "--prompt", "hi", "--max-new-tokens", 2)
         expected = "--prompt needs a tokenizer"

@@ -27,11 +27,18 @@ def main(argv=None) -> int:
     p.add_argument("--kinds", default=None, help="reading kinds (default: the run's reading_kinds)")
     p.add_argument("--json", help="write the figures to this file")
     args = p.parse_args(argv)
+    if not args.run.is_dir():
+        p.error(f"RUN {args.run}: not a folder (expected a pretraining run folder with step folders)")
+    if args.items < 1:
+        p.error(f"--items {args.items}: expected a count >= 1")
     stage = json.loads((args.run / "stage_config.json").read_text()) if (args.run / "stage_config.json").is_file() \
         else {}
     steps = sorted(int(d.name) for d in args.run.iterdir() if d.is_dir() and d.name.isdigit())
     if args.steps:
-        wanted = [int(s) for s in args.steps.split(",")]
+        try:
+            wanted = [int(s) for s in args.steps.split(",")]
+        except ValueError:
+            p.error(f"--steps {args.steps!r}: expected a comma list of step numbers, e.g. 200,400")
         missing = [s for s in wanted if s not in steps]
         if missing:
             p.error(f"--steps {missing} not saved in {args.run} (saved: {steps})")
@@ -40,11 +47,18 @@ def main(argv=None) -> int:
         p.error(f"{args.run} holds no step folders")
     kinds = args.kinds.split(",") if args.kinds else list(stage.get("reading_kinds") or ["label"])
 
+    from hat_jax.data.reading import check_kinds
     from hat_jax.model.checkpoint_io import load_model_checkpoint
     from hat_jax.tokenizer import load_tokenizer
     from hat_jax.train.recall_probe import reading_exercise_figures, reading_gauge_figures, recall_probe_figures
 
+    try:
+        check_kinds("--kinds", kinds)
+    except ValueError as err:
+        p.error(str(err))
     tokenizer = load_tokenizer(args.run / "tokenizer")
+    print("probe: exact/first token; gauge: exact per family; exercises per kind: exact answers/first answer "
+          "token/answer tokens", flush=True)
     out = []
     for step in steps:
         config, params = load_model_checkpoint(args.run / str(step))

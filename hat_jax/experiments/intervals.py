@@ -336,13 +336,14 @@ def difference_interval(a: Mapping[str, Any], path_a: str, b: Mapping[str, Any] 
 
 def reported_intervals(results: Mapping[str, Any]) -> tuple[dict, dict]:
     """results.json's ("intervals", "interval_method"): {suite: {key: [low, high]}} (4 decimals; a metric with no
-    interval left out) and {suite: the method, or why there is none}; null suites are left out of both."""
+    interval left out) and {suite: the method, or why there is none, each followed by its keys when the suite's
+    keys differ}; null suites are left out of both."""
     intervals: dict[str, dict] = {}
     methods: dict[str, str] = {}
     for suite, keys in SUITE_KEYS.items():
         if any(m.get(suite) is None for m in results["per_seed"]):
             continue
-        intervals[suite], seen = {}, []
+        intervals[suite], seen = {}, {}
         for key in keys:
             if not measured(results, f"{suite}.{key}"):
                 continue
@@ -353,6 +354,7 @@ def reported_intervals(results: Mapping[str, Any]) -> tuple[dict, dict]:
                                          f"the item bootstrap is refused: {err}")
             if iv.low is not None:
                 intervals[suite][key] = [round(iv.low, 4), round(iv.high, 4)]
-            seen.append(iv.method)
-        methods[suite] = "; ".join(dict.fromkeys(seen))
+            seen.setdefault(iv.method, []).append(key)
+        methods[suite] = next(iter(seen)) if len(seen) == 1 else "; ".join(
+            f"{how} ({', '.join(which)})" for how, which in seen.items())
     return intervals, methods

@@ -156,7 +156,8 @@ class PretrainConfig:
                              "exercises' answer-only loss masks are built by the packed pipeline)")
         check_tokenizer_split("PretrainConfig", self.tokenizer_split)
         if not isinstance(self.reading_kinds, tuple):  # hashable: the config is a cache key
-            raise ValueError(f"PretrainConfig.reading_kinds = {self.reading_kinds!r}: expected a tuple")
+            raise ValueError(f"PretrainConfig.reading_kinds = {self.reading_kinds!r}: expected a tuple of "
+                             f"{READING_KINDS}, e.g. --set 'reading_kinds=[\"label\", \"copy\"]'")
         check_reading_kinds("PretrainConfig.reading_kinds", self.reading_kinds)
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"PretrainConfig.compute_dtype = {self.compute_dtype!r}; valid: {sorted(COMPUTE_DTYPES)}")

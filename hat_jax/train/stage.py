@@ -251,6 +251,9 @@ def parse_value(text: str, current: Any) -> Any:
         value = json.loads(text)
     except json.JSONDecodeError:
         value = text
+    if isinstance(current, (int, float)) and isinstance(value, str) and \
+            value.strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
+        value = float(value)  # not finite: refused below by what it is, not by its type
     if isinstance(value, float) and not (math.isfinite(value) and abs(value) <= FLOAT32_MAX):
         raise ValueError(f"expected a finite number within float32's range (|x| <= {FLOAT32_MAX:.4g}), got {text!r}")
     if isinstance(value, list):  # config sequences are tuples (hashable, frozen)

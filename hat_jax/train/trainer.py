@@ -366,9 +366,15 @@ def _next_batch(batches: Iterator[Mapping[str, Any]] | Callable[[TrainState], Ma
         return None
 
 
+# Means over the batch's loss tokens: a step without loss tokens (every row cut before its answer) reports 0 for
+# them, which is no measurement, so it is left out of their log-window mean (its grad norm, lr, ... stay in).
+PER_LOSS_TOKEN = ("loss", "lb_loss", "total_loss", "mtp_loss")
+
+
 class _LogWindow:
     """The metrics of the steps since the last log line, and the token rate over them. The first step of a
-    process includes compilation: its tokens and time are not in the rate."""
+    process includes compilation: its tokens and time are not in the rate. The `PER_LOSS_TOKEN` means skip
+    steps with no loss tokens; a window of such steps only has none of them."""
 
     def __init__(self, start: int):
         self.start, self.began = start, time.perf_counter()
@@ -381,8 +387,10 @@ class _LogWindow:
             self.t0 = self.first_done = now
         else:
             self.tokens += n_tok
+        empty = metrics.get("loss_tokens", 1) == 0
         for k, v in metrics.items():
-            self.values.setdefault(k, []).append(v)
+            if not (empty and k in PER_LOSS_TOKEN):
+                self.values.setdefault(k, []).append(v)
 
     def emit(self, loop: LoopConfig, step: int, now: float, writer) -> None:
         """Writes the window's means (and tokens_per_s) to `writer`, logs a line when there is no progress bar,
@@ -396,7 +404,7 @@ class _LogWindow:
             done = step - self.start
             per_step = (now - self.first_done) / (done - 1) if done > 1 else now - self.began
             log.info("%s step %d/%d loss %.4f, %.2f s/step, ETA %.0f s", loop.desc, step, loop.steps,
-                     values["loss"], per_step, per_step * (loop.steps - step))
+                     values.get("loss", math.nan), per_step, per_step * (loop.steps - step))
         self.values, self.tokens, self.t0 = {}, 0, now
 
 

@@ -109,6 +109,8 @@ def test_fields_that_break_a_stage_are_refused_when_parsed():
     cases = [
         ("rl.optim.lr=1e39", r"rl.optim.lr: expected a finite number within float32's range"),
         ("sft.optim.lr=NaN", r"sft.optim.lr: expected a finite number within float32's range"),
+        ("sft.optim.lr=nan", r"sft.optim.lr: expected a finite number within float32's range"),
+        ("sft.optim.lr=-inf", r"sft.optim.lr: expected a finite number within float32's range"),
         ("sft.optim.lr=Infinity", r"sft.optim.lr: expected a finite number"),
         ("sft.optim.lr=1e6", r"OptimConfig.lr = 1000000.0: expected a finite number in \[0, 1\]"),
         ("rl.optim.lr=-0.1", r"OptimConfig.lr = -0.1: expected a finite number in \[0, 1\]"),

@@ -195,6 +195,11 @@ def test_results_md_says_how_the_intervals_were_computed():
     old.update(seeds=[0, 1], per_seed=[res["metrics"], res["metrics"]])
     assert "95% intervals: the t over seeds (this results.json holds no per-item scores)." in experiment_markdown(
         old, experiment)
+    # a pooled reading metric (no per-item scores) beside them: each method names its keys
+    res["per_seed"][0]["live_qa"]["name_valid"] = 40.0
+    assert iv.reported_intervals(res)[1]["live_qa"] == ("percentile bootstrap over 22 items (1 seed) (acc, eff, avg); "
+                                                        "no interval: 1 seed, and no per-item scores for table6_both "
+                                                        "(name_valid)")
 
 
 def test_an_old_results_json_gets_its_items_from_the_evaluation_files(tmp_path):

@@ -274,9 +274,14 @@ def test_base_reading_script_scores_every_saved_step(base, tmp_path, capsys):
     assert curve[-1]["probe"] == recall_probe_figures(params, config, tok, 4)
     assert curve[-1]["reading_gauge"] == reading_gauge_figures(params, config, tok, 4)
     assert curve[-1]["reading"] == reading_exercise_figures(params, config, tok, 1, ["label", "copy"])
-    with pytest.raises(SystemExit):
-        script.main([str(base), "--steps", str(steps[-1] + 1)])
-    assert f"not saved in {base} (saved: {steps})" in capsys.readouterr().err
+    for argv, message in (([str(base), "--steps", str(steps[-1] + 1)], f"not saved in {base} (saved: {steps})"),
+                          ([str(tmp_path / "none")], "none: not a folder"),
+                          ([str(base), "--steps", "abc"], "--steps 'abc': expected a comma list"),
+                          ([str(base), "--items", "0"], "--items 0: expected a count >= 1"),
+                          ([str(base), "--kinds", "quiz"], "--kinds = ['quiz']: expected a non-empty tuple or list")):
+        with pytest.raises(SystemExit):
+            script.main(argv)
+        assert message in capsys.readouterr().err
 
 
 def test_sft_from_the_base_uses_its_tokenizer(base, tmp_path):

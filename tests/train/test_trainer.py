@@ -271,3 +271,26 @@ def test_non_finite_gradient_norm_is_named(tmp_path):
     with pytest.raises(NonFiniteLossError, match=r"non-finite grad_norm at step 1") as err:
         run_stage(LoopConfig(steps=2, progress=False), state, iter([toy_batch()] * 2), step_fn)
     assert err.value.quantity == "grad_norm"
+
+
+def test_log_window_means_leave_out_steps_without_loss_tokens():
+    """A step whose rows lost every loss token reports loss 0: not a measurement, so the window's per-token means
+    (loss, lb_loss, total_loss, mtp_loss) skip it; its grad norm and token count stay in the window."""
+    from hat_jax.train.trainer import _LogWindow
+
+    class Writer:
+        def scalars(self, step, values):
+            self.step, self.values = step, values
+
+    writer, window = Writer(), _LogWindow(0)
+    for i, (loss, n) in enumerate([(7.0, 10), (0.0, 0), (8.0, 30)]):
+        window.add({"loss": loss, "lb_loss": loss / 7, "mtp_loss": loss + 1, "loss_tokens": n, "grad_norm": float(i)},
+                   100, float(i))
+    window.emit(LoopConfig(steps=3, progress=False), 3, 3.0, writer)
+    assert writer.step == 3
+    assert writer.values["train/loss"] == 7.5 and writer.values["train/mtp_loss"] == 8.5
+    assert writer.values["train/lb_loss"] == (1.0 + 8.0 / 7) / 2
+    assert writer.values["train/grad_norm"] == 1.0 and writer.values["train/loss_tokens"] == 40 / 3
+    window.add({"loss": 0.0, "loss_tokens": 0, "grad_norm": 2.0}, 100, 4.0)
+    window.emit(LoopConfig(steps=4, progress=False), 4, 5.0, writer)
+    assert "train/loss" not in writer.values and writer.values["train/grad_norm"] == 2.0
