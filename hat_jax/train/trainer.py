@@ -374,7 +374,7 @@ PER_LOSS_TOKEN = ("loss", "lb_loss", "total_loss", "mtp_loss")
 class _LogWindow:
     """The metrics of the steps since the last log line, and the token rate over them. The first step of a
     process includes compilation: its tokens and time are not in the rate. The `PER_LOSS_TOKEN` means skip
-    steps with no loss tokens; a window of such steps only has none of them."""
+    steps with no loss tokens; a window holding only such steps reports none of them."""
 
     def __init__(self, start: int):
         self.start, self.began = start, time.perf_counter()
