@@ -288,7 +288,7 @@ def pretraining_chats(
         else:
             messages, tools, _, _ = _tool_chat(rng, name_pieces, styles, layouts, zh_share)
             out.append((messages, tools))
-    return out + [(messages, []) for messages in reading_chats(n_reading, seed, kinds=reading_kinds)]
+    return out + reading_chats(n_reading, seed, kinds=reading_kinds)
 
 
 def render_chat(

@@ -2,9 +2,10 @@
 
 Variant implemented and why: reading a harness is associative recall (find the entry a request points to, copy
 the name written beside it), a skill a pretrained LLM brings and a from-scratch tiny base lacks (its recall
-probe stayed at 0 on tool chats of ~770 tokens with one copied name each). These chats are short (~60-350 tokens)
-and dense: every chat asks 2-5 questions whose answers are spans of the context, so most of their tokens after
-the listing are reading decisions. Six kinds, none with live-stream or shopping content:
+probe stayed at 0 on tool chats of ~770 tokens with one copied name each). These chats are short (~60-350 tokens;
+`tools` ~700, most of it the chat template's tool block) and dense: every chat asks 2-5 questions whose answers
+are spans of the context, so most of their tokens after the listing are reading decisions. Seven kinds, none
+with live-stream or shopping content:
 
 - "lookup": a table of keys and values (lines, `=` pairs, a JSON object or a markdown table); questions name a
   key, the answer is its value;
@@ -16,7 +17,11 @@ the listing are reading decisions. Six kinds, none with live-stream or shopping 
   the description or its gist; the assistant calls the listed tool (`tool_calls`), the tool message returns
   a record and the reply copies its value;
 - "label": as "call", but the list gives each tool a short label and the request is that label verbatim: the
-  match is exact, so finding the entry is pure recall (the form of the reading gauge, generic content).
+  match is exact, so finding the entry is pure recall (the form of the reading gauge, generic content);
+- "tools": as "call", in the surface of a harness: the tools are the chat template's tool definitions (its
+  `# Tools` block, where a harness's MCP tools reach the model), listed again in the system message in half of
+  the chats, and each call's reasoning names the request and the description it matched before the call (the
+  form of the pretraining tool chats and of the recall probe, short and with generic tasks).
 
 Names are 1-3 word pieces from a broad pool (generic English, pinyin and the English words of HSA's tool and
 skill vocabulary, as a real base has seen them all) in every naming style, HSA's held-out ones included: a
@@ -37,7 +42,7 @@ import numpy as np
 from hat_jax.data.corpus_domains import BOOKS, CITIES, CONDITIONS, DISHES, DOMAINS, FOODS, STATIONS
 from hat_jax.harness import hsa_vocab
 
-KINDS: tuple[str, ...] = ("lookup", "record", "copy", "select", "call", "label")
+KINDS: tuple[str, ...] = ("lookup", "record", "copy", "select", "call", "label", "tools")
 NAME_STYLES: tuple[str, ...] = hsa_vocab.TRAIN_TOOL_STYLES + hsa_vocab.HELDOUT_TOOL_STYLES
 _GENERIC_PIECES: tuple[str, ...] = (
     "get", "set", "find", "list", "load", "read", "show", "calc", "run", "send", "make", "open", "sync", "scan",
@@ -224,6 +229,30 @@ def _label_chat(rng, lang, pieces) -> list[dict]:
     return _call_chat(rng, lang, pieces, by_label=True)
 
 
+def _tools_chat(rng, lang, pieces) -> tuple[list[dict], list[dict]]:
+    named, entries = _pick_tasks(rng, pieces, lang)
+    tools = [{"type": "function", "function": {"name": n, "description": d,
+                                               "parameters": {"type": "object", "properties": {}}}}
+             for n, d in entries]
+    system = "You are a helpful assistant." if lang == "en" else "你是一个有用的助手。"
+    if rng.random() < 0.5:
+        system += "\n" + ("Tools:" if lang == "en" else "工具列表：") + "\n" + _listing(rng, entries, lang)
+    messages = [{"role": "system", "content": system}]
+    for name, task in rng.sample(named, rng.randint(2, 3)):
+        field, value = random_name(rng, pieces, hsa_vocab.TRAIN_ARG_STYLES), random_value(rng, pieces)
+        gist, desc = task["gist"][lang], task["desc"][lang]
+        think = (f'The user asks for {gist}. The tool described as "{desc}" fits.' if lang == "en"
+                 else f"用户想知道:{gist}。描述为「{desc}」的工具正合适。")
+        messages += [
+            {"role": "user", "content": _request(rng, task, lang)},
+            {"role": "assistant", "content": "", "reasoning_content": think,
+             "tool_calls": [{"type": "function", "function": {"name": name, "arguments": {}}}]},
+            {"role": "tool", "name": name, "content": json.dumps({field: value}, ensure_ascii=False)},
+            {"role": "assistant", "content": value},
+        ]
+    return messages, tools
+
+
 def check_kinds(field: str, kinds: Sequence[str]) -> None:
     """Refuses anything but a non-empty tuple or list of names from `KINDS`.
 
@@ -237,18 +266,21 @@ def check_kinds(field: str, kinds: Sequence[str]) -> None:
 
 
 _MAKERS = {"lookup": _lookup_chat, "record": _record_chat, "copy": _copy_chat, "select": _select_chat,
-           "call": _call_chat, "label": _label_chat}
+           "call": _call_chat, "label": _label_chat, "tools": _tools_chat}
+_WITH_TOOLS = ("tools",)  # makers that return (messages, tools); the others return messages
 
 
-def reading_chats(n: int, seed: int, *, zh_share: float = 0.5, kinds: Sequence[str] = KINDS) -> list[list[dict]]:
+def reading_chats(n: int, seed: int, *, zh_share: float = 0.5,
+                  kinds: Sequence[str] = KINDS) -> list[tuple[list[dict], list[dict]]]:
     """`n` reading-exercise chats (module docstring), deterministic per seed, kinds drawn uniformly.
 
     Args:
       n: number of chats (>= 0). seed: sampling seed. zh_share: share written in Chinese, in [0, 1].
       kinds: a non-empty subset of `KINDS`.
     Returns:
-      OpenAI-format message lists (tool calls as `tool_calls`, results as "tool" messages; no tool dicts: the
-      tools are listed in the system message), rendered by `hat_jax.data.corpus.render_chat`.
+      [(messages, tools)]: OpenAI-format messages (tool calls as `tool_calls`, results as "tool" messages) and
+      OpenAI tool dicts (the "tools" kind; [] for the others, whose tools are listed in the system message), as
+      `hat_jax.data.corpus.render_chat(messages, tools)` renders them.
     Raises:
       ValueError: negative n, zh_share outside [0, 1], unknown or no kinds.
     """
@@ -262,7 +294,9 @@ def reading_chats(n: int, seed: int, *, zh_share: float = 0.5, kinds: Sequence[s
     out = []
     for _ in range(n):
         lang = "zh" if rng.random() < zh_share else "en"
-        out.append(_MAKERS[rng.choice(list(kinds))](rng, lang, pieces))
+        kind = rng.choice(list(kinds))
+        made = _MAKERS[kind](rng, lang, pieces)
+        out.append(made if kind in _WITH_TOOLS else (made, []))
     return out
 
 

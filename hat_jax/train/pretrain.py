@@ -42,6 +42,10 @@ renames the folder to its final name (atomic on POSIX), so the final folder only
 on `base-<hash12>.lock` serialises concurrent callers: the second waits and finds the finished base (a killed
 holder releases the lock; the next caller resumes its partial folder).
 
+Curriculum (`init`): a base may continue another base (a `PretrainConfig`, whose cached base is built first on
+a miss): its parameters are loaded from that base's last step, with a fresh optimizer and schedule, and its
+digest covers the whole chain. The two must share the model and the tokenizer's key.
+
 Recall probe: `hat_jax.train.recall_probe`, measured on the finished base, written to base_report.json.
 """
 
@@ -69,6 +73,7 @@ from hat_jax.data.reading import answer_mask
 from hat_jax.data.reading import check_kinds as check_reading_kinds
 from hat_jax.data.packing import PackedBatches, fit_document, pack_documents, refuse_packed_state
 from hat_jax.data.world_data import WorldDataConfig, cache_root
+from hat_jax.model.checkpoint_io import load_model_checkpoint
 from hat_jax.model.config import get_config
 from hat_jax.model.params import COMPUTE_DTYPES, INIT_SCHEME, init_params
 from hat_jax.train.checkpoints import config_hash
@@ -111,6 +116,8 @@ class PretrainConfig:
       probe_items: recall-probe prompts, and reading-gauge rows per family, measured at the end (0 = skip).
       log_every, ckpt_every, max_to_keep: metrics / checkpoint intervals (steps) and checkpoints kept.
       seed: init, data order and corpus seed.
+      init: None (parameters from `init_params`) or the PretrainConfig of a base to continue (module docstring,
+        "Curriculum"): same model and tokenizer key, parameters from its last step, a fresh optimizer.
     """
 
     preset: str = "micro"
@@ -137,6 +144,7 @@ class PretrainConfig:
     ckpt_every: int = 25
     max_to_keep: int = 2
     seed: int = 0
+    init: PretrainConfig | None = None
 
     def __post_init__(self):
         minimum = {"tokenizer_texts": 0, "n_chats": 1, "seq_len": 2, "batch_size": 1, "accum_steps": 1, "steps": 1,
@@ -170,6 +178,15 @@ class PretrainConfig:
             raise ValueError(f"PretrainConfig.preset/model_overrides: {err}") from None
         check_mtp_coef("PretrainConfig", self.mtp_coef)
         check_mtp_model("PretrainConfig", self.mtp_coef, model_config)
+        if self.init is not None:
+            if not isinstance(self.init, PretrainConfig):
+                raise ValueError(f"PretrainConfig.init: expected a PretrainConfig (the base to continue) or None, "
+                                 f"got {type(self.init).__name__}")
+            for name in ("preset", "model_overrides", "world", "tokenizer_texts", "tokenizer_split"):
+                if getattr(self.init, name) != getattr(self, name):
+                    raise ValueError(f"PretrainConfig.init.{name} = {getattr(self.init, name)!r} differs from "
+                                     f"PretrainConfig.{name} = {getattr(self, name)!r}: a continued base keeps "
+                                     "the model and the tokenizer")
 
     def model_config(self):
         return get_config(self.preset, **dict(self.model_overrides))
@@ -180,7 +197,12 @@ class PretrainConfig:
         return self.steps
 
     def to_json(self) -> dict:
-        return config_json(self)
+        data = config_json(self)
+        if self.init is None:
+            del data["init"]  # a base that continues none keeps the name it had before `init` existed
+        else:
+            data["init"] = self.init.to_json()  # its schedule resolved, as it is hashed alone
+        return data
 
     def digest(self) -> str:
         """12 hex digits of the hash of the config's canonical JSON and the parameter-init scheme
@@ -354,8 +376,11 @@ def _base_tokenizer(config: PretrainConfig, out: Path):
     return tok
 
 
-def train_base(config: PretrainConfig, out_dir: str | Path, *, progress: bool = True) -> dict:
+def train_base(config: PretrainConfig, out_dir: str | Path, *, progress: bool = True,
+               cache_dir: str | Path | None = None) -> dict:
     """Trains (or resumes) the base in `out_dir`, measures the recall probe, writes `base_report.json`.
+
+    `config.init`'s base (a continued base) is found or built by `base_checkpoint(config.init, cache_dir=...)`.
 
     Returns:
         the report: {"config_hash", "steps", "resumed_from" (step or None), "loss_first" / "loss_final" (the
@@ -382,7 +407,10 @@ def train_base(config: PretrainConfig, out_dir: str | Path, *, progress: bool = 
         batches = pretraining_batches(chats, tokenizer, config)
     else:
         batches = PretrainBatches(chats, tokenizer, config.seq_len, config.batch_size, config.seed)
-    params = init_params(model_config, jax.random.key(config.seed)) if run.existing is None else None
+    params = None
+    if run.existing is None:
+        params = (init_params(model_config, jax.random.key(config.seed)) if config.init is None
+                  else _continued_params(config.init, cache_dir, progress=progress))
     t_train = time.perf_counter()
     state = run_masked_ce(run, config, model_config, params, batches, desc="pretrain", progress=progress)
     train_s = time.perf_counter() - t_train
@@ -439,6 +467,14 @@ def _finished(final: Path) -> bool:
     return True
 
 
+def _continued_params(init: PretrainConfig, cache_dir: str | Path | None, *, progress: bool) -> dict:
+    """The parameters of the last step of `init`'s base (`base_checkpoint`: built first on a miss)."""
+    path = base_checkpoint(init, cache_dir=cache_dir, progress=progress)
+    _, params = load_model_checkpoint(path)
+    log.info("continuing base %s (step %d)", path.name, init.steps)
+    return params
+
+
 def base_checkpoint(config: PretrainConfig, *, cache_dir: str | Path | None = None, progress: bool = True) -> Path:
     """The pretrained base of `config`: `<cache_dir>/base-<hash12>` (default cache_dir `<cache root>/bases`),
     trained on a miss (module docstring: partial folder, resume, atomic rename, lock).
@@ -460,7 +496,7 @@ def base_checkpoint(config: PretrainConfig, *, cache_dir: str | Path | None = No
             log.info("cached base %s (built by another process)", final)
             return final
         partial = final.with_name(final.name + ".partial")
-        train_base(config, partial, progress=progress)
+        train_base(config, partial, progress=progress, cache_dir=root)
         os.rename(partial, final)
     return final
 

@@ -164,8 +164,8 @@ def reading_exercise_figures(params, model_config, tokenizer, chats_per_kind: in
     out = {}
     for kind in kinds:
         rows = []  # (ids, [token indices of each answer])
-        for messages in reading_chats(chats_per_kind, seed, kinds=[kind]):
-            text = render_chat(messages)
+        for messages, tools in reading_chats(chats_per_kind, seed, kinds=[kind]):
+            text = render_chat(messages, tools)
             enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
             answers = [[t for t, (s, e) in enumerate(enc["offset_mapping"]) if s < b and e > a and t > 0]
                        for a, b in exercise_answer_spans(text, messages)]

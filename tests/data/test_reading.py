@@ -27,11 +27,12 @@ def answers(messages):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_answer_is_written_before_it(kind):
-    for messages in reading_chats(40, 3, kinds=[kind]):
+    for messages, tools in reading_chats(40, 3, kinds=[kind]):
         found = answers(messages)
         assert len(found) >= 2, messages  # several reading decisions per chat
+        assert bool(tools) == (kind == "tools")
         for i, answer in found:
-            before = "\n".join(str(m.get("content", "")) for m in messages[:i])
+            before = "\n".join([json.dumps(tools)] + [str(m.get("content", "")) for m in messages[:i]])
             assert answer and answer in before, (answer, before)
 
 
@@ -39,7 +40,7 @@ def test_every_answer_is_written_before_it(kind):
 def test_a_request_points_to_the_entry_it_answers(kind):
     """The entry listed under the answered name has the requested task's description (or the task of its gist)."""
     by_text = {t[k][lang].rstrip(".。"): t["desc"][lang] for t in TASKS for k in ("desc", "gist") for lang in ("en", "zh")}
-    for messages in reading_chats(40, 5, kinds=[kind]):
+    for messages, _ in reading_chats(40, 5, kinds=[kind]):
         listing = messages[0]["content"]
         for i, name in answers(messages):
             if messages[i].get("tool_calls") is None and kind == "call":
@@ -50,9 +51,32 @@ def test_a_request_points_to_the_entry_it_answers(kind):
             assert desc in line, (request, name, listing)
 
 
+def test_a_tools_chat_is_a_harness_surface_and_its_reasoning_names_the_matched_description():
+    """The called tool's definition (the template's tool dicts) carries the requested task's description, which
+    the call's reasoning quotes; when the system message lists the tools, it lists the same ones in order."""
+    by_text = {t[k][lang].rstrip(".。"): t for t in TASKS for k in ("desc", "gist") for lang in ("en", "zh")}
+    listed = 0
+    for messages, tools in reading_chats(40, 11, kinds=["tools"]):
+        desc_of = {t["function"]["name"]: t["function"]["description"] for t in tools}
+        system = messages[0]["content"]
+        if len(system.splitlines()) > 1:
+            listed += 1
+            assert [n for n in desc_of if n in system] == list(desc_of)
+            assert all(d in system for d in desc_of.values())
+        for i, name in answers(messages):
+            if messages[i].get("tool_calls") is None:
+                continue  # the reply that copies the tool result
+            request = messages[i - 1]["content"]
+            task = next(by_text[text] for text in sorted(by_text, key=len, reverse=True) if text in request)
+            assert desc_of[name] in (task["desc"]["en"], task["desc"]["zh"])
+            assert desc_of[name] in messages[i]["reasoning_content"]
+            assert render_chat(messages, tools).count(f"<function={name}>") >= 1
+    assert 5 < listed < 35  # about half list them again
+
+
 def test_a_label_request_is_its_listed_label_verbatim():
     gists = {t["gist"][lang] for t in TASKS for lang in ("en", "zh")}
-    for messages in reading_chats(40, 9, kinds=["label"]):
+    for messages, _ in reading_chats(40, 9, kinds=["label"]):
         listing = messages[0]["content"]
         for i, name in answers(messages):
             if messages[i].get("tool_calls"):
@@ -62,9 +86,9 @@ def test_a_label_request_is_its_listed_label_verbatim():
                 assert re.search(rf'(^|[ "=]){re.escape(name)}($|[ "<])', line), (label, name, listing)
 
 
-@pytest.mark.parametrize("kind", ["call", "label"])
+@pytest.mark.parametrize("kind", ["call", "label", "tools"])
 def test_call_replies_copy_the_tool_result(kind):
-    for messages in reading_chats(20, 7, kinds=[kind]):
+    for messages, _ in reading_chats(20, 7, kinds=[kind]):
         for i, m in enumerate(messages):
             if m["role"] == "tool":
                 assert messages[i + 1]["content"] in json.loads(m["content"]).values()
@@ -78,18 +102,18 @@ def test_deterministic_every_style_and_renderable():
     assert any("." in n for n in names) and any(n[:1].isupper() for n in names) and any("-" in n for n in names)
     assert set(NAME_STYLES) == {"snake", "camel", "kebab", "dotted", "pascal"}
     assert "price" in pieces and "get" in pieces and len(set(pieces)) == len(pieces)
-    for messages in a:
-        text = render_chat(messages)
+    for messages, tools in a:
+        text = render_chat(messages, tools)
         assert text.startswith("<|im_start|>") and text.count("<|im_start|>assistant") == len(answers(messages))
 
 
 def test_reading_share_adds_exercises_after_the_same_other_chats():
     mixed = pretraining_chats(40, 0, reading_share=0.25)
     assert len(mixed) == 40 and mixed[:30] == pretraining_chats(30, 0)
-    assert [(m, []) for m in reading_chats(10, 0)] == mixed[30:]
+    assert reading_chats(10, 0) == mixed[30:]
     assert pretraining_chats(40, 0, reading_share=0.0) == pretraining_chats(40, 0)
     only = pretraining_chats(40, 0, reading_share=0.25, reading_kinds=("label",))
-    assert only[:30] == mixed[:30] and [(m, []) for m in reading_chats(10, 0, kinds=("label",))] == only[30:]
+    assert only[:30] == mixed[:30] and reading_chats(10, 0, kinds=("label",)) == only[30:]
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -115,8 +139,8 @@ def test_answer_mask_covers_the_assistant_turns_through_their_end_marker():
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_exercise_answer_spans_are_the_answers_in_their_turns(kind):
-    for messages in reading_chats(10, 4, kinds=[kind]):
-        text = render_chat(messages)
+    for messages, tools in reading_chats(10, 4, kinds=[kind]):
+        text = render_chat(messages, tools)
         spans = exercise_answer_spans(text, messages)
         assert [text[a:b] for a, b in spans] == [answer for _, answer in answers(messages)]
         turns = [i for i in range(len(text)) if text.startswith("<|im_start|>assistant", i)]

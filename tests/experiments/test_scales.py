@@ -20,7 +20,7 @@ def _section(scale, path):
 
 
 def test_every_config_file_is_a_scale_with_its_command():
-    assert SCALES == ("micro", "qwen3_6_35b_a3b", "tiny")
+    assert SCALES == ("micro", "qwen3_6_35b_a3b", "small", "tiny")
     for name in SCALES:
         scale = get_scale(name)
         assert isinstance(scale, Scale) and scale.name == name
@@ -30,7 +30,7 @@ def test_every_config_file_is_a_scale_with_its_command():
         assert f"--preset {name}" in module.__doc__ and "python " in module.__doc__, name  # the command that runs it
 
 
-@pytest.mark.parametrize("name", ["micro", "tiny"])
+@pytest.mark.parametrize("name", ["micro", "tiny", "small"])
 def test_stage_clis_read_the_sections_run_py_uses(name):
     scale = get_scale(name)
     for path in SECTIONS:
@@ -45,7 +45,7 @@ def test_schedules_end_at_the_stage_steps():
                 assert config.optim.total_steps is None and config.to_json()["optim"]["total_steps"] == config.updates
 
 
-@pytest.mark.parametrize("name", ["micro", "tiny"])
+@pytest.mark.parametrize("name", ["micro", "tiny", "small"])
 def test_the_base_shares_the_sft_model_and_tokenizer(name):
     scale = get_scale(name)
     base, sft = scale.base.pretrain, scale.sft
@@ -76,3 +76,12 @@ def test_a_config_file_by_path_and_bad_ones(tmp_path: Path):
         get_scale(str(tmp_path / "missing.py"))
     with pytest.raises(ValueError, match=r"preset 'micro': its config has no section 'ppo'"):
         stage_section("micro", "ppo")
+
+
+def test_small_is_tiny_with_a_reading_base_and_longer_sft():
+    tiny, small = get_scale("tiny"), get_scale("small")
+    base = small.base.pretrain
+    assert (base.steps, base.reading_share, base.reading_kinds) == (1200, 0.8, ("label", "lookup", "copy", "call"))
+    assert base.model_config() == tiny.base.pretrain.model_config() and base.digest() != tiny.base.pretrain.digest()
+    assert small.sft.steps == 400 and small.sft.data == tiny.sft.data
+    assert (small.rl, small.opd, small.eval) == (tiny.rl, tiny.opd, tiny.eval)

@@ -172,13 +172,28 @@ def test_config_hash_and_bad_fields(monkeypatch):
         extra = {"accum_steps": 2} if field == "batch_size" else {}
         with pytest.raises(ValueError, match=message):
             PretrainConfig(**{field: value, **extra})
-    with pytest.raises(ValueError, match=r"unknown preset 'small'; valid presets: micro, qwen3_6_35b_a3b, tiny"):
-        stage_section("small", "base.pretrain")
+    with pytest.raises(ValueError, match=r"unknown preset 'smal' \(did you mean 'small'\?\); valid presets: micro, "
+                                         r"qwen3_6_35b_a3b, small, tiny"):
+        stage_section("smal", "base.pretrain")
     with pytest.raises(ValueError, match=r"preset 'qwen3_6_35b_a3b' has no base.pretrain config to run"):
         stage_section("qwen3_6_35b_a3b", "base.pretrain")
     with pytest.raises(ValueError,
                        match=r"unknown field 'seqlen' of PretrainConfig \(did you mean 'seq_len'\?\); valid: .*seq_len"):
         apply_overrides(micro, ["seqlen=3"])
+
+
+def test_a_continued_base_names_its_init_and_keeps_the_model_and_tokenizer():
+    micro = micro_base()
+    assert "init" not in micro.to_json()  # bases that continue none keep their names
+    more = dataclasses.replace(micro, init=micro, steps=2)
+    assert more.to_json()["init"] == micro.to_json() and more.digest() != micro.digest()
+    assert dataclasses.replace(more, init=dataclasses.replace(micro, seed=1)).digest() != more.digest()
+    with pytest.raises(ValueError, match=r"PretrainConfig.init.tokenizer_texts = 3 differs from "
+                                         r"PretrainConfig.tokenizer_texts = 200: a continued base keeps"):
+        dataclasses.replace(micro, init=dataclasses.replace(micro, tokenizer_texts=3))
+    with pytest.raises(ValueError, match=r"PretrainConfig.init: expected a PretrainConfig \(the base to continue\) "
+                                         r"or None, got str"):
+        dataclasses.replace(micro, init="runs/base")
 
 
 # ---------------------------------------------------------------------------------------------- end to end
@@ -219,6 +234,29 @@ def test_base_layout_report_and_cache(base, monkeypatch):
     assert base_checkpoint(micro_base(), cache_dir=base.parent) == base
 
 
+def test_a_continued_base_builds_its_init_first_and_starts_from_its_last_step(cache, tmp_path, monkeypatch):
+    first = dataclasses.replace(micro_base(), steps=2, ckpt_every=2)
+    second = dataclasses.replace(first, init=first, steps=2, reading_share=0.5, reading_kinds=("tools",))
+    started = []
+    run_masked_ce = pretrain.run_masked_ce
+
+    def spy(run, config, model_config, params, *args, **kwargs):
+        started.append((config.digest(), jax.tree.map(np.array, params)))  # copied: the train step donates them
+        return run_masked_ce(run, config, model_config, params, *args, **kwargs)
+
+    monkeypatch.setattr(pretrain, "run_masked_ce", spy)
+    path = base_checkpoint(second, cache_dir=tmp_path, progress=False)
+    init_path = tmp_path / f"base-{first.digest()}"
+    assert path.name == f"base-{second.digest()}" and (init_path / "base_report.json").is_file()
+    assert [d for d, _ in started] == [first.digest(), second.digest()]
+    _, init_params = load_model_checkpoint(init_path)
+    for (where, a), (_, b) in zip(jax.tree_util.tree_leaves_with_path(started[1][1]),
+                                  jax.tree_util.tree_leaves_with_path(init_params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=str(where))
+    report = json.loads((path / "base_report.json").read_text())
+    assert report["steps"] == 2 and report["reading"]["kinds"].keys() == {"tools"}
+
+
 def test_reading_exercise_figures_equal_one_chat_at_a_time(base):
     """Batched, padded scoring equals an unpadded forward per chat, answer by answer."""
     from hat_jax.data.corpus import render_chat
@@ -233,8 +271,8 @@ def test_reading_exercise_figures_equal_one_chat_at_a_time(base):
     model = Qwen3_5MoeForCausalLM(config)
     for kind in ("lookup", "label"):
         exact, first, right, total = [], [], 0, 0
-        for messages in reading_chats(3, 5, kinds=[kind]):
-            text = render_chat(messages)
+        for messages, tools in reading_chats(3, 5, kinds=[kind]):
+            text = render_chat(messages, tools)
             enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
             ids = jnp.asarray([enc["input_ids"]])
             guess = np.asarray(jnp.argmax(model.apply({"params": params}, ids).logits[0], axis=-1))
