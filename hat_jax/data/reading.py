@@ -215,14 +215,20 @@ def _call_chat(rng, lang, pieces, *, by_label: bool = False) -> list[dict]:
         field = random_name(rng, pieces, hsa_vocab.TRAIN_ARG_STYLES)
         value = random_value(rng, pieces)
         request = task["gist"][lang] if by_label else _request(rng, task, lang)
-        messages += [
-            {"role": "user", "content": request},
-            {"role": "assistant", "content": "",
-             "tool_calls": [{"type": "function", "function": {"name": name, "arguments": {}}}]},
-            {"role": "tool", "name": name, "content": json.dumps({field: value}, ensure_ascii=False)},
-            {"role": "assistant", "content": value},
-        ]
+        messages += _call_turns(request, name, field, value)
     return messages
+
+
+def _call_turns(request: str, name: str, field: str, value: str, reasoning: str | None = None) -> list[dict]:
+    """A request, the assistant's call of `name` (with its reasoning), the tool's record {field: value} and the
+    reply that copies the value."""
+    call = {"role": "assistant", "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": name, "arguments": {}}}]}
+    if reasoning is not None:
+        call["reasoning_content"] = reasoning
+    return [{"role": "user", "content": request}, call,
+            {"role": "tool", "name": name, "content": json.dumps({field: value}, ensure_ascii=False)},
+            {"role": "assistant", "content": value}]
 
 
 def _label_chat(rng, lang, pieces) -> list[dict]:
@@ -243,13 +249,7 @@ def _tools_chat(rng, lang, pieces) -> tuple[list[dict], list[dict]]:
         gist, desc = task["gist"][lang], task["desc"][lang]
         think = (f'The user asks for {gist}. The tool described as "{desc}" fits.' if lang == "en"
                  else f"用户想知道:{gist}。描述为「{desc}」的工具正合适。")
-        messages += [
-            {"role": "user", "content": _request(rng, task, lang)},
-            {"role": "assistant", "content": "", "reasoning_content": think,
-             "tool_calls": [{"type": "function", "function": {"name": name, "arguments": {}}}]},
-            {"role": "tool", "name": name, "content": json.dumps({field: value}, ensure_ascii=False)},
-            {"role": "assistant", "content": value},
-        ]
+        messages += _call_turns(_request(rng, task, lang), name, field, value, think)
     return messages, tools
 
 
