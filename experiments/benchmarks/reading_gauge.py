@@ -97,7 +97,7 @@ def run(args, tokenizer, config, params):
 
     train = tuple(args.train.split(","))
     rng = random.Random(args.seed)
-    evals = {f: gauge_batch(tokenizer, random.Random(10_000 + i), f, args.eval_rows, args.width)
+    evals = {f: gauge_batch(tokenizer, random.Random(10_000 + i), f, args.eval_rows, args.width, order=args.order)
              for i, f in enumerate(FAMILIES)}
 
     def score():
@@ -115,7 +115,7 @@ def run(args, tokenizer, config, params):
             yield {"step": i, "loss": loss, "seconds": round(time.perf_counter() - start, 1), "exact": score()}
         if i == args.steps:
             break
-        batch = gauge_batch(tokenizer, rng, train, args.batch, args.width)
+        batch = gauge_batch(tokenizer, rng, train, args.batch, args.width, order=args.order)
         params, opt_state, loss = step(params, opt_state, {k: jnp.asarray(v) for k, v in batch.items()})
         loss = float(loss)
 
@@ -140,8 +140,12 @@ def plot(curve: list[dict], title: str, path: str) -> None:
 
 
 def main(argv=None) -> int:
+    from hat_jax.data.reading_gauge import FAMILIES, ORDERS
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--train", default="renamed", help="training families: fixed, renamed, heldout or a comma list")
+    p.add_argument("--order", default="label_first", choices=ORDERS,
+                   help="list entries as '- label: name' (the probe's form) or '- name: label' (a harness's form)")
     p.add_argument("--steps", type=positive_int, default=800)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--batch", type=positive_int, default=32)
@@ -156,8 +160,6 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="write the curve to this file")
     p.add_argument("--plot", help="draw the curve into this PNG")
     args = p.parse_args(argv)
-    from hat_jax.data.reading_gauge import FAMILIES
-
     bad = [f for f in args.train.split(",") if f not in FAMILIES]
     if bad:
         p.error(f"--train {args.train!r}: {bad} not among {FAMILIES}")
@@ -166,7 +168,8 @@ def main(argv=None) -> int:
 
     tokenizer, config, params = tokenizer_and_params(args)
     source = args.init or f"fresh {args.preset}"
-    print(f"reading gauge: {source}, train {args.train}, {args.steps} steps, batch {args.batch} x {args.width}, "
+    print(f"reading gauge: {source}, train {args.train}, order {args.order}, {args.steps} steps, "
+          f"batch {args.batch} x {args.width}, "
           f"lr {args.lr}, load {loadavg()}", flush=True)
     curve = []
     for point in run(args, tokenizer, config, params):
@@ -176,7 +179,7 @@ def main(argv=None) -> int:
               flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"source": source, "train": args.train, "steps": args.steps, "batch": args.batch,
+            json.dump({"source": source, "train": args.train, "order": args.order, "steps": args.steps, "batch": args.batch,
                        "width": args.width, "lr": args.lr, "load": loadavg(), "curve": curve}, f, indent=1)
     if args.plot:
         plot(curve, f"reading gauge: {source}, train {args.train}", args.plot)

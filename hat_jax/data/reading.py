@@ -324,6 +324,31 @@ def answer_mask(text: str, offsets: Sequence[tuple[int, int]]) -> np.ndarray:
     return mask
 
 
+ANSWER_ORDERS: tuple[str, ...] = ("desc_first", "name_first")
+
+
+def answer_order(messages: Sequence[dict], tools: Sequence[dict], answer: str) -> str | None:
+    """Where a listed name stands beside the description its request matches, in what the chat shows:
+
+    - "desc_first": the system message lists it as `- description: name` (the match comes first: copying what
+      follows it finds the name, as in the reading gauge's default order);
+    - "name_first": the name comes first (`name - description`, `<tool name="name">description</tool>`, or only the
+      chat template's tool block), the order of a harness's tool block and skill list;
+    - None: `answer` is not a listed name (a looked-up value, a copied string, a reply).
+
+    Args:
+        messages, tools: one chat of `reading_chats`. answer: one of its answers (`exercise_answer_spans`).
+    """
+    system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
+    lines = system.splitlines()
+    if any(line.endswith(f": {answer}") for line in lines):
+        return "desc_first"
+    listed = any(line.startswith(f"{answer} - ") or f'<tool name="{answer}">' in line for line in lines)
+    if listed or any(t["function"]["name"] == answer for t in tools):
+        return "name_first"
+    return None
+
+
 def exercise_answer_spans(text: str, messages: Sequence[dict]) -> list[tuple[int, int]]:
     """[(start, end)] character spans of each assistant turn's answer in the rendered chat `text`: the called
     tool's name, or the turn's content (`hat_jax.data.reading`'s chats), in the order of the assistant turns.

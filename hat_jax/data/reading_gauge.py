@@ -26,6 +26,10 @@ from hat_jax.harness.hsa_vocab import HELDOUT_TOOL_STYLES, TRAIN_TOOL_STYLES, sa
 from hat_jax.tokenizer import chat_encoding
 
 FAMILIES = ("fixed", "renamed", "heldout")
+# how a list entry is written: "- label: name" (the answer follows what the request matches, as in the token-id
+# probe) or "- name: label" (the answer precedes it, as in a harness: a tool's or skill's name comes before its
+# description in the chat template's tool block and in every system-prompt layout)
+ORDERS = ("label_first", "name_first")
 # world tool -> the viewer-facing label the list and the request use
 INTENT_LABELS: dict[str, str] = {
     "search_products": "搜索商品",
@@ -61,19 +65,24 @@ def tool_names(intents: Sequence[str], family: str, rng: random.Random) -> dict[
     return out
 
 
-def gauge_messages(rng: random.Random, family: str, n_tools: int = 5) -> tuple[list[dict], str]:
+def gauge_messages(rng: random.Random, family: str, n_tools: int = 5,
+                   order: str = "label_first") -> tuple[list[dict], str]:
     """(OpenAI-format messages of one row, the name the assistant calls): `n_tools` of the world's intents in a
-    random order with their names, the request naming one of them, the assistant's call.
+    random order with their names (each entry written as `order` says, see ORDERS), the request naming one of
+    them, the assistant's call.
 
     Raises:
-        ValueError: an unknown family; n_tools outside 1..len(INTENT_LABELS).
+        ValueError: an unknown family or order; n_tools outside 1..len(INTENT_LABELS).
     """
     if not 1 <= n_tools <= len(INTENT_LABELS):
         raise ValueError(f"reading gauge n_tools={n_tools}: expected 1..{len(INTENT_LABELS)}")
+    if order not in ORDERS:
+        raise ValueError(f"reading gauge order {order!r}: expected one of {ORDERS}")
     intents = rng.sample(sorted(INTENT_LABELS), n_tools)
     names = tool_names(intents, family, rng)
     asked = rng.choice(intents)
-    listing = "\n".join(f"- {INTENT_LABELS[i]}: {names[i]}" for i in intents)
+    pairs = [(INTENT_LABELS[i], names[i]) if order == "label_first" else (names[i], INTENT_LABELS[i]) for i in intents]
+    listing = "\n".join(f"- {a}: {b}" for a, b in pairs)
     messages = [{"role": "system", "content": f"工具列表：\n{listing}\n按用户的需求调用对应的工具。"},
                 {"role": "user", "content": INTENT_LABELS[asked]},
                 {"role": "assistant", "content": "",
@@ -101,7 +110,7 @@ def encode_row(tokenizer, messages: list[dict], name: str) -> tuple[np.ndarray, 
 
 
 def gauge_batch(tokenizer, rng: random.Random, family: str | Sequence[str], batch: int, width: int,
-                n_tools: int = 5) -> dict[str, np.ndarray]:
+                n_tools: int = 5, order: str = "label_first") -> dict[str, np.ndarray]:
     """`batch` right-padded rows of `width` tokens: {input_ids, attention_mask, loss_mask, name_mask} [batch, width]
     int32. `family` may be a sequence: each row draws its family from it (a mixed training batch).
 
@@ -112,7 +121,7 @@ def gauge_batch(tokenizer, rng: random.Random, family: str | Sequence[str], batc
     out = {k: np.zeros((batch, width), np.int32) for k in ("input_ids", "attention_mask", "loss_mask", "name_mask")}
     out["input_ids"][:] = tokenizer.pad_token_id
     for r in range(batch):
-        ids, loss, named = encode_row(tokenizer, *gauge_messages(rng, rng.choice(families), n_tools))
+        ids, loss, named = encode_row(tokenizer, *gauge_messages(rng, rng.choice(families), n_tools, order))
         if len(ids) > width:
             raise ValueError(f"reading gauge row of {len(ids)} tokens > width {width}: raise --width")
         n = len(ids)

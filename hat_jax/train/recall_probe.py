@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hat_jax.data.corpus import recall_probe, render_chat
-from hat_jax.data.reading import exercise_answer_spans, reading_chats
+from hat_jax.data.reading import ANSWER_ORDERS, answer_order, exercise_answer_spans, reading_chats
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.rollout.logprobs import token_logprobs
 
@@ -156,28 +156,36 @@ def reading_exercise_figures(params, model_config, tokenizer, chats_per_kind: in
         (0 = skip). kinds: kinds of `hat_jax.data.reading.KINDS`. batch_size: chats per forward.
     Returns:
         {"chats_per_kind", "kinds": {kind: {"answers": count, "exact": share of answers whose every token is the
-        argmax, "first_token": share whose first token is, "token_acc": share of answer tokens}}}.
+        argmax, "first_token": share whose first token is, "token_acc": share of answer tokens, and for kinds
+        whose answers are listed names, "by_order": {order: {"answers", "exact", "first_token"}} split by where
+        the name stands beside its description (`hat_jax.data.reading.answer_order`)}}}.
     """
     if chats_per_kind == 0:
         return {"chats_per_kind": 0, "kinds": {}}
     pad = int(tokenizer.pad_token_id or 0)
     out = {}
     for kind in kinds:
-        rows = []  # (ids, [token indices of each answer])
+        rows = []  # (ids, [(token indices of an answer, its answer_order)])
         for messages, tools in reading_chats(chats_per_kind, seed, kinds=[kind]):
             text = render_chat(messages, tools)
             enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-            answers = [[t for t, (s, e) in enumerate(enc["offset_mapping"]) if s < b and e > a and t > 0]
-                       for a, b in exercise_answer_spans(text, messages)]
-            rows.append((enc["input_ids"], [a for a in answers if a]))
-        exact, first, right, total = [], [], 0, 0
+            answers = [([t for t, (s, e) in enumerate(enc["offset_mapping"]) if s < b and e > a and t > 0],
+                        answer_order(messages, tools, text[a:b])) for a, b in exercise_answer_spans(text, messages)]
+            rows.append((enc["input_ids"], [(a, order) for a, order in answers if a]))
+        exact, first, orders, right, total = [], [], [], 0, 0
         scored = teacher_forced(params, model_config, [ids for ids, _ in rows], pad, batch_size=batch_size,
                                 dtype=dtype)
         for (_, answers), (hit, _) in zip(rows, scored):
-            for tokens in answers:
+            for tokens, order in answers:
                 exact.append(bool(hit[tokens].all()))
                 first.append(bool(hit[tokens[0]]))
+                orders.append(order)
                 right, total = right + int(hit[tokens].sum()), total + len(tokens)
         out[kind] = {"answers": len(exact), "exact": float(np.mean(exact)), "first_token": float(np.mean(first)),
                      "token_acc": right / total}
+        by_order = {o: [i for i, got in enumerate(orders) if got == o] for o in ANSWER_ORDERS}
+        if any(by_order.values()):
+            out[kind]["by_order"] = {o: {"answers": len(ix), "exact": float(np.mean([exact[i] for i in ix])),
+                                         "first_token": float(np.mean([first[i] for i in ix]))}
+                                     for o, ix in by_order.items() if ix}
     return {"chats_per_kind": chats_per_kind, "kinds": out}

@@ -11,8 +11,8 @@ import pytest
 from hat_jax.data.corpus import pretraining_chats, render_chat
 import numpy as np
 
-from hat_jax.data.reading import (KINDS, NAME_STYLES, TASKS, answer_mask, exercise_answer_spans, name_pieces,
-                               random_name, reading_chats)
+from hat_jax.data.reading import (KINDS, NAME_STYLES, TASKS, answer_mask, answer_order, exercise_answer_spans,
+                               name_pieces, random_name, reading_chats)
 
 
 def answers(messages):
@@ -146,3 +146,30 @@ def test_exercise_answer_spans_are_the_answers_in_their_turns(kind):
         turns = [i for i in range(len(text)) if text.startswith("<|im_start|>assistant", i)]
         assert all(t < a for t, (a, _) in zip(turns, spans))  # each inside its own turn, in order
         assert all(a >= turns[k] and (k + 1 == len(turns) or b <= turns[k + 1]) for k, (a, b) in enumerate(spans))
+
+
+def test_answer_order_says_whether_the_listed_name_comes_before_its_description():
+    """Checked against where the name stands on its listing line (found as a whole word, as above): at the line's
+    end after a description -> desc_first, at its start -> name_first; names only in the tools block are
+    name_first; answers that are not listed names are None."""
+    seen = set()
+    for kind in KINDS:
+        for messages, tools in reading_chats(30, 8, kinds=[kind]):
+            system = messages[0]["content"] if messages[0]["role"] == "system" else ""
+            for i, answer in answers(messages):
+                order = answer_order(messages, tools, answer)
+                seen.add((kind, order))
+                if kind in ("lookup", "record", "copy") or (kind != "select" and not messages[i].get("tool_calls")):
+                    assert order is None, (kind, answer)
+                    continue
+                found = [(m, line) for line in system.splitlines()[1:]
+                         if (m := re.search(rf'(^|[ "=]){re.escape(answer)}($|[ "<])', line))]
+                if not found:
+                    assert kind == "tools" and order == "name_first", (answer, system)
+                    continue
+                (m, line), = found
+                at_end, at_start = m.end() == len(line), m.start() == 0 or line.startswith(f'<tool name="{answer}"')
+                assert at_end != at_start, line
+                assert order == ("desc_first" if at_end else "name_first"), (line, answer, order)
+    for kind in ("select", "call", "label", "tools"):
+        assert {(kind, "desc_first"), (kind, "name_first")} <= seen, kind

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hat_jax.data.reading_gauge import (FAMILIES, INTENT_LABELS, encode_row, exact_names, gauge_batch, gauge_messages,
-                                        tool_names)
+from hat_jax.data.reading_gauge import (FAMILIES, INTENT_LABELS, ORDERS, encode_row, exact_names, gauge_batch,
+                                        gauge_messages, tool_names)
 from hat_jax.harness.hsa_vocab import (HELDOUT_TOOL_STYLES, TRAIN_TOOL_STYLES, name_style, parse_tool_name,
                                        reserved_combo)
 from hat_jax.tokenizer import train_bpe_tokenizer
@@ -55,6 +55,15 @@ def test_the_row_masks_the_assistant_turn_and_the_called_name(tokenizer):
         assert not np.any(named & (1 - loss))  # the name tokens are inside the assistant turn
 
 
+def test_the_order_puts_the_name_before_or_after_its_label():
+    for order, entry in (("label_first", "- {label}: {name}\n"), ("name_first", "- {name}: {label}\n")):
+        messages, name = gauge_messages(random.Random(5), "renamed", order=order)
+        label = messages[1]["content"]
+        assert entry.format(label=label, name=name) in messages[0]["content"] + "\n", order
+    same = [gauge_messages(random.Random(5), "renamed", order=o)[1] for o in ORDERS]
+    assert same[0] == same[1]  # the order changes the layout only, not the draw
+
+
 def test_exact_names_needs_every_name_token():
     ids = np.array([[5, 6, 7, 8], [5, 6, 7, 8]])
     mask = np.array([[0, 0, 1, 1], [0, 0, 1, 1]])
@@ -68,6 +77,8 @@ def test_bad_input_is_named(tokenizer):
         tool_names(["get_price"], "other", random.Random(0))
     with pytest.raises(ValueError, match="n_tools=9"):
         gauge_messages(random.Random(0), "fixed", n_tools=9)
+    with pytest.raises(ValueError, match="order 'json'"):
+        gauge_messages(random.Random(0), "fixed", order="json")
     with pytest.raises(ValueError, match="> width 8"):
         gauge_batch(tokenizer, random.Random(0), "fixed", 2, 8)
 

@@ -260,7 +260,7 @@ def test_a_continued_base_builds_its_init_first_and_starts_from_its_last_step(ca
 def test_reading_exercise_figures_equal_one_chat_at_a_time(base):
     """Batched, padded scoring equals an unpadded forward per chat, answer by answer."""
     from hat_jax.data.corpus import render_chat
-    from hat_jax.data.reading import exercise_answer_spans, reading_chats
+    from hat_jax.data.reading import answer_order, exercise_answer_spans, reading_chats
     from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
     from hat_jax.tokenizer import load_tokenizer
     from hat_jax.train.recall_probe import reading_exercise_figures
@@ -270,7 +270,7 @@ def test_reading_exercise_figures_equal_one_chat_at_a_time(base):
     figures = reading_exercise_figures(params, config, tok, 3, ["lookup", "label"], seed=5, batch_size=2)
     model = Qwen3_5MoeForCausalLM(config)
     for kind in ("lookup", "label"):
-        exact, first, right, total = [], [], 0, 0
+        exact, first, right, total, split = [], [], 0, 0, {}
         for messages, tools in reading_chats(3, 5, kinds=[kind]):
             text = render_chat(messages, tools)
             enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -282,9 +282,15 @@ def test_reading_exercise_figures_equal_one_chat_at_a_time(base):
                 exact.append(all(hit))
                 first.append(hit[0])
                 right, total = right + sum(hit), total + len(hit)
+                if (order := answer_order(messages, tools, text[a:b])) is not None:
+                    split.setdefault(order, []).append((all(hit), hit[0]))
         got = figures["kinds"][kind]
         assert got["answers"] == len(exact) and got["exact"] == np.mean(exact)
         assert got["first_token"] == np.mean(first) and got["token_acc"] == right / total
+        assert got.get("by_order") == ({o: {"answers": len(v), "exact": np.mean([e for e, _ in v]),
+                                            "first_token": np.mean([f for _, f in v])} for o, v in split.items()}
+                                       if split else None)
+    assert "by_order" not in figures["kinds"]["lookup"] and figures["kinds"]["label"]["by_order"]
     assert reading_exercise_figures(params, config, tok, 0, ["lookup"]) == {"chats_per_kind": 0, "kinds": {}}
 
 
