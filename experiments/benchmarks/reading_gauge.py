@@ -140,10 +140,12 @@ def plot(curve: list[dict], title: str, path: str) -> None:
 
 
 def main(argv=None) -> int:
-    from hat_jax.data.reading_gauge import FAMILIES, ORDERS
+    from hat_jax.data.reading_gauge import ORDERS, TRAIN_FAMILIES
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--train", default="renamed", help="training families: fixed, renamed, heldout or a comma list")
+    p.add_argument("--train", default="renamed",
+                   help="training families: fixed, renamed, heldout, anystyle (every style, no reserved combination) "
+                        "or a comma list")
     p.add_argument("--order", default="label_first", choices=ORDERS,
                    help="list entries as '- label: name' (the probe's form) or '- name: label' (a harness's form)")
     p.add_argument("--steps", type=positive_int, default=800)
@@ -160,9 +162,9 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="write the curve to this file")
     p.add_argument("--plot", help="draw the curve into this PNG")
     args = p.parse_args(argv)
-    bad = [f for f in args.train.split(",") if f not in FAMILIES]
+    bad = [f for f in args.train.split(",") if f not in TRAIN_FAMILIES]
     if bad:
-        p.error(f"--train {args.train!r}: {bad} not among {FAMILIES}")
+        p.error(f"--train {args.train!r}: {bad} not among {TRAIN_FAMILIES}")
 
     from bench_util import loadavg
 

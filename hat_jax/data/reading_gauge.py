@@ -9,7 +9,11 @@ the format's overhead are part of what is measured. Names come in three families
 - "fixed": every intent always has its world name (`get_price`): a model can memorise them;
 - "renamed": names drawn fresh for every row from HSA's training families (`TRAIN_TOOL_STYLES`, combinations
   not reserved), so only reading the list gives the answer;
-- "heldout": HSA's held-out families (`HELDOUT_TOOL_STYLES`, reserved combinations), never trained on.
+- "heldout": HSA's held-out families (`HELDOUT_TOOL_STYLES`, reserved combinations), never trained on;
+- "anystyle" (a training family, not scored): every style, HSA's held-out ones included, on combinations that are
+  not reserved: the names a pretrained base has read, as the base's reading exercises write them
+  (`hat_jax.data.reading`). Training on it asks whether a model that has written the held-out styles copies
+  held-out names (reserved combinations) it never saw.
 
 The score of a row is exact: every token of the called name is the model's argmax under teacher forcing.
 The same construction as the harness-recall probe of ../shared/probes (token ids there, the chat format here).
@@ -25,7 +29,8 @@ import numpy as np
 from hat_jax.harness.hsa_vocab import HELDOUT_TOOL_STYLES, TRAIN_TOOL_STYLES, sample_tool_name
 from hat_jax.tokenizer import chat_encoding
 
-FAMILIES = ("fixed", "renamed", "heldout")
+FAMILIES = ("fixed", "renamed", "heldout")  # scored
+TRAIN_FAMILIES = (*FAMILIES, "anystyle")
 # how a list entry is written: "- label: name" (the answer follows what the request matches, as in the token-id
 # probe) or "- name: label" (the answer precedes it, as in a harness: a tool's or skill's name comes before its
 # description in the chat template's tool block and in every system-prompt layout)
@@ -49,14 +54,15 @@ def tool_names(intents: Sequence[str], family: str, rng: random.Random) -> dict[
     Raises:
         ValueError: an unknown family or intent.
     """
-    if family not in FAMILIES:
-        raise ValueError(f"reading gauge family {family!r}: expected one of {FAMILIES}")
+    if family not in TRAIN_FAMILIES:
+        raise ValueError(f"reading gauge family {family!r}: expected one of {TRAIN_FAMILIES}")
     unknown = [i for i in intents if i not in INTENT_LABELS]
     if unknown:
         raise ValueError(f"reading gauge intents {unknown}: expected world tools {sorted(INTENT_LABELS)}")
     if family == "fixed":
         return {i: i for i in intents}
-    styles, heldout = (HELDOUT_TOOL_STYLES, True) if family == "heldout" else (TRAIN_TOOL_STYLES, False)
+    styles, heldout = {"renamed": (TRAIN_TOOL_STYLES, False), "heldout": (HELDOUT_TOOL_STYLES, True),
+                       "anystyle": (TRAIN_TOOL_STYLES + HELDOUT_TOOL_STYLES, False)}[family]
     taken: set[str] = set()
     out = {}
     for intent in intents:

@@ -32,7 +32,8 @@ def test_each_family_draws_its_names():
     rng = random.Random(0)
     intents = sorted(INTENT_LABELS)
     assert tool_names(intents, "fixed", rng) == {i: i for i in intents}
-    for family, styles, reserved in (("renamed", TRAIN_TOOL_STYLES, False), ("heldout", HELDOUT_TOOL_STYLES, True)):
+    for family, styles, reserved in (("renamed", TRAIN_TOOL_STYLES, False), ("heldout", HELDOUT_TOOL_STYLES, True),
+                                     ("anystyle", TRAIN_TOOL_STYLES + HELDOUT_TOOL_STYLES, False)):
         for _ in range(20):
             names = tool_names(intents, family, rng)
             assert len(set(names.values())) == len(intents)
@@ -40,6 +41,12 @@ def test_each_family_draws_its_names():
                 assert name_style(name) in styles, (family, name)
                 prefix, verb, noun = parse_tool_name(name)
                 assert reserved_combo(verb, *noun) is reserved, (family, name)
+
+
+def test_anystyle_writes_the_heldout_styles_on_unreserved_combinations():
+    rng = random.Random(2)
+    drawn = [name_style(n) for _ in range(60) for n in tool_names(sorted(INTENT_LABELS), "anystyle", rng).values()]
+    assert set(drawn) == set(TRAIN_TOOL_STYLES + HELDOUT_TOOL_STYLES)
 
 
 def test_the_row_masks_the_assistant_turn_and_the_called_name(tokenizer):
