@@ -38,11 +38,22 @@ import time
 from hat_jax.cli_types import positive_int
 
 
+def model_setting(text: str) -> tuple[str, object]:
+    """'FIELD=JSON' -> (FIELD, value): a model config override of --model-set."""
+    field, sep, value = text.partition("=")
+    try:
+        if not sep or not field:
+            raise ValueError
+        return field, json.loads(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected FIELD=JSON, e.g. full_attention_interval=2") from None
+
+
 def tokenizer_and_params(args):
     """(tokenizer, model config, params): --init's checkpoint, or a fresh --preset model with the preset's BPE."""
     import jax
 
-    from hat_jax.model import init_params
+    from hat_jax.model import get_config, init_params
     from hat_jax.tokenizer import load_tokenizer
 
     if args.init:
@@ -58,7 +69,7 @@ def tokenizer_and_params(args):
     from hat_jax.train.stage import stage_section
 
     base = stage_section(args.preset, "base.pretrain")
-    config = base.model_config()
+    config = get_config(base.preset, **{**dict(base.model_overrides), **dict(args.model_set)})
     folder = bpe_tokenizer_dir(config.vocab_size, base.tokenizer_texts, base.world, split=args.tokenizer_split)
     return load_tokenizer(folder), config, init_params(config, jax.random.key(args.seed))
 
@@ -76,7 +87,7 @@ def run(args, tokenizer, config, params):
 
     model = Qwen3_5MoeForCausalLM(config)
     warmup = min(100, max(1, args.steps // 10))
-    schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, warmup, args.steps, args.lr * 0.1)
+    schedule = optax.warmup_cosine_decay_schedule(0.0, args.lr, warmup, max(args.steps, warmup + 1), args.lr * 0.1)
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
     opt_state = opt.init(params)
 
@@ -154,6 +165,8 @@ def main(argv=None) -> int:
     p.add_argument("--width", type=positive_int, default=160, help="tokens per row (rows are right-padded)")
     p.add_argument("--preset", default="tiny", help="pretraining preset whose model and tokenizer start fresh")
     p.add_argument("--init", help="start from this checkpoint (with its tokenizer/) instead")
+    p.add_argument("--model-set", action="append", type=model_setting, default=[], metavar="FIELD=JSON",
+                   help="a model config field of the fresh model, e.g. full_attention_interval=2 (repeatable)")
     p.add_argument("--tokenizer-split", default="qwen", choices=("qwen", "words"),
                    help="the fresh model's BPE pre-tokenizer split (hat_jax.tokenizer.SPLIT_PATTERNS)")
     p.add_argument("--eval-every", type=positive_int, default=100)
@@ -165,11 +178,13 @@ def main(argv=None) -> int:
     bad = [f for f in args.train.split(",") if f not in TRAIN_FAMILIES]
     if bad:
         p.error(f"--train {args.train!r}: {bad} not among {TRAIN_FAMILIES}")
+    if args.init and args.model_set:
+        p.error("--model-set changes a fresh model; --init loads its model from the checkpoint")
 
     from bench_util import loadavg
 
     tokenizer, config, params = tokenizer_and_params(args)
-    source = args.init or f"fresh {args.preset}"
+    source = args.init or f"fresh {args.preset}" + "".join(f", {k}={v}" for k, v in args.model_set)
     print(f"reading gauge: {source}, train {args.train}, order {args.order}, {args.steps} steps, "
           f"batch {args.batch} x {args.width}, "
           f"lr {args.lr}, load {loadavg()}", flush=True)
@@ -181,7 +196,8 @@ def main(argv=None) -> int:
               flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"source": source, "train": args.train, "order": args.order, "steps": args.steps, "batch": args.batch,
+            json.dump({"source": source, "layer_types": list(config.layer_types), "train": args.train,
+                       "order": args.order, "steps": args.steps, "batch": args.batch,
                        "width": args.width, "lr": args.lr, "load": loadavg(), "curve": curve}, f, indent=1)
     if args.plot:
         plot(curve, f"reading gauge: {source}, train {args.train}", args.plot)

@@ -94,14 +94,19 @@ def test_the_benchmark_prints_and_writes_its_curve(tmp_path):
     out = tmp_path / "curve.json"
     proc = subprocess.run([sys.executable, str(ROOT / "experiments/benchmarks/reading_gauge.py"), "--preset", "micro",
                            "--steps", "2", "--eval-every", "1", "--eval-rows", "8", "--batch", "4",
-                           "--train", "fixed,renamed", "--json", str(out)],
+                           "--train", "fixed,renamed", "--model-set", "full_attention_interval=1", "--json", str(out)],
                           capture_output=True, text=True, timeout=900, cwd=ROOT,
                           env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    curve = json.loads(out.read_text())["curve"]
+    written = json.loads(out.read_text())
+    assert written["layer_types"] and set(written["layer_types"]) == {"full_attention"}  # --model-set reached it
+    curve = written["curve"]
     assert [c["step"] for c in curve] == [0, 1, 2]
     assert all(set(c["exact"]) == set(FAMILIES) for c in curve)
     assert np.isfinite(curve[-1]["loss"]) and "step     2" in proc.stdout
     bad = subprocess.run([sys.executable, str(ROOT / "experiments/benchmarks/reading_gauge.py"), "--train", "fixd"],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert bad.returncode == 2 and "['fixd'] not among" in bad.stderr
+    bad = subprocess.run([sys.executable, str(ROOT / "experiments/benchmarks/reading_gauge.py"), "--model-set", "x"],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert bad.returncode == 2 and "'x': expected FIELD=JSON" in bad.stderr
