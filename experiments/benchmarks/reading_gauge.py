@@ -1,8 +1,12 @@
 """Can the model read a harness? The reading gauge (`hat_jax.data.reading_gauge`) trained and scored in the
 project's chat format and tokenizer. A script that prints figures (not a test).
 
-    .venv/bin/python experiments/benchmarks/reading_gauge.py [--train renamed] [--steps 800] [--lr 1e-3]
-        [--batch 32] [--preset tiny | --init CKPT] [--eval-every 100] [--eval-rows 256] [--json OUT] [--plot OUT.png]
+    .venv/bin/python experiments/benchmarks/reading_gauge.py [--train renamed] [--order label_first] [--steps 800]
+        [--lr 1e-3] [--batch 32] [--preset tiny [--model-set FIELD=JSON] | --init CKPT] [--eval-every 100]
+        [--eval-rows 256] [--json OUT] [--plot OUT.png]
+
+--order name_first lists "- name: label" (a harness's order), read about 3x slower; --train anystyle trains on
+names in every style; figures in docs/tuning.md ("What the gauge learns to copy").
 
 A row lists 5 of the world's 8 intents with the tool name of each, asks for one by its label, and the assistant
 turn calls that tool. The model (a fresh `--preset` model, or `--init` a checkpoint with its tokenizer/) trains
@@ -186,8 +190,7 @@ def main(argv=None) -> int:
     tokenizer, config, params = tokenizer_and_params(args)
     source = args.init or f"fresh {args.preset}" + "".join(f", {k}={v}" for k, v in args.model_set)
     print(f"reading gauge: {source}, train {args.train}, order {args.order}, {args.steps} steps, "
-          f"batch {args.batch} x {args.width}, "
-          f"lr {args.lr}, load {loadavg()}", flush=True)
+          f"batch {args.batch} x {args.width}, lr {args.lr}, load {loadavg()}", flush=True)
     curve = []
     for point in run(args, tokenizer, config, params):
         curve.append(point)
