@@ -1,5 +1,5 @@
-"""The expert-sorted layout of MoE assignments, built from gathers only (no scatters): `permute_rows`, a row
-permutation whose gradient is the inverse gather, and `sorted_assignments`, the tokens repeated once per chosen
+"""The expert-sorted layout of MoE assignments, built from gathers only (no scatters): `take_rows`, a one-to-one
+row map whose gradient is the inverse gather (`permute_rows`, the permutation case), and `sorted_assignments`, the tokens repeated once per chosen
 expert and ordered by expert id (the input layout of a grouped matmul), and `scan_row_chunks`, a row-wise function run over chunks of
 rows in a rematerialised scan (the token-chunked dispatch). Used by the token-local dispatch
 (`hat_jax.model.moe`) and by expert parallelism (`hat_jax.model.expert_parallel`).
@@ -7,36 +7,59 @@ rows in a rematerialised scan (the token-chunked dispatch). Used by the token-lo
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 
-@jax.custom_vjp
+def _take(x: jax.Array, idx: jax.Array, fill: bool) -> jax.Array:
+    return jnp.take(x, idx, axis=0, mode="fill", fill_value=0) if fill else x[idx]
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(3,))
+def take_rows(x: jax.Array, idx: jax.Array, inverse: jax.Array, fill: bool = True) -> jax.Array:
+    """x[idx] for a one-to-one map of rows, with zero rows where idx is out of range (idx[i] = len(x)),
+    whose gradient is the inverse gather g[inverse] (zero where inverse is out of range) instead of
+    autodiff's scatter-add. Both directions are gathers: XLA:CPU runs a row scatter as a serial loop (the
+    blocked MoE's fwd+bwd was ~5x slower with scatters, experiments/benchmarks/cpu_profile.py), and TPU
+    scatters of bf16 rows cost several [M, H] u32 buffers each (1 GiB per 131,072 x 2,048 rows, measured
+    in the AOT memory report).
+
+    Args:
+        x: [M, ...]. idx: [P] int32 in [0, M] (M = a zero row). inverse: [M] int32 in [0, P] with
+        inverse[idx[i]] = i for every i whose idx[i] < M, and inverse[j] = P for a row j that idx never names.
+        fill: False when every index of both maps is in range (a permutation: plain gathers, no bounds mask).
+    Returns:
+        [P, ...] x[idx], zero rows where idx[i] = M.
+    """
+    return _take(x, idx, fill)
+
+
+def _take_fwd(x, idx, inverse, fill):
+    return _take(x, idx, fill), (idx, inverse)
+
+
+def _take_bwd(fill, res, g):
+    idx, inverse = res
+    zero = lambda a: np.zeros(a.shape, jax.dtypes.float0)
+    return _take(g, inverse, fill), zero(idx), zero(inverse)
+
+
+take_rows.defvjp(_take_fwd, _take_bwd)
+
+
 def permute_rows(x: jax.Array, perm: jax.Array, inverse: jax.Array) -> jax.Array:
-    """x[perm] for a permutation `perm` of x's rows (`inverse` = argsort(perm)), whose gradient is the
-    inverse gather g[inverse] instead of autodiff's scatter-add (TPU scatters of bf16 rows cost several
-    [M, H] u32 buffers each: 1 GiB per 131,072 x 2,048 assignment rows, measured in the AOT memory report).
+    """x[perm] for a permutation `perm` of x's rows (`inverse` = argsort(perm)), gradient g[inverse]
+    (`take_rows` with every index in range).
 
     Args:
         x: [M, ...]. perm, inverse: [M] int32, inverse[perm[i]] = i.
     Returns:
         [M, ...] x[perm].
     """
-    return x[perm]
-
-
-def _permute_fwd(x, perm, inverse):
-    return x[perm], (perm, inverse)
-
-
-def _permute_bwd(res, g):
-    perm, inverse = res
-    zero = lambda a: np.zeros(a.shape, jax.dtypes.float0)
-    return g[inverse], zero(perm), zero(inverse)
-
-
-permute_rows.defvjp(_permute_fwd, _permute_bwd)
+    return take_rows(x, perm, inverse, False)
 
 
 def sorted_assignments(x: jax.Array, expert_ids: jax.Array):

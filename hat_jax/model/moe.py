@@ -39,7 +39,7 @@ import jax.numpy as jnp
 
 from hat_jax.model.config import Qwen3_5MoeTextConfig
 from hat_jax.model.expert_parallel import check_expert_axis, expert_parallel_ffn
-from hat_jax.model.expert_sort import scan_row_chunks, sorted_assignments
+from hat_jax.model.expert_sort import scan_row_chunks, sorted_assignments, take_rows
 from hat_jax.model.linear import Linear
 from hat_jax.model.router_stats import load_balancing_loss_from_stats, router_stats, router_z_loss_from_stats
 from hat_jax.model.sharding import active_mesh_shape, constrain, map_row_shards, param_with_axes, target_platform
@@ -76,8 +76,41 @@ def _block_size(num_assignments: int, num_experts: int) -> int:
     return bk
 
 
+def blocked_layout(expert_ids: jax.Array, num_experts: int):
+    """Where each (token, slot) assignment goes in the block-padded expert-sorted layout of `blocked_expert_ffn`.
+
+    Assignments are stably sorted by expert; each expert's group starts a new block of `bk` rows
+    (`_block_size`) and is padded up to a multiple of it, so every block holds one expert's rows.
+
+    Args:
+        expert_ids: [N, k] int32 in [0, E). num_experts: E.
+    Returns:
+        (bk, slot_of_assignment [N*k] int32 (row in the padded layout of assignment n*k + j),
+        assignment_of_slot [B*bk] int32 (its assignment, N*k for a padding row),
+        block_expert [B] int32 (the expert of each block; padding blocks at the end take E - 1)).
+    """
+    n, k = expert_ids.shape
+    m = n * k
+    bk = _block_size(m, num_experts)
+    num_blocks = -(-(m + num_experts * (bk - 1)) // bk)
+    flat = expert_ids.reshape(m)
+    order = jnp.argsort(flat, stable=True).astype(jnp.int32)                  # sorted position -> assignment
+    sorted_e = flat[order]
+    sizes = jnp.bincount(flat, length=num_experts)
+    starts = jnp.cumsum(sizes) - sizes
+    padded = (sizes + bk - 1) // bk * bk
+    padded_starts = jnp.cumsum(padded) - padded
+    dest = (padded_starts[sorted_e] + jnp.arange(m) - starts[sorted_e]).astype(jnp.int32)  # sorted position -> row
+    slot_of_assignment = jnp.zeros(m, jnp.int32).at[order].set(dest)
+    assignment_of_slot = jnp.full(num_blocks * bk, m, jnp.int32).at[dest].set(order)
+    block_expert = jnp.searchsorted(jnp.cumsum(padded), jnp.arange(num_blocks) * bk, side="right")
+    return bk, slot_of_assignment, assignment_of_slot, jnp.minimum(block_expert, num_experts - 1).astype(jnp.int32)
+
+
 def blocked_expert_ffn(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, down: jax.Array) -> jax.Array:
-    """SwiGLU experts on sorted, block-padded assignments.
+    """SwiGLU experts on sorted, block-padded assignments (`blocked_layout`). Rows move in and out of the
+    layout by `take_rows` (gathers both ways, forward and backward; only [N*k] int32 index maps are
+    scattered), each block's expert weights are gathered, and the grouped matmul is a batched matmul.
 
     Args:
         x: [N, H] tokens (compute dtype). expert_ids: [N, k] int32.
@@ -86,28 +119,14 @@ def blocked_expert_ffn(x: jax.Array, expert_ids: jax.Array, gate_up: jax.Array, 
         [N, k, H]: expert output for each (token, slot), unweighted.
     """
     n, k = expert_ids.shape
-    e = gate_up.shape[0]
-    m = n * k
-    bk = _block_size(m, e)
-    num_blocks = -(-(m + e * (bk - 1)) // bk)
-    flat = expert_ids.reshape(m)
-    order = jnp.argsort(flat, stable=True)
-    sorted_e = flat[order]
-    sizes = jnp.bincount(flat, length=e)
-    starts = jnp.cumsum(sizes) - sizes
-    padded = (sizes + bk - 1) // bk * bk
-    padded_starts = jnp.cumsum(padded) - padded
-    dest = padded_starts[sorted_e] + (jnp.arange(m) - starts[sorted_e])      # [M] row in padded layout
-    rows = jnp.zeros((num_blocks * bk, x.shape[-1]), x.dtype).at[dest].set(x[order // k])
-    block_expert = jnp.searchsorted(jnp.cumsum(padded), jnp.arange(num_blocks) * bk, side="right")
-    block_expert = jnp.minimum(block_expert, e - 1)
-    rows = rows.reshape(num_blocks, bk, -1)
+    bk, slot_of_assignment, assignment_of_slot, block_expert = blocked_layout(expert_ids, gate_up.shape[0])
+    rows = take_rows(jnp.repeat(x, k, axis=0), assignment_of_slot, slot_of_assignment)
+    rows = rows.reshape(-1, bk, x.shape[-1])                                  # [B, bk, H], one expert per block
     h = jnp.einsum("bth,bhf->btf", rows, gate_up[block_expert].astype(x.dtype))
     g, u = jnp.split(h, 2, axis=-1)
     y = jnp.einsum("btf,bfh->bth", jax.nn.silu(g) * u, down[block_expert].astype(x.dtype))
-    y_sorted = y.reshape(num_blocks * bk, -1)[dest]                          # [M, H] in sorted order
-    out = jnp.zeros_like(y_sorted).at[order].set(y_sorted)
-    return out.reshape(n, k, -1)
+    y = take_rows(y.reshape(rows.shape[0] * bk, -1), slot_of_assignment, assignment_of_slot)
+    return y.reshape(n, k, -1)
 
 
 def ragged_grouped_ffn(rows: jax.Array, sizes: jax.Array, gate_up: jax.Array, down: jax.Array) -> jax.Array:
