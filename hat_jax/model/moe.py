@@ -9,7 +9,9 @@ Dispatch (`moe_impl`, `MOE_IMPLS`) is dropless and its compute is proportional t
 - `blocked` (default): assignments are sorted by expert and each expert's group is padded to a multiple
   of a block size chosen at trace time (`_block_size`); each block is one expert, so the grouped matmul is
   one gather of the block's expert weights plus a batched matmul (MegaBlocks-style block-sparse, Gale et
-  al. 2022, written as gather + einsum), and decoding (few tokens) gathers only the experts it uses.
+  al. 2022, written as gather + einsum), and decoding (few tokens) gathers only the experts it uses. Rows
+  enter and leave the layout by gathers in both passes (`take_rows`): no row scatter, which XLA:CPU runs
+  as a serial loop.
 - `ragged_dot`: the same sorted layout through `jax.lax.ragged_dot` (native grouped GEMM on TPU/GPU;
   on CPU it lowers to a loop over all experts and is slow, see experiments/benchmarks/model_bench.py).
 - `megablox`: the same layout through jax's Pallas TPU grouped matmul (`megablox.gmm`/`tgmm`), the TPU
