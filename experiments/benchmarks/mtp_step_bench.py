@@ -3,12 +3,15 @@
 drifts over both alike). A script that prints figures (not a test).
 
     .venv/bin/python experiments/benchmarks/mtp_step_bench.py [--preset tiny] [--rows 4] [--seq-len 2048]
-        [--docs 2] [--loss-tokens 60] [--pairs 5] [--mtp-coef 0.1] [--vocab-chunk N] [--json OUT]
+        [--docs 2] [--loss-tokens 60] [--pairs 5] [--mtp-coef 0.1] [--vocab-chunk N] [--block-rows 256,none]
+        [--json OUT]
 
 Batch: `--rows` packed rows of `--seq-len` tokens, each `--docs` documents whose last `--loss-tokens` tokens are
 loss tokens (tiny's SFT: 4 x 2,048 tokens, ~470 loss tokens per step). Printed: the median step seconds and
-tokens/s of each arm over `--pairs` interleaved pairs (compilation excluded), the slowdown of the medians and the
-median of the pairs' ratios.
+tokens/s of each arm over `--pairs` interleaved rounds (compilation excluded), the slowdown of the medians and the
+median of the pairs' ratios. `--block-rows` lists the `sft_loss_fn(block_rows=)` values to run (each with MTP off
+and on): 256 computes the logits only on the 256-position blocks that hold a loss token, none the full [B, T, V]
+logits of every position.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--mtp-coef", type=float, default=0.1)
     ap.add_argument("--vocab-chunk", type=int, default=None)
+    ap.add_argument("--block-rows", default="256", help="comma list of block_rows values; 'none' = full logits")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
@@ -60,14 +64,17 @@ def main(argv=None) -> dict:
     optimizer = make_optimizer(OptimConfig().resolve(100))
     batch = {k: jax.numpy.asarray(v) for k, v in packed_batch(args.rows, args.seq_len, args.docs, args.loss_tokens,
                                                                  config.vocab_size).items()}
+    block_rows = [None if v.strip().lower() == "none" else int(v) for v in args.block_rows.split(",")]
     arms, states = {}, {}
-    for name, coef in (("mtp off", 0.0), ("mtp on", args.mtp_coef)):
-        arms[name] = make_train_step(sft_loss_fn(model, args.vocab_chunk, mtp=coef > 0), optimizer, lb_coef=0.001,
-                                     mtp_coef=coef)
-        states[name] = place_state(init_train_state(init_params(config, jax.random.key(0)), optimizer,
-                                                    jax.random.key(1)))
-        states[name], m = arms[name](states[name], batch)  # compile
-        jax.block_until_ready(m)
+    for rows in block_rows:
+        for mtp, coef in (("off", 0.0), ("on", args.mtp_coef)):
+            name = f"mtp {mtp}, block_rows {rows}"
+            arms[name] = make_train_step(sft_loss_fn(model, args.vocab_chunk, mtp=coef > 0, block_rows=rows),
+                                         optimizer, lb_coef=0.001, mtp_coef=coef)
+            states[name] = place_state(init_train_state(init_params(config, jax.random.key(0)), optimizer,
+                                                        jax.random.key(1)))
+            states[name], m = arms[name](states[name], batch)  # compile
+            jax.block_until_ready(m)
     times = {name: [] for name in arms}
     for _ in range(args.pairs):
         for name, step in arms.items():
@@ -76,18 +83,22 @@ def main(argv=None) -> dict:
             jax.block_until_ready(m)
             times[name].append(time.perf_counter() - t0)
     tokens = args.rows * args.seq_len
+    median = {k: float(np.median(v)) for k, v in times.items()}
     report = {"preset": args.preset, "rows": args.rows, "seq_len": args.seq_len, "loss_tokens_per_step":
               int(batch["loss_mask"].sum()), "pairs": args.pairs, "load": loadavg(),
-              "step_s": {k: v for k, v in times.items()},
-              "median_step_s": {k: float(np.median(v)) for k, v in times.items()}}
-    report["median_tokens_per_s"] = {k: tokens / v for k, v in report["median_step_s"].items()}
-    report["slowdown"] = report["median_step_s"]["mtp on"] / report["median_step_s"]["mtp off"] - 1.0
-    report["median_pair_slowdown"] = float(np.median(np.divide(times["mtp on"], times["mtp off"]))) - 1.0
+              "step_s": times, "median_step_s": median,
+              "median_tokens_per_s": {k: tokens / v for k, v in median.items()}, "slowdown": {},
+              "median_pair_slowdown": {}}
     for k in arms:
-        print(f"{k:>8}: median {report['median_step_s'][k]:.3f} s/step, {report['median_tokens_per_s'][k]:.0f} tok/s  "
+        print(f"{k:>26}: median {median[k]:.3f} s/step, {report['median_tokens_per_s'][k]:.0f} tok/s  "
               f"({', '.join(f'{t:.2f}' for t in times[k])})")
-    print(f"slowdown with MTP: {100 * report['slowdown']:+.1f}% of the medians, {100 * report['median_pair_slowdown']:+.1f}%"
-          f" median over the pairs   (load {report['load']})")
+    for rows in block_rows:
+        on, off = f"mtp on, block_rows {rows}", f"mtp off, block_rows {rows}"
+        report["slowdown"][str(rows)] = median[on] / median[off] - 1.0
+        report["median_pair_slowdown"][str(rows)] = float(np.median(np.divide(times[on], times[off]))) - 1.0
+        print(f"block_rows {rows}: slowdown with MTP {100 * report['slowdown'][str(rows)]:+.1f}% of the medians, "
+              f"{100 * report['median_pair_slowdown'][str(rows)]:+.1f}% median over the pairs")
+    print(f"load {report['load']}")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     return report

@@ -141,8 +141,8 @@ def _model(config, model_config, train: bool = True) -> Qwen3_5MoeForCausalLM:
 
 
 def sft_programs(scale, model_config, mesh: Mesh, flops_check: bool = False) -> list[Program]:
-    """The SFT train step (`hat_jax.train.sft`) on the preset's batch; with `flops_check` its MTP loss reads the
-    forward's full MTP logits instead of skipping position blocks without a target (`flops_check_assignments`)."""
+    """The SFT train step (`hat_jax.train.sft`) on the preset's batch; with `flops_check` its CE and MTP loss read
+    the forward's full logits instead of skipping position blocks without a target (`flops_check_assignments`)."""
     from hat_jax.train.sft import DEVICE_KEYS, sft_loss_fn
     from hat_jax.train.trainer import make_train_step
 
@@ -150,7 +150,7 @@ def sft_programs(scale, model_config, mesh: Mesh, flops_check: bool = False) -> 
     optimizer, state, shardings = _state(c, model_config, mesh)
     rows, t = c.data.batch_size, c.data.seq_len
     batch = _micro_batch(mesh, c.accum_steps, rows, {k: ((t,), jnp.int32) for k in DEVICE_KEYS})
-    options = {**_sft_loss_options(c), **({"mtp_block_rows": None} if flops_check else {})}
+    options = {**_sft_loss_options(c), **({"block_rows": None} if flops_check else {})}
     step = make_train_step(sft_loss_fn(_model(c, model_config), **options), optimizer,
                            lb_coef=c.lb_coef, mtp_coef=c.mtp_coef, schedule=lr_schedule(resolved_optim(c)),
                            shardings=shardings)

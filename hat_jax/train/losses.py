@@ -11,6 +11,8 @@ arXiv 2402.03300, eq. 3; the reference code named per item):
 - `masked_token_ce_sum`: (sum of masked token NLL, token count); the trainer divides the sum over all
   micro-batches by the total count, which is token-mean over the whole accumulated batch. With the
   `segment_ids` of packed rows, a target is counted only inside its document (`same_document_targets`).
+  `..._chunked` computes it over vocabulary chunks, `..._counted_rows` only on the blocks of positions that
+  hold a loss token (`counted_rows_nll_sum`, shared with the MTP loss).
 - `k3_kl`: Schulman's k3 estimator of KL(pi_theta || pi_ref) per token (DeepSeekMath GRPO, Tunix
   `low_var_kl`), unclamped.
 - `aggregate`: the loss aggregation modes of verl/TRL/Tunix: "token-mean" (DAPO, arXiv 2503.14476; verl default),
@@ -128,6 +130,70 @@ def masked_token_ce_sum_chunked(hidden: jax.Array, lm_head_kernel: jax.Array, in
     """`masked_token_ce_sum` from hidden states and the lm_head kernel, vocabulary-chunked (segment_ids as there)."""
     lp = token_logprobs_chunked(hidden, lm_head_kernel, input_ids, chunk, compute_dtype=compute_dtype)
     return masked_nll_sum(lp, loss_mask, segment_ids)
+
+
+COUNTED_BLOCK_ROWS = 256  # positions per block of `counted_rows_nll_sum` (the CPU stages' default without vocab_chunk)
+
+
+def counted_rows_nll_sum(rows: jax.Array, lm_head_kernel: jax.Array, targets: jax.Array, mask: jax.Array,
+                         block_rows: int = COUNTED_BLOCK_ROWS, compute_dtype=jnp.float32) -> jax.Array:
+    """sum_i mask_i * -log softmax(rows_i @ lm_head_kernel)[targets_i], with the lm_head run only on the blocks of
+    `block_rows` consecutive rows that hold a counted row: a `jax.lax.scan` over the blocks whose body (under
+    `jax.lax.cond`, rematerialised) computes a block's [block_rows, V] logits only when its mask is not all 0.
+    SFT rows hold few loss tokens (a ~930-token system prompt and the tool results before each assistant turn:
+    ~470 of 8,192 positions per tiny step), so most blocks are skipped, forward and backward.
+
+    Args:
+        rows: [N, H] hidden states (one per predicting position). lm_head_kernel: [H, V]. targets: [N] int32.
+        mask: [N] float weights (0 = not counted). block_rows: rows per block (> 0; clipped to N).
+        compute_dtype: the matmul dtype (logits float32).
+    Returns:
+        float32 scalar, the weighted NLL sum (equal to the full-logits sum up to float rounding).
+    """
+    n, h = rows.shape
+    size = min(block_rows, n)
+    blocks = -(-n // size)
+    fill = blocks * size - n
+    x = jnp.pad(rows, ((0, fill), (0, 0))).reshape(blocks, size, h)
+    y = jnp.pad(targets.astype(jnp.int32), (0, fill)).reshape(blocks, size)
+    m = jnp.pad(mask.astype(jnp.float32), (0, fill)).reshape(blocks, size)
+    k = lm_head_kernel.astype(compute_dtype)
+
+    def block_nll(xb, yb, mb):
+        z = jnp.dot(xb.astype(compute_dtype), k, preferred_element_type=jnp.float32)
+        nll = jax.nn.logsumexp(z, axis=-1) - jnp.take_along_axis(z, yb[:, None], axis=-1)[:, 0]
+        return jnp.sum(jnp.where(mb != 0, nll * mb, 0.0))
+
+    def body(total, xs):
+        xb, yb, mb = xs
+        return total + jax.lax.cond(jnp.any(mb != 0), block_nll, lambda *_: jnp.zeros((), jnp.float32), xb, yb,
+                                    mb), None
+
+    total, _ = jax.lax.scan(jax.checkpoint(body, prevent_cse=False), jnp.zeros((), jnp.float32), (x, y, m))
+    return total
+
+
+def masked_token_ce_sum_counted_rows(hidden: jax.Array, lm_head_kernel: jax.Array, input_ids: jax.Array,
+                                     loss_mask: jax.Array, segment_ids: jax.Array | None = None,
+                                     block_rows: int = COUNTED_BLOCK_ROWS,
+                                     compute_dtype=jnp.float32) -> tuple[jax.Array, jax.Array]:
+    """`masked_token_ce_sum` from hidden states and the lm_head kernel, the logits computed only on the blocks of
+    positions that predict a loss token (`counted_rows_nll_sum`; position t predicts token t + 1).
+
+    Args:
+        hidden: [B, T, H] final hidden states. lm_head_kernel: [H, V]. input_ids, loss_mask, segment_ids: as
+        `masked_token_ce_sum`. block_rows: positions per block. compute_dtype: the matmul dtype.
+    Returns:
+        (sum_nll float32 scalar, n_tokens float32 scalar), equal to `masked_token_ce_sum` up to float rounding.
+    """
+    b, t, h = hidden.shape
+    m = loss_mask.astype(jnp.float32)
+    if segment_ids is not None:
+        m = jnp.where(same_document_targets(segment_ids), m, 0.0)
+    mask = jnp.pad(m[:, 1:], ((0, 0), (0, 1))).reshape(-1)          # position t counts when token t + 1 does
+    targets = jnp.pad(input_ids[:, 1:], ((0, 0), (0, 1))).reshape(-1)
+    total = counted_rows_nll_sum(hidden.reshape(b * t, h), lm_head_kernel, targets, mask, block_rows, compute_dtype)
+    return total, jnp.sum(m)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -28,11 +28,12 @@ import jax.numpy as jnp
 from hat_jax.model.router_stats import expert_load_cv, router_stats
 from hat_jax.model.transformer import mtp_loss
 from hat_jax.rollout.logprobs import token_logprobs_chunked
+from hat_jax.train.losses import COUNTED_BLOCK_ROWS, counted_rows_nll_sum
 
 # DeepSeek-V3 (arXiv 2412.19437, section 4.2): lambda = 0.3 for the first 10T tokens, 0.1 for the rest; slime's
 # and Megatron's `mtp_loss_scaling_factor` default 0.1. The stage configs' default.
 DEFAULT_MTP_COEF = 0.1
-MTP_BLOCK_ROWS = 256  # positions per block of `mtp_ce_counted_rows` (the stages' default without vocab_chunk)
+MTP_BLOCK_ROWS = COUNTED_BLOCK_ROWS  # positions per block of `mtp_ce_counted_rows` (the stages' default)
 
 
 def check_mtp_coef(owner: str, coef: float) -> float:
@@ -96,10 +97,8 @@ def mtp_ce_chunked(mtp_hidden: jax.Array, lm_head_kernel: jax.Array, input_ids: 
 def mtp_ce_counted_rows(mtp_hidden: jax.Array, lm_head_kernel: jax.Array, input_ids: jax.Array,
                         loss_mask: jax.Array | None = None, segment_ids: jax.Array | None = None,
                         rows: int = MTP_BLOCK_ROWS, compute_dtype=jnp.float32) -> jax.Array:
-    """`mtp_loss(mtp_hidden @ lm_head_kernel, ...)` with the lm_head run only on blocks of positions that hold a
-    counted target: the flattened positions in blocks of `rows`, a `jax.lax.scan` over them whose body (under
-    `jax.lax.cond`, rematerialised) computes a block's [rows, V] logits only when its mask is not all 0. SFT rows
-    hold few loss tokens (a ~930-token system prompt before the assistant's), so most blocks are skipped.
+    """`mtp_loss(mtp_hidden @ lm_head_kernel, ...)` with the lm_head run only on blocks of `rows` positions that
+    hold a counted target (`hat_jax.train.losses.counted_rows_nll_sum`).
 
     Args:
         mtp_hidden: [B, T, H]. lm_head_kernel: [H, V]. input_ids: [B, T] int32. loss_mask, segment_ids: as
@@ -108,27 +107,10 @@ def mtp_ce_counted_rows(mtp_hidden: jax.Array, lm_head_kernel: jax.Array, input_
         float32 scalar, as `mtp_ce_chunked`.
     """
     b, t, h = mtp_hidden.shape
-    mask = jnp.pad(mtp_target_mask(input_ids, loss_mask, segment_ids), ((0, 0), (0, 2))).reshape(-1)
-    targets = jnp.pad(input_ids[:, 2:], ((0, 0), (0, 2))).reshape(-1).astype(jnp.int32)
-    size = min(rows, b * t)
-    blocks = -(-(b * t) // size)
-    fill = blocks * size - b * t
-    x = jnp.pad(mtp_hidden.reshape(b * t, h), ((0, fill), (0, 0))).reshape(blocks, size, h)
-    y = jnp.pad(targets, (0, fill)).reshape(blocks, size)
-    m = jnp.pad(mask, (0, fill)).reshape(blocks, size)
-    k = lm_head_kernel.astype(compute_dtype)
-
-    def block_nll(xb, yb, mb):
-        z = jnp.dot(xb.astype(compute_dtype), k, preferred_element_type=jnp.float32)
-        nll = jax.nn.logsumexp(z, axis=-1) - jnp.take_along_axis(z, yb[:, None], axis=-1)[:, 0]
-        return jnp.sum(jnp.where(mb != 0, nll * mb, 0.0))
-
-    def body(total, xs):
-        xb, yb, mb = xs
-        return total + jax.lax.cond(jnp.any(mb != 0), block_nll, lambda *_: jnp.zeros((), jnp.float32), xb, yb,
-                                    mb), None
-
-    total, _ = jax.lax.scan(jax.checkpoint(body, prevent_cse=False), jnp.zeros((), jnp.float32), (x, y, m))
+    mask = mtp_target_mask(input_ids, loss_mask, segment_ids)
+    targets = jnp.pad(input_ids[:, 2:], ((0, 0), (0, 2))).reshape(-1)
+    total = counted_rows_nll_sum(mtp_hidden.reshape(b * t, h), lm_head_kernel, targets,
+                                 jnp.pad(mask, ((0, 0), (0, 2))).reshape(-1), rows, compute_dtype)
     return total / jnp.maximum(jnp.sum(mask), 1.0)
 
 

@@ -7,7 +7,8 @@ Run (from a fresh init, or from a checkpoint with --init, e.g. the base or a pre
 
 Objective (the HAT report, arXiv 2608.15763 (TaoLive, 2026), "Training, three stages", stage 1 HSA-SFT):
 per micro-batch `masked_token_ce_sum(logits, input_ids,
-loss_mask)` (`hat_jax.train.losses`; loss_mask = 1 on assistant-generated tokens only, as
+loss_mask)` (`hat_jax.train.losses`; the logits computed only where a block of positions predicts a loss token,
+or over vocabulary chunks with `vocab_chunk`; loss_mask = 1 on assistant-generated tokens only, as
 `hat_jax.harness.render.render_tokens` marks them), summed over the accumulated micro-batches and divided by
 the total number of loss tokens (`hat_jax.train.trainer`), plus lb_coef x the MoE load-balancing loss
 (transformers' `router_aux_loss_coef` convention, padding excluded), plus mtp_coef x the MTP head's
@@ -54,8 +55,9 @@ from hat_jax.model.params import COMPUTE_DTYPES
 from hat_jax.model.sharding import default_mesh
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.rollout.checkpoint import tokenizer_from_checkpoint
-from hat_jax.train.losses import masked_token_ce_sum, masked_token_ce_sum_chunked
-from hat_jax.train.mtp import DEFAULT_MTP_COEF, MTP_BLOCK_ROWS, check_mtp_coef, check_mtp_model, mtp_aux
+from hat_jax.train.losses import (COUNTED_BLOCK_ROWS, masked_token_ce_sum, masked_token_ce_sum_chunked,
+                                  masked_token_ce_sum_counted_rows)
+from hat_jax.train.mtp import DEFAULT_MTP_COEF, check_mtp_coef, check_mtp_model, mtp_aux
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
 from hat_jax.train.stage import (StageRun, copy_tokenizer, add_out_steps, add_resume_force, add_set_progress,
                                  apply_overrides, check_dtypes, check_model_options, check_run_fields, cli, config_json,
@@ -240,16 +242,19 @@ def sft_tokenizer(config: SFTConfig, records: Sequence[dict], out_dir: Path):
 # ---------------------------------------------------------------------------------------------- the stage
 
 def sft_loss_fn(model: Qwen3_5MoeForCausalLM, vocab_chunk: int | None = None, mtp: bool = False,
-                mtp_block_rows: int | None = MTP_BLOCK_ROWS):
+                block_rows: int | None = COUNTED_BLOCK_ROWS):
     """loss_fn(params, micro_batch, rng) -> (CE sum over loss tokens, loss-token count, moe_aux).
 
     A micro-batch with "segment_ids" holds packed rows (`PACKED_DEVICE_KEYS`): the model runs with the
     segment ids (attention, the DeltaNet state and conv, RoPE restart at each document), the CE counts only
     targets inside a document (`masked_token_ce_sum` with segment_ids) and the MoE auxiliaries exclude
     padding (segment id 0). Otherwise it holds one document per row (`DEVICE_KEYS`, attention_mask). With
-    `vocab_chunk` the CE is computed from the final hidden states over vocabulary chunks (no [B, T, V] logits).
+    `vocab_chunk` the CE is computed from the final hidden states over vocabulary chunks (no [B, T, V] logits);
+    without it and with `block_rows`, from the final hidden states on the blocks of `block_rows` positions that
+    predict a loss token only (`masked_token_ce_sum_counted_rows`: most of an SFT row is prompt and tool results);
+    `block_rows=None` takes the forward's own [B, T, V] logits (as XLA's cost model counts every position).
     With `mtp` the forward also runs the MTP block and aux gets its `mtp_loss` on the same loss tokens
-    (`hat_jax.train.mtp.mtp_aux`, `mtp_block_rows` its `block_rows`); without it the MTP block is not run.
+    (`hat_jax.train.mtp.mtp_aux`, with the same `block_rows`); without it the MTP block is not run.
     """
     top_k = model.config.num_experts_per_tok
 
@@ -257,22 +262,26 @@ def sft_loss_fn(model: Qwen3_5MoeForCausalLM, vocab_chunk: int | None = None, mt
         del rng  # no dropout
         ids = micro["input_ids"]
         segment_ids = micro.get("segment_ids")
-        opts = {"return_logits": vocab_chunk is None, **({"with_mtp": True} if mtp else {})}
+        full_logits = vocab_chunk is None and block_rows is None
+        opts = {"return_logits": full_logits, **({"with_mtp": True} if mtp else {})}
         if segment_ids is not None:
             out = model.apply({"params": params}, ids, segment_ids=segment_ids, **opts)
             token_mask = segment_ids > 0
         else:
             out = model.apply({"params": params}, ids, attention_mask=micro["attention_mask"], **opts)
             token_mask = micro["attention_mask"]
-        if vocab_chunk is None:
+        if full_logits:
             ce, n = masked_token_ce_sum(out.logits, ids, micro["loss_mask"], segment_ids)
+        elif vocab_chunk is None:
+            ce, n = masked_token_ce_sum_counted_rows(out.hidden, params["lm_head"]["kernel"], ids, micro["loss_mask"],
+                                                     segment_ids, block_rows, model.dtype)
         else:
             ce, n = masked_token_ce_sum_chunked(out.hidden, params["lm_head"]["kernel"], ids, micro["loss_mask"],
                                                 vocab_chunk, model.dtype, segment_ids)
         aux = moe_aux(output_router_stats(out, token_mask, top_k))
         if mtp:
             aux.update(mtp_aux(out, params, ids, micro["loss_mask"], token_mask, top_k, segment_ids=segment_ids,
-                               vocab_chunk=vocab_chunk, block_rows=mtp_block_rows, compute_dtype=model.dtype))
+                               vocab_chunk=vocab_chunk, block_rows=block_rows, compute_dtype=model.dtype))
         return ce, n, aux
 
     return loss_fn

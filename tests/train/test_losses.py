@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hat_jax.train.losses import (AGGREGATIONS, aggregate, clipped_policy_loss, k3_kl, masked_token_ce_sum,
-                                  masked_token_ce_sum_chunked)
+from hat_jax.train.losses import (AGGREGATIONS, aggregate, clipped_policy_loss, counted_rows_nll_sum, k3_kl,
+                                  masked_token_ce_sum, masked_token_ce_sum_chunked, masked_token_ce_sum_counted_rows)
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 4, 11, 64])
@@ -28,6 +28,39 @@ def test_chunked_ce_gradients_equal_plain(chunk):
     for a, b in zip(gc, gp):
         assert np.all(np.isfinite(a))
         np.testing.assert_allclose(a, b, atol=1e-4)
+
+
+@pytest.mark.parametrize("block_rows", [1, 3, 7, 16, 64])
+def test_counted_rows_ce_equals_full_logits_packed(block_rows):
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(1), 3)
+    hidden = jax.random.normal(k1, (2, 16, 8))
+    kernel = jax.random.normal(k2, (8, 11)) * 2.0
+    ids = jax.random.randint(k3, (2, 16), 0, 11)
+    # loss tokens only in a few spans (most 7-row blocks hold none), one span crossing into the next document
+    mask = jnp.zeros((2, 16)).at[0, 3:6].set(1).at[0, 9:11].set(1).at[1, 13:16].set(1)
+    segment_ids = jnp.array([[1] * 10 + [2] * 6, [1] * 12 + [0] * 4])     # row 1 ends in padding
+
+    def full(h, k):
+        return masked_token_ce_sum(h @ k, ids, mask, segment_ids)
+
+    def counted(h, k):
+        return masked_token_ce_sum_counted_rows(h, k, ids, mask, segment_ids, block_rows)
+
+    (cf, nf), (cc, nc) = full(hidden, kernel), counted(hidden, kernel)
+    assert float(nc) == float(nf) == 4.0           # token 10 starts document 2 and 13-15 are padding: not targets
+    np.testing.assert_allclose(cc, cf, rtol=1e-6)
+    grads = [jax.grad(lambda h, k, f=f: f(h, k)[0], (0, 1))(hidden, kernel) for f in (full, jax.jit(counted))]
+    for a, b in zip(*grads):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    np.testing.assert_array_equal(grads[1][0][1], 0.0)   # row 1 predicts no loss token: no gradient reaches it
+
+
+def test_counted_rows_nll_sum_of_nothing_is_zero():
+    rows, kernel = jnp.ones((5, 4)), jnp.ones((4, 3))
+    assert float(counted_rows_nll_sum(rows, kernel, jnp.zeros(5, jnp.int32), jnp.zeros(5), 2)) == 0.0
+    # uniform logits: each counted row costs log V, weighted
+    np.testing.assert_allclose(counted_rows_nll_sum(rows, kernel, jnp.zeros(5, jnp.int32),
+                                                    jnp.array([0, 0, 0, 0, 2.0]), 2), 2 * np.log(3), rtol=1e-6)
 
 
 def test_masked_ce_sum_and_count():

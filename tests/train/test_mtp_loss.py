@@ -93,7 +93,7 @@ def test_sft_total_is_main_plus_coef_times_mtp_loss(micro, block_rows):
     config, params = micro
     model = Qwen3_5MoeForCausalLM(config, router_stats=True)
     batch, lb_coef, coef = _packed_batch(), 0.01, 0.3
-    loss_fn = sft_loss_fn(model, mtp=True, mtp_block_rows=block_rows)
+    loss_fn = sft_loss_fn(model, mtp=True, block_rows=block_rows)
     grads, stats = jax.jit(lambda: accumulate_gradients(loss_fn, params, _one_micro(batch), jax.random.key(0),
                                                         lb_coef, coef))()
 
