@@ -91,6 +91,13 @@ def token_entropy_chunked(hidden: jax.Array, kernel: jax.Array, chunk: int, temp
     return next_token_values(m + jnp.log(s) - w / s, b, t)
 
 
+def counted_targets(loss_mask: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
+    """[B, T] float32 weights of the targets a token loss counts: `loss_mask`, restricted to
+    `same_document_targets(segment_ids)` for packed rows (no target crosses documents)."""
+    m = loss_mask.astype(jnp.float32)
+    return m if segment_ids is None else jnp.where(same_document_targets(segment_ids), m, 0.0)
+
+
 def masked_nll_sum(logprobs: jax.Array, loss_mask: jax.Array,
                    segment_ids: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """(-sum of masked logprobs, number of masked tokens), both float32 scalars.
@@ -100,9 +107,7 @@ def masked_nll_sum(logprobs: jax.Array, loss_mask: jax.Array,
         segment_ids: [B, T] of a packed row, or None; given, the mask is also restricted to
             `same_document_targets(segment_ids)` (no target crosses documents).
     """
-    m = loss_mask.astype(jnp.float32)
-    if segment_ids is not None:
-        m = jnp.where(same_document_targets(segment_ids), m, 0.0)
+    m = counted_targets(loss_mask, segment_ids)
     return -jnp.sum(jnp.where(m != 0, logprobs * m, 0.0)), jnp.sum(m)
 
 
@@ -187,9 +192,7 @@ def masked_token_ce_sum_counted_rows(hidden: jax.Array, lm_head_kernel: jax.Arra
         (sum_nll float32 scalar, n_tokens float32 scalar), equal to `masked_token_ce_sum` up to float rounding.
     """
     b, t, h = hidden.shape
-    m = loss_mask.astype(jnp.float32)
-    if segment_ids is not None:
-        m = jnp.where(same_document_targets(segment_ids), m, 0.0)
+    m = counted_targets(loss_mask, segment_ids)
     mask = jnp.pad(m[:, 1:], ((0, 0), (0, 1))).reshape(-1)          # position t counts when token t + 1 does
     targets = jnp.pad(input_ids[:, 1:], ((0, 0), (0, 1))).reshape(-1)
     total = counted_rows_nll_sum(hidden.reshape(b * t, h), lm_head_kernel, targets, mask, block_rows, compute_dtype)

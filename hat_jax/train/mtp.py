@@ -33,7 +33,6 @@ from hat_jax.train.losses import COUNTED_BLOCK_ROWS, counted_rows_nll_sum
 # DeepSeek-V3 (arXiv 2412.19437, section 4.2): lambda = 0.3 for the first 10T tokens, 0.1 for the rest; slime's
 # and Megatron's `mtp_loss_scaling_factor` default 0.1. The stage configs' default.
 DEFAULT_MTP_COEF = 0.1
-MTP_BLOCK_ROWS = COUNTED_BLOCK_ROWS  # positions per block of `mtp_ce_counted_rows` (the stages' default)
 
 
 def check_mtp_coef(owner: str, coef: float) -> float:
@@ -96,7 +95,7 @@ def mtp_ce_chunked(mtp_hidden: jax.Array, lm_head_kernel: jax.Array, input_ids: 
 
 def mtp_ce_counted_rows(mtp_hidden: jax.Array, lm_head_kernel: jax.Array, input_ids: jax.Array,
                         loss_mask: jax.Array | None = None, segment_ids: jax.Array | None = None,
-                        rows: int = MTP_BLOCK_ROWS, compute_dtype=jnp.float32) -> jax.Array:
+                        rows: int = COUNTED_BLOCK_ROWS, compute_dtype=jnp.float32) -> jax.Array:
     """`mtp_loss(mtp_hidden @ lm_head_kernel, ...)` with the lm_head run only on blocks of `rows` positions that
     hold a counted target (`hat_jax.train.losses.counted_rows_nll_sum`).
 
@@ -116,7 +115,7 @@ def mtp_ce_counted_rows(mtp_hidden: jax.Array, lm_head_kernel: jax.Array, input_
 
 def mtp_aux(out, params, input_ids: jax.Array, loss_mask: jax.Array, token_mask: jax.Array, top_k: int, *,
             segment_ids: jax.Array | None = None, vocab_chunk: int | None = None,
-            block_rows: int | None = MTP_BLOCK_ROWS,
+            block_rows: int | None = COUNTED_BLOCK_ROWS,
             compute_dtype=jnp.float32) -> dict[str, jax.Array]:
     """The MTP entries of a stage loss function's aux dict, from a forward with `with_mtp=True`.
 

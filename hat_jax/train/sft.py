@@ -257,12 +257,12 @@ def sft_loss_fn(model: Qwen3_5MoeForCausalLM, vocab_chunk: int | None = None, mt
     (`hat_jax.train.mtp.mtp_aux`, with the same `block_rows`); without it the MTP block is not run.
     """
     top_k = model.config.num_experts_per_tok
+    full_logits = vocab_chunk is None and block_rows is None
 
     def loss_fn(params, micro, rng):
         del rng  # no dropout
         ids = micro["input_ids"]
         segment_ids = micro.get("segment_ids")
-        full_logits = vocab_chunk is None and block_rows is None
         opts = {"return_logits": full_logits, **({"with_mtp": True} if mtp else {})}
         if segment_ids is not None:
             out = model.apply({"params": params}, ids, segment_ids=segment_ids, **opts)
