@@ -221,7 +221,7 @@ def rl_programs(scale, model_config, mesh: Mesh) -> list[Program]:
     model = _model(c, model_config)
     loss_fn = rl_loss_fn(model, temperature=c.temperature, eps_low=c.eps_low, eps_high=c.eps_high, beta=c.beta,
                          aggregation=c.aggregation, max_len=c.max_len, routing_replay=c.routing_replay,
-                         vocab_chunk=c.vocab_chunk, mtp=c.mtp_coef > 0)
+                         vocab_chunk=c.vocab_chunk, mtp=c.mtp_coef > 0, mtp_detach_trunk=c.mtp_detach_trunk)
     step = make_rl_train_step(loss_fn, optimizer, accum_steps=c.accum_steps, epochs=c.ppo_epochs,
                               minibatches=c.ppo_minibatches, lb_coef=c.lb_coef, mtp_coef=c.mtp_coef,
                               schedule=lr_schedule(resolved_optim(c)), shardings=shardings)

@@ -343,7 +343,8 @@ class Qwen3_5MoeForCausalLM(nn.Module):
                                            self.moe_token_chunk, self.remat_policy)
 
     def __call__(self, input_ids, attention_mask=None, positions=None, cache=None, forced_expert_ids=None,
-                 return_logits: bool = True, with_mtp: bool = False, segment_ids=None) -> ModelOutput:
+                 return_logits: bool = True, with_mtp: bool = False, segment_ids=None,
+                 mtp_detach_trunk: bool = False) -> ModelOutput:
         """Forward pass.
 
         Args:
@@ -366,6 +367,8 @@ class Qwen3_5MoeForCausalLM(nn.Module):
                 `hat_jax.model.segments`; validate on the host with `check_segment_ids`). The token mask is
                 `segment_ids > 0`; attention is causal within a document and the Gated DeltaNet state and
                 conv restart at each document. Training and uncached prefill only.
+            mtp_detach_trunk: with `with_mtp`, the MTP block reads h_t and the token embeddings under
+                `stop_gradient`, so a loss on its output trains the `mtp.*` params only (`mtp_hidden`).
         Returns:
             ModelOutput.
         Raises:
@@ -396,7 +399,8 @@ class Qwen3_5MoeForCausalLM(nn.Module):
         mtp_logits = mtp_hidden = mtp_router_logits = None
         if with_mtp or (self.is_initializing() and c.mtp_num_hidden_layers):
             next_ids = jnp.concatenate([input_ids[:, 1:], jnp.zeros_like(input_ids[:, :1])], axis=1)
-            mtp_hidden, mtp_router_logits = self.mtp_hidden(hidden, next_ids, positions, attention_mask, segment_ids)
+            mtp_hidden, mtp_router_logits = self.mtp_hidden(hidden, next_ids, positions, attention_mask, segment_ids,
+                                                            detach_trunk=mtp_detach_trunk)
             if return_logits or self.is_initializing():
                 mtp_logits = self.lm_head(mtp_hidden)
         logits = self.lm_head(hidden) if return_logits else None
@@ -418,7 +422,8 @@ class Qwen3_5MoeForCausalLM(nn.Module):
         x, router_logits = self.mtp_hidden(hidden, next_ids, positions, attention_mask, segment_ids)
         return self.lm_head(x), router_logits
 
-    def mtp_hidden(self, hidden, next_ids, positions=None, attention_mask=None, segment_ids=None):
+    def mtp_hidden(self, hidden, next_ids, positions=None, attention_mask=None, segment_ids=None,
+                   detach_trunk: bool = False):
         """The MTP block's post-norm output (uncached, full causal attention inside the MTP layer): the lm_head
         input of `mtp_logits`, and the hidden state a recursive draft feeds back in place of `hidden`.
 
@@ -430,6 +435,8 @@ class Qwen3_5MoeForCausalLM(nn.Module):
             segment_ids: [B, T] int32 of packed rows, as in `__call__`: attention stays within a document,
                 and next_ids[t] is replaced by the padding id 0 where token t+1 is in another segment (a
                 document's last token must not see the next document's first); next_ids[T-1] is kept.
+            detach_trunk: read `hidden` and the shared token embeddings under `stop_gradient` (verl's
+                `detach_encoder`): the gradient of a loss on the output reaches the `mtp.*` params only.
         Returns:
             (hidden [B, T, H] compute dtype, whose lm_head logits predict token t+2, router_logits [1, B*T, E]).
         Raises:
@@ -445,6 +452,8 @@ class Qwen3_5MoeForCausalLM(nn.Module):
             next_ids = jnp.where(crosses, 0, next_ids)
         cos, sin = rope_cos_sin(positions, c.rotary_dim, c.rope_parameters.rope_theta)
         next_embeds = constrain(self.model.embed_tokens(next_ids), ACTIVATION)
+        if detach_trunk:
+            hidden, next_embeds = jax.lax.stop_gradient(hidden), jax.lax.stop_gradient(next_embeds)
         x, router_logits = self.mtp(next_embeds, constrain(hidden, ACTIVATION), cos, sin, token_mask, q_seg, kv_seg,
                                     segment_ids is not None)
         return x, router_logits[None]

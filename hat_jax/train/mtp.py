@@ -10,8 +10,12 @@ Convention (every stage the same):
   block's hidden states and the shared lm_head on the blocks of positions that hold a target only
   (`mtp_ce_counted_rows`); with `vocab_chunk` over vocabulary chunks (`mtp_ce_chunked`), so no [B, T, V]
   array exists.
-- Gradient: into the MTP block and, as in DeepSeek-V3 (its MTP modules share the embedding, the output head
-  and the trunk whose h_t they read), into the main model through h_t, the embedding and the lm_head.
+- Gradient: pretraining and SFT (`mtp_detach_trunk=False`): into the MTP block and, as in DeepSeek-V3 (its MTP
+  modules share the embedding, the output head and the trunk whose h_t they read), into the main model through
+  h_t, the embedding and the lm_head. RL and OPD (`mtp_detach_trunk=True`, verl's `detach_encoder`, which its
+  MTP guide recommends for RL): into the MTP block only. There the loss imitates the policy's own samples, and
+  through the trunk it would add an unweighted self-imitation term to the policy gradient (measured on tiny:
+  docs/tuning.md, "MTP in the policy stages").
 - Accumulation: the trainer weights each micro-batch's mtp_loss by its share of the stage's normaliser, as the
   load-balancing loss (`hat_jax.train.trainer`): with one micro-batch, total = main + mtp_coef x mtp_loss.
 - The MTP layer's router is not in the load-balancing loss (`lb_loss` stays the main model's layers, the
@@ -115,7 +119,7 @@ def mtp_ce_counted_rows(mtp_hidden: jax.Array, lm_head_kernel: jax.Array, input_
 
 def mtp_aux(out, params, input_ids: jax.Array, loss_mask: jax.Array, token_mask: jax.Array, top_k: int, *,
             segment_ids: jax.Array | None = None, vocab_chunk: int | None = None,
-            block_rows: int | None = COUNTED_BLOCK_ROWS,
+            block_rows: int | None = COUNTED_BLOCK_ROWS, detach_trunk: bool = False,
             compute_dtype=jnp.float32) -> dict[str, jax.Array]:
     """The MTP entries of a stage loss function's aux dict, from a forward with `with_mtp=True`.
 
@@ -126,17 +130,25 @@ def mtp_aux(out, params, input_ids: jax.Array, loss_mask: jax.Array, token_mask:
         top_k: experts per token. segment_ids: packed rows or None. vocab_chunk: None = full logits.
         block_rows: without vocab_chunk, the positions per block of `mtp_ce_counted_rows`; None = the forward's
             own [B, T, V] `out.mtp_logits` (one matmul over every position, as XLA's cost model counts it).
+        detach_trunk: the forward ran with `mtp_detach_trunk=True`; the shared lm_head is read under
+            `stop_gradient` too, so `mtp_loss` trains the `mtp.*` params only (the policy stages' setting).
     Returns:
         {"mtp_loss": float32 scalar (differentiated; the trainer weights it by mtp_coef),
          "moe/mtp_expert_load_cv": the MTP router's `expert_load_cv` (no gradient)}.
     """
+    kernel = params["lm_head"]["kernel"]
+    if detach_trunk:
+        kernel = jax.lax.stop_gradient(kernel)
     if vocab_chunk is None and block_rows is None:
-        loss = mtp_loss(out.mtp_logits, input_ids, loss_mask, segment_ids)
+        logits = out.mtp_logits
+        if detach_trunk:  # the forward's logits carry the lm_head's gradient: the same matmul on the held kernel
+            logits = jnp.einsum("bth,hv->btv", out.mtp_hidden.astype(compute_dtype), kernel.astype(compute_dtype),
+                                preferred_element_type=jnp.float32)
+        loss = mtp_loss(logits, input_ids, loss_mask, segment_ids)
     elif vocab_chunk is None:  # out.mtp_logits goes unused (removed from the jitted step)
-        loss = mtp_ce_counted_rows(out.mtp_hidden, params["lm_head"]["kernel"], input_ids, loss_mask, segment_ids,
-                                   block_rows, compute_dtype)
+        loss = mtp_ce_counted_rows(out.mtp_hidden, kernel, input_ids, loss_mask, segment_ids, block_rows,
+                                   compute_dtype)
     else:
-        loss = mtp_ce_chunked(out.mtp_hidden, params["lm_head"]["kernel"], input_ids, loss_mask, segment_ids,
-                              vocab_chunk, compute_dtype)
+        loss = mtp_ce_chunked(out.mtp_hidden, kernel, input_ids, loss_mask, segment_ids, vocab_chunk, compute_dtype)
     stats = router_stats(jax.lax.stop_gradient(out.mtp_router_logits), top_k, token_mask.reshape(-1))
     return {"mtp_loss": loss, "moe/mtp_expert_load_cv": expert_load_cv(stats)}

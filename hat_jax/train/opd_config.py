@@ -47,7 +47,8 @@ class OPDConfig:
       aggregation: `hat_jax.train.losses.AGGREGATIONS`. vocab_chunk: None = full logits; else the
         vocabulary chunk of the chunked logprob/KL/entropy computations.
       mtp_coef: weight of the MTP loss on the student's sampled tokens (`hat_jax.train.mtp`; >= 0, 0 skips the
-        MTP forward; default 0.1, DeepSeek-V3's lambda).
+        MTP forward; default 0.1, DeepSeek-V3's lambda). mtp_detach_trunk: the MTP loss trains the `mtp.*` params
+        only (True: the distillation gradient is the same with and without it; `hat_jax.train.mtp`).
       optim, accum_steps, lb_coef, compute_dtype, param_dtype, mu_dtype, remat_policy, scan_layers, attention_impl, moe_impl, moe_token_chunk, steps, log_every, ckpt_every,
         max_to_keep, seed, mesh: as SFT. The frozen teacher is held in compute_dtype.
     """
@@ -83,6 +84,7 @@ class OPDConfig:
     accum_steps: int = 1
     lb_coef: float = 0.001
     mtp_coef: float = DEFAULT_MTP_COEF
+    mtp_detach_trunk: bool = True
     compute_dtype: str = "float32"
     param_dtype: str = "float32"
     mu_dtype: str | None = None

@@ -29,7 +29,8 @@ aggregation, total_tokens=1, total_sequences=1)`, i.e. the aggregation's numerat
 "seq-mean-token-sum-norm", whose constant L_max is max_new_tokens, or for "live" min(max_turns x
 max_new_tokens, seq_len) as RL's), so the trainer's sum(loss_sum) / sum(n) over micro-batches equals the full
 batch's aggregate. Plus lb_coef x the MoE load-balancing loss, plus mtp_coef x the MTP head's cross-entropy on
-the student's sampled (action) tokens (`hat_jax.train.mtp`; skipped at mtp_coef = 0). Only the action
+the student's sampled (action) tokens (`hat_jax.train.mtp`; skipped at mtp_coef = 0; with mtp_detach_trunk it
+trains the `mtp.*` params only). Only the action
 positions enter the loss (either loss: the exact KL is computed at every position and masked), so a "live"
 episode's environment tokens are context for both models and never trained on.
 """
@@ -66,7 +67,8 @@ def opd_loss_fn(model: Qwen3_5MoeForCausalLM, config: OPDConfig):
 
     micro: input_ids/attention_mask/action_mask [b, T] int32, old_logprobs/teacher_logprobs [b, T] float32;
     for "exact" also teacher_hidden [b, T, H_T] and teacher_kernel [H_T, V] (held out of the gradient).
-    With config.mtp_coef > 0 the student's MTP block runs too and aux carries its `mtp_loss` on action_mask.
+    With config.mtp_coef > 0 the student's MTP block runs too and aux carries its `mtp_loss` on action_mask
+    (training the `mtp.*` params only with config.mtp_detach_trunk).
     """
     chunk, temp, cd = config.vocab_chunk, config.temperature, COMPUTE_DTYPES[config.compute_dtype]
     top_k = model.config.num_experts_per_tok
@@ -79,7 +81,7 @@ def opd_loss_fn(model: Qwen3_5MoeForCausalLM, config: OPDConfig):
         ids, att, m = micro["input_ids"], micro["attention_mask"], micro["action_mask"]
         old, tlp = micro["old_logprobs"], micro["teacher_logprobs"]
         out = model.apply({"params": params}, ids, attention_mask=att, return_logits=chunk is None,
-                          **({"with_mtp": True} if mtp else {}))
+                          **({"with_mtp": True, "mtp_detach_trunk": config.mtp_detach_trunk} if mtp else {}))
         kernel = params["lm_head"]["kernel"]
         if chunk is None:
             lp, ent = token_logprobs(out.logits, ids, temp), _entropy(sg(out.logits), temp)
@@ -108,7 +110,8 @@ def opd_loss_fn(model: Qwen3_5MoeForCausalLM, config: OPDConfig):
         aux["policy/ratio_mean"] = masked_mean(jnp.exp(sg(lp) - old), m)
         aux["policy/entropy"] = masked_mean(ent, m)
         if mtp:
-            aux.update(mtp_aux(out, params, ids, m, att, top_k, vocab_chunk=chunk, compute_dtype=cd))
+            aux.update(mtp_aux(out, params, ids, m, att, top_k, vocab_chunk=chunk,
+                               detach_trunk=config.mtp_detach_trunk, compute_dtype=cd))
         n = jnp.sum(m.astype(jnp.float32)) if config.aggregation == "token-mean" else counted_sequences(m)
         return loss_sum, n, aux
 

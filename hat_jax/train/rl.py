@@ -36,8 +36,9 @@ One RL step (a batch function for `hat_jax.train.trainer.run_stage`, called with
    with beta > 0: the reference, default the init checkpoint, is then forwarded once per step), aggregated
    by `aggregation` ("token-mean" DAPO / verl default, "seq-mean-token-mean" GRPO, "seq-mean-token-sum-norm"
    Dr.GRPO with L_max = min(max_turns * max_new_tokens, seq_len)), plus lb_coef x the MoE load-balancing loss,
-   plus mtp_coef x the MTP head's cross-entropy on the sampled tokens, not scaled by the advantage
-   (`hat_jax.train.mtp`: the head learns to predict the policy; routing replay forces the main layers only).
+   plus mtp_coef x the MTP head's cross-entropy on the sampled tokens, not scaled by the advantage and, with
+   `mtp_detach_trunk` (default), training the `mtp.*` params only (`hat_jax.train.mtp`: the head learns to
+   predict the policy and leaves the policy gradient as it is; routing replay forces the main layers only).
    `routing_replay` (R3, arXiv 2510.11370) records the sampling-time top-k expert ids and forces them in
    the training forward; gate weights come from the live router logits. `ppo_epochs` x `ppo_minibatches`
    optimizer updates per rollout batch (default 1 x 1: one on-policy update, ratio = 1 up to numerics);
@@ -114,7 +115,10 @@ class RLConfig:
       eps_low, eps_high: clip range. beta: k3 KL coefficient. aggregation: loss aggregation mode.
       routing_replay: force sampling-time expert ids in the update. optim: AdamW + schedule.
       lb_coef: MoE load-balancing coefficient. mtp_coef: weight of the MTP loss on the sampled tokens
-        (`hat_jax.train.mtp`; >= 0, 0 skips the MTP forward; default 0.1, DeepSeek-V3's lambda). ppo_epochs, ppo_minibatches: updates per rollout batch.
+        (`hat_jax.train.mtp`; >= 0, 0 skips the MTP forward; default 0.1, DeepSeek-V3's lambda).
+      mtp_detach_trunk: the MTP loss trains the `mtp.*` params only (True: the policy gradient is the same with
+        and without it; False sends it into the trunk, embedding and lm_head as in SFT: `hat_jax.train.mtp`).
+      ppo_epochs, ppo_minibatches: updates per rollout batch.
       accum_steps: micro-batches per minibatch. compute_dtype: "float32" | "bfloat16" (rollouts and update;
         the frozen reference is held in it). param_dtype, mu_dtype, remat_policy, scan_layers, attention_impl, moe_impl, moe_token_chunk, vocab_chunk: as
         `SFTConfig`
@@ -149,6 +153,7 @@ class RLConfig:
     optim: OptimConfig = OptimConfig(lr=1e-5, warmup_steps=0, min_lr_ratio=1.0)
     lb_coef: float = 0.001
     mtp_coef: float = DEFAULT_MTP_COEF
+    mtp_detach_trunk: bool = True
     ppo_epochs: int = 1
     ppo_minibatches: int = 1
     accum_steps: int = 1
@@ -390,7 +395,7 @@ def run_rl(config: RLConfig, out_dir: str | Path, *, resume: bool = False, force
     loss_fn = rl_loss_fn(model, temperature=config.temperature, eps_low=config.eps_low, eps_high=config.eps_high,
                          beta=config.beta, aggregation=config.aggregation, max_len=config.max_len,
                          routing_replay=config.routing_replay, vocab_chunk=config.vocab_chunk,
-                         mtp=config.mtp_coef > 0)
+                         mtp=config.mtp_coef > 0, mtp_detach_trunk=config.mtp_detach_trunk)
     train_step = make_rl_train_step(loss_fn, optimizer, accum_steps=config.accum_steps, epochs=config.ppo_epochs,
                                     minibatches=config.ppo_minibatches, lb_coef=config.lb_coef,
                                     mtp_coef=config.mtp_coef,

@@ -56,14 +56,16 @@ def forced_ids_rows(expert_ids: jax.Array, k: int) -> jax.Array:
 
 
 def policy_forward(model: Qwen3_5MoeForCausalLM, params, batch: Mapping[str, jax.Array], temperature: float,
-                   routing_replay: bool, vocab_chunk: int | None = None, with_mtp: bool = False):
+                   routing_replay: bool, vocab_chunk: int | None = None, with_mtp: bool = False,
+                   mtp_detach_trunk: bool = True):
     """(token logprobs [B, T] at `temperature`, ModelOutput) of the policy on `batch` (module docstring). With
     `vocab_chunk` the logprobs stream the vocabulary in chunks (`token_logprobs_chunked`) and the output has no
-    logits (no [B, T, V] array). `with_mtp` also runs the MTP block (its own routing, never replayed)."""
+    logits (no [B, T, V] array). `with_mtp` also runs the MTP block (its own routing, never replayed), reading
+    the trunk under `stop_gradient` with `mtp_detach_trunk` (`hat_jax.train.mtp`)."""
     forced = forced_ids_rows(batch["expert_ids"], model.config.num_experts_per_tok) if routing_replay else None
     chunked = {} if vocab_chunk is None else {"return_logits": False}
     if with_mtp:
-        chunked["with_mtp"] = True
+        chunked.update(with_mtp=True, mtp_detach_trunk=mtp_detach_trunk)
     out = model.apply({"params": params}, batch["input_ids"], attention_mask=batch["attention_mask"],
                       forced_expert_ids=forced, **chunked)
     if vocab_chunk is None:
@@ -85,7 +87,8 @@ def counted_sequences(action_mask: jax.Array) -> jax.Array:
 
 def rl_loss_fn(model: Qwen3_5MoeForCausalLM, *, temperature: float = 1.0, eps_low: float = 0.2,
                eps_high: float = 0.28, beta: float = 0.0, aggregation: str = "token-mean", max_len: int | None = None,
-               routing_replay: bool = False, vocab_chunk: int | None = None, mtp: bool = False) -> LossFn:
+               routing_replay: bool = False, vocab_chunk: int | None = None, mtp: bool = False,
+               mtp_detach_trunk: bool = True) -> LossFn:
     """loss_fn(params, micro, rng) -> (loss_sum, n, aux) for `hat_jax.train.trainer` (module docstring).
 
     Per token: `clipped_policy_loss` (max(-A rho, -A clip(rho, 1 - eps_low, 1 + eps_high)) + beta k3(logp,
@@ -100,6 +103,8 @@ def rl_loss_fn(model: Qwen3_5MoeForCausalLM, *, temperature: float = 1.0, eps_lo
         vocab_chunk: None = full [B, T, V] logits; else logprobs and entropy over vocabulary chunks of this size.
         mtp: also run the MTP block; aux then has `mtp_loss`, its cross-entropy on the action tokens with no
             advantage weight (`hat_jax.train.mtp.mtp_aux`), and moe/mtp_expert_load_cv.
+        mtp_detach_trunk: the MTP loss trains the `mtp.*` params only (True, the default: the policy gradient is
+            the same with and without it); False also sends it into the trunk, embedding and lm_head.
     Returns:
         the loss function; aux = moe_aux (lb_loss, moe/expert_load_cv) plus policy/clip_frac, policy/clip_frac_low,
         policy/clip_frac_high, policy/ratio_mean, policy/ratio_max, policy/entropy (token mean over action tokens),
@@ -115,7 +120,8 @@ def rl_loss_fn(model: Qwen3_5MoeForCausalLM, *, temperature: float = 1.0, eps_lo
 
     def loss_fn(params, micro, rng):
         del rng  # no dropout
-        lp, out = policy_forward(model, params, micro, temperature, routing_replay, vocab_chunk, mtp)
+        lp, out = policy_forward(model, params, micro, temperature, routing_replay, vocab_chunk, mtp,
+                                 mtp_detach_trunk)
         mask = micro["action_mask"]
         ref = micro["ref_logprobs"] if beta > 0 else None
         loss_sum, m = clipped_policy_loss(lp, micro["old_logprobs"], micro["advantages"], mask, eps_low=eps_low,
@@ -136,7 +142,7 @@ def rl_loss_fn(model: Qwen3_5MoeForCausalLM, *, temperature: float = 1.0, eps_lo
             aux["kl/k3"] = m["kl"]
         if mtp:
             aux.update(mtp_aux(out, params, micro["input_ids"], mask, micro["attention_mask"], top_k,
-                               vocab_chunk=vocab_chunk, compute_dtype=model.dtype))
+                               vocab_chunk=vocab_chunk, detach_trunk=mtp_detach_trunk, compute_dtype=model.dtype))
         return loss_sum, n, aux
 
     return loss_fn

@@ -135,6 +135,52 @@ def test_rl_mtp_term_is_on_sampled_tokens_and_independent_of_the_advantage(micro
     assert float(s1["loss"]) != float(s2["loss"])
 
 
+def _without_mtp(grads):
+    return {k: v for k, v in grads.items() if k != "mtp"}
+
+
+@pytest.mark.parametrize("vocab_chunk", [None, 128])
+def test_rl_detached_mtp_loss_leaves_the_policy_gradient_as_it_is(micro, vocab_chunk):
+    config, params = micro
+    model = Qwen3_5MoeForCausalLM(config, router_stats=True)
+    batch = _one_micro(_rl_batch([1.0, -0.5]))
+
+    def grads(detach, coef):
+        fn = rl_loss_fn(model, mtp=True, mtp_detach_trunk=detach, vocab_chunk=vocab_chunk)
+        return jax.jit(lambda: accumulate_gradients(fn, params, batch, jax.random.key(0), 0.0, coef))()
+
+    ref, ref_stats = grads(True, 0.0)
+    held, held_stats = grads(True, 0.5)
+    # the trunk, embedding and lm_head see the policy loss only; the MTP block learns from its own loss
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(_without_mtp(held)),
+                            jax.tree_util.tree_leaves(_without_mtp(ref))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-9, err_msg=jax.tree_util.keystr(path))
+    assert float(held_stats["mtp_loss"]) == float(ref_stats["mtp_loss"]) > 0
+    assert all(np.any(np.asarray(g)) for g in jax.tree_util.tree_leaves(held["mtp"]["fc"]))
+    # without the detach the same loss moves the policy: lm_head and embedding gradients change
+    full, _ = grads(False, 0.5)
+    for name in ("lm_head", "model"):
+        diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                   for a, b in zip(jax.tree_util.tree_leaves(full[name]), jax.tree_util.tree_leaves(ref[name])))
+        assert diff > 1e-6, name
+
+
+def test_opd_detached_mtp_loss_leaves_the_distillation_gradient_as_it_is(micro):
+    config, params = micro
+    model = Qwen3_5MoeForCausalLM(config, router_stats=True)
+    batch = _rl_batch([0.0, 0.0])
+    batch["teacher_logprobs"] = batch.pop("advantages")[:, None] + batch["old_logprobs"] - 0.1
+
+    def grads(coef):
+        fn = opd_loss_fn(model, OPDConfig(init="unused", mtp_coef=max(coef, 0.5)))
+        return jax.jit(lambda: accumulate_gradients(fn, params, _one_micro(batch), jax.random.key(0), 0.0, coef))()
+
+    (ref, _), (held, _) = grads(0.0), grads(0.5)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(_without_mtp(held)),
+                            jax.tree_util.tree_leaves(_without_mtp(ref))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-9, err_msg=jax.tree_util.keystr(path))
+
+
 def test_opd_mtp_term_is_on_the_students_tokens(micro):
     config, params = micro
     model = Qwen3_5MoeForCausalLM(config, router_stats=True)
