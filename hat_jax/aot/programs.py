@@ -210,9 +210,13 @@ def rl_programs(scale, model_config, mesh: Mesh) -> list[Program]:
     rows, t = c.tasks_per_step * c.group_size, c.seq_len
     split = c.ppo_minibatches * c.accum_steps
     micro = rows // split
-    columns = {k: ((t,), jnp.int32) for k in ("input_ids", "attention_mask", "action_mask")}
+    # pack_rows: the packed layout (`hat_jax.train.policy_packing`) at the unpacked worst case's row count
+    mask_key = "segment_ids" if c.pack_rows else "attention_mask"
+    columns = {k: ((t,), jnp.int32) for k in ("input_ids", mask_key, "action_mask")}
     columns["old_logprobs"] = ((t,), jnp.float32)
-    columns["advantages"] = ((), jnp.float32)
+    columns["advantages"] = ((t,) if c.pack_rows else (), jnp.float32)
+    if c.pack_rows:
+        columns.update(loss_weights=((t,), jnp.float32), loss_counts=((t,), jnp.float32))
     if c.beta > 0:
         columns["ref_logprobs"] = ((t,), jnp.float32)
     if c.routing_replay:

@@ -267,7 +267,8 @@ def clipped_policy_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages
                         action_mask: jax.Array, *, eps_low: float = 0.2, eps_high: float = 0.2,
                         aggregation: str = "token-mean", max_len: int | None = None,
                         ref_logprobs: jax.Array | None = None, beta: float | jax.Array = 0.0,
-                        total_tokens=None, total_sequences=None) -> tuple[jax.Array, dict]:
+                        total_tokens=None, total_sequences=None,
+                        loss_weights: jax.Array | None = None) -> tuple[jax.Array, dict]:
     """Clipped importance-ratio policy-gradient loss (GRPO, DeepSeekMath eq. 3; clip-higher from DAPO).
 
     Per token (rho = exp(logprobs - old_logprobs), A the advantage, both inputs but logprobs held out
@@ -286,6 +287,10 @@ def clipped_policy_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages
         aggregation, max_len, total_tokens, total_sequences: see `aggregate`.
         ref_logprobs: [N, T] frozen-reference logprobs; needed only when beta != 0.
         beta: KL coefficient (0 allowed).
+        loss_weights: [N, T] float32 per-token weights that replace action_mask in the loss's `aggregate`
+            (packed rows: `hat_jax.train.policy_packing` folds each sequence's normaliser into them; then use
+            aggregation "token-mean" with total_tokens=1.0, so the loss is sum(weights x L)); the metrics
+            stay over action_mask.
     Returns:
         (loss float32 scalar, metrics dict of float32 scalars: pg_loss, kl (token-mean k3; 0 without a
         reference), clip_frac_low, clip_frac_high, clip_frac (token fractions where the clipped branch
@@ -313,14 +318,15 @@ def clipped_policy_loss(logprobs: jax.Array, old_logprobs: jax.Array, advantages
         kl = k3_kl(lp, jax.lax.stop_gradient(ref_logprobs))
         per_token = pg + beta * kl
     agg = dict(mode=aggregation, max_len=max_len, total_tokens=total_tokens, total_sequences=total_sequences)
-    loss = aggregate(per_token, action_mask, **agg)
+    weights = action_mask if loss_weights is None else loss_weights
+    loss = aggregate(per_token, weights, **agg)
 
     sg = jax.lax.stop_gradient
     r, a, on = sg(ratio), jnp.broadcast_to(adv, ratio.shape), action_mask != 0
     low = ((r < 1.0 - eps_low) & (a < 0)).astype(jnp.float32)
     high = ((r > 1.0 + eps_high) & (a > 0)).astype(jnp.float32)
     metrics = {
-        "pg_loss": sg(aggregate(pg, action_mask, **agg)),
+        "pg_loss": sg(aggregate(pg, weights, **agg)),
         "kl": jnp.float32(0.0) if kl is None else sg(masked_mean(kl, action_mask)),
         "clip_frac_low": masked_mean(low, action_mask),
         "clip_frac_high": masked_mean(high, action_mask),

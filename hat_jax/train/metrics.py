@@ -24,7 +24,8 @@ from hat_jax.cache import write_text_atomic
 TAGS: tuple[str, ...] = (
     "train/loss", "train/lb_loss", "train/total_loss", "train/grad_norm", "train/lr", "train/loss_tokens",
     "train/tokens_per_s", "train/mtp_loss", "moe/expert_load_cv", "moe/mtp_expert_load_cv", "data/hsa_share",
-    "data/documents", "data/invalid_samples", "policy/clip_frac", "policy/entropy", "policy/ratio_mean",
+    "data/documents", "data/invalid_samples", "data/update_rows", "data/slot_fill", "policy/clip_frac",
+    "policy/entropy", "policy/ratio_mean",
 )
 TAG_FAMILIES: tuple[str, ...] = ("eval/", "reward/", "adv/", "kl/", "rollout/", "time/", "policy/")
 JSONL = "metrics.jsonl"

@@ -67,7 +67,7 @@ from hat_jax.data.world_data import WorldDataConfig, rl_tasks, world_for
 from hat_jax.harness.hsa import HSAConfig, compose
 from hat_jax.judges.rewards import RewardConfig
 from hat_jax.model.params import COMPUTE_DTYPES
-from hat_jax.model.sharding import default_mesh
+from hat_jax.model.sharding import default_mesh, spec_for
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.rollout.checkpoint import tokenizer_from_checkpoint
 from hat_jax.sim.env import EnvConfig
@@ -76,7 +76,8 @@ from hat_jax.train.advantages import get_advantage_estimator
 from hat_jax.train.losses import check_aggregation
 from hat_jax.train.mtp import DEFAULT_MTP_COEF, check_mtp_coef, check_mtp_model
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
-from hat_jax.train.rl_loss import BATCH_KEYS, make_ref_logprobs, make_rl_train_step, rl_loss_fn
+from hat_jax.train.policy_packing import pack_policy_batch
+from hat_jax.train.rl_loss import BATCH_KEYS, PACKED_KEYS, make_ref_logprobs, make_rl_train_step, rl_loss_fn
 from hat_jax.train.rl_rewards import host_batch, judge_rewards
 from hat_jax.train.sft import load_init_params
 from hat_jax.train.stage import (StageRun, copy_tokenizer, add_out_steps, add_resume_force, add_set_progress,
@@ -118,7 +119,10 @@ class RLConfig:
         (`hat_jax.train.mtp`; >= 0, 0 skips the MTP forward; default 0.1, DeepSeek-V3's lambda).
       mtp_detach_trunk: the MTP loss trains the `mtp.*` params only (True: the policy gradient is the same with
         and without it; False sends it into the trunk, embedding and lm_head as in SFT: `hat_jax.train.mtp`).
-      ppo_epochs, ppo_minibatches: updates per rollout batch.
+      pack_rows: the update packs several sampled sequences into one row where that saves rows
+        (`hat_jax.train.policy_packing`: first-fit decreasing within each minibatch, row width unchanged; the
+        loss equals the unpacked one up to float summation order). ppo_epochs, ppo_minibatches: updates per
+        rollout batch.
       accum_steps: micro-batches per minibatch. compute_dtype: "float32" | "bfloat16" (rollouts and update;
         the frozen reference is held in it). param_dtype, mu_dtype, remat_policy, scan_layers, attention_impl, moe_impl, moe_token_chunk, vocab_chunk: as
         `SFTConfig`
@@ -154,6 +158,7 @@ class RLConfig:
     lb_coef: float = 0.001
     mtp_coef: float = DEFAULT_MTP_COEF
     mtp_detach_trunk: bool = True
+    pack_rows: bool = True
     ppo_epochs: int = 1
     ppo_minibatches: int = 1
     accum_steps: int = 1
@@ -258,7 +263,8 @@ class RLBatches:
     step's params by `with_params`.
     """
 
-    def __init__(self, config: RLConfig, model_config, tokenizer, ref_params=None, dtype=None, sampler=None):
+    def __init__(self, config: RLConfig, model_config, tokenizer, ref_params=None, dtype=None, sampler=None,
+                 batch_ways: int = 1):
         from hat_jax.model.sampling import SamplingConfig
         from hat_jax.rollout import RolloutConfig
         from hat_jax.sim.world_harness import production_harness
@@ -279,6 +285,7 @@ class RLBatches:
                                             seq_len=config.seq_len, record_expert_ids=config.routing_replay,
                                             env=config.env)
         self.ref_params = ref_params
+        self.rows_multiple = config.accum_steps * batch_ways   # packed rows per minibatch: whole micro-batches
         self.ref_fn = None
         if config.beta > 0:
             ref_model = Qwen3_5MoeForCausalLM(model_config, dtype=self.dtype, **model_options(config, train=False))
@@ -307,6 +314,15 @@ class RLBatches:
         t_env = time.perf_counter() - t1
         batch, metrics = host_batch(rollout, components, counts, self.config, pad_id=int(self.tokenizer.pad_token_id),
                                     ref_fn=self.ref_fn, ref_params=self.ref_params)
+        real = float(np.sum(batch["attention_mask"]))
+        if self.config.pack_rows:
+            c = self.config
+            packed = pack_policy_batch(batch, aggregation=c.aggregation, max_len=c.max_len,
+                                       minibatches=c.ppo_minibatches, rows_multiple=self.rows_multiple,
+                                       top_k=self.model_config.num_experts_per_tok)
+            batch = batch if packed is None else packed
+        metrics.update({"data/update_rows": float(len(batch["input_ids"])),
+                        "data/slot_fill": real / float(np.size(batch["input_ids"]))})
         stats = rollout.stats
         metrics.update({"time/generation_s": stats["generation_s"], "time/env_s": stats["env_s"] + t_env,
                         "time/tokenize_s": stats["tokenizer_s"], "time/rollout_s": t1 - t0})
@@ -359,6 +375,15 @@ def stage_tokenizer(init: str | None, out: Path, vocab_size: int):
     return tok
 
 
+def batch_ways(mesh) -> int:
+    """How many ways the mesh splits a micro-batch's rows (its 'batch' axes; 1 without a mesh)."""
+    if mesh is None:
+        return 1
+    entry = spec_for(("batch",))[0]
+    axes = (entry,) if isinstance(entry, str) else tuple(entry or ())
+    return int(np.prod([dict(mesh.shape).get(a, 1) for a in axes]))
+
+
 def run_rl(config: RLConfig, out_dir: str | Path, *, resume: bool = False, force: bool = False,
            progress: bool = True) -> TrainState:
     """Runs the RL stage into `out_dir` (module docstring); returns the final state.
@@ -385,7 +410,7 @@ def run_rl(config: RLConfig, out_dir: str | Path, *, resume: bool = False, force
         ref_params = load_init_params(config.ref or config.init, model_config, "RL reference", mesh,
                                       config.compute_dtype)
     tokenizer = stage_tokenizer(config.init, out, model_config.vocab_size)
-    batches = RLBatches(config, model_config, tokenizer, ref_params)
+    batches = RLBatches(config, model_config, tokenizer, ref_params, batch_ways=batch_ways(mesh))
 
     optim = resolved_optim(config)
     optimizer = make_optimizer(optim, mu_dtype=COMPUTE_DTYPES[config.mu_dtype] if config.mu_dtype else None)
@@ -409,7 +434,7 @@ def run_rl(config: RLConfig, out_dir: str | Path, *, resume: bool = False, force
         return state, metrics
 
     split = config.ppo_minibatches * config.accum_steps
-    keys = (*BATCH_KEYS, "ref_logprobs", "expert_ids")
+    keys = (*BATCH_KEYS, *PACKED_KEYS, "ref_logprobs", "expert_ids")
 
     def prepare(host):
         return place_batch(split_micro_batches({k: v for k, v in host.items() if k in keys}, split), mesh)

@@ -8,6 +8,8 @@ Batch keys (host and device, rows = sequences; per-token arrays aligned with inp
   expert_ids [B, L, ceil(k/2), T] int32 when routing replay is on (row-leading so micro-batches split on rows;
   two ids per word, tokens last: `hat_jax.rollout.episodes.pack_expert_ids`; `forced_ids_rows` unpacks them
   to the model's `forced_expert_ids` layout [L, b*T, k]).
+Packed rows (`hat_jax.train.policy_packing`, several sequences per row): segment_ids [B, T] replaces
+  attention_mask, advantages are per token [B, T], and loss_weights / loss_counts [B, T] carry the aggregation.
 
 Aggregation under accumulation (`hat_jax.train.trainer` divides the summed `loss_sum` of all micro-batches
 by the summed `n`). With L the per-token loss, m the action mask, S the number of *counted* sequences (rows
@@ -45,6 +47,7 @@ from hat_jax.train.mtp import mtp_aux
 from hat_jax.train.trainer import LossFn, TrainState, accumulate_gradients, finite_flag, moe_aux, output_router_stats
 
 BATCH_KEYS = ("input_ids", "attention_mask", "action_mask", "old_logprobs", "advantages")
+PACKED_KEYS = ("segment_ids", "loss_weights", "loss_counts")
 
 
 def forced_ids_rows(expert_ids: jax.Array, k: int) -> jax.Array:
@@ -66,8 +69,9 @@ def policy_forward(model: Qwen3_5MoeForCausalLM, params, batch: Mapping[str, jax
     chunked = {} if vocab_chunk is None else {"return_logits": False}
     if with_mtp:
         chunked.update(with_mtp=True, mtp_detach_trunk=mtp_detach_trunk)
-    out = model.apply({"params": params}, batch["input_ids"], attention_mask=batch["attention_mask"],
-                      forced_expert_ids=forced, **chunked)
+    rows = ({"segment_ids": batch["segment_ids"]} if "segment_ids" in batch
+            else {"attention_mask": batch["attention_mask"]})
+    out = model.apply({"params": params}, batch["input_ids"], forced_expert_ids=forced, **rows, **chunked)
     if vocab_chunk is None:
         return token_logprobs(out.logits, batch["input_ids"], temperature), out
     return token_logprobs_chunked(out.hidden, params["lm_head"]["kernel"], batch["input_ids"], vocab_chunk,
@@ -124,25 +128,33 @@ def rl_loss_fn(model: Qwen3_5MoeForCausalLM, *, temperature: float = 1.0, eps_lo
                                  mtp_detach_trunk)
         mask = micro["action_mask"]
         ref = micro["ref_logprobs"] if beta > 0 else None
+        packed = "segment_ids" in micro
+        agg = ({"aggregation": "token-mean", "loss_weights": micro["loss_weights"]} if packed
+               else {"aggregation": aggregation, "max_len": max_len})
         loss_sum, m = clipped_policy_loss(lp, micro["old_logprobs"], micro["advantages"], mask, eps_low=eps_low,
-                                          eps_high=eps_high, aggregation=aggregation, max_len=max_len,
-                                          ref_logprobs=ref, beta=beta, total_tokens=1.0, total_sequences=1.0)
-        n = jnp.sum(mask.astype(jnp.float32)) if aggregation == "token-mean" else counted_sequences(mask)
+                                          eps_high=eps_high, ref_logprobs=ref, beta=beta, total_tokens=1.0,
+                                          total_sequences=1.0, **agg)
+        if packed:
+            n = jnp.sum(micro["loss_counts"])
+        else:
+            n = jnp.sum(mask.astype(jnp.float32)) if aggregation == "token-mean" else counted_sequences(mask)
+        token_mask = micro["segment_ids"] > 0 if packed else micro["attention_mask"]
         if vocab_chunk is None:
             ent = token_entropy(jax.lax.stop_gradient(out.logits), temperature)
         else:
             ent = token_entropy_chunked(out.hidden, params["lm_head"]["kernel"], vocab_chunk, temperature,
                                         model.dtype)
         ent = masked_mean(jax.lax.stop_gradient(ent), mask)
-        aux = moe_aux(output_router_stats(out, micro["attention_mask"], top_k))
+        aux = moe_aux(output_router_stats(out, token_mask, top_k))
         aux.update({"policy/clip_frac": m["clip_frac"], "policy/clip_frac_low": m["clip_frac_low"],
                     "policy/clip_frac_high": m["clip_frac_high"], "policy/ratio_mean": m["ratio_mean"],
                     "policy/ratio_max": m["ratio_max"], "policy/entropy": ent, "kl/approx": m["approx_kl"]})
         if beta > 0:
             aux["kl/k3"] = m["kl"]
         if mtp:
-            aux.update(mtp_aux(out, params, micro["input_ids"], mask, micro["attention_mask"], top_k,
-                               vocab_chunk=vocab_chunk, detach_trunk=mtp_detach_trunk, compute_dtype=model.dtype))
+            aux.update(mtp_aux(out, params, micro["input_ids"], mask, token_mask, top_k,
+                               segment_ids=micro.get("segment_ids"), vocab_chunk=vocab_chunk,
+                               detach_trunk=mtp_detach_trunk, compute_dtype=model.dtype))
         return loss_sum, n, aux
 
     return loss_fn

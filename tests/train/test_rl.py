@@ -40,6 +40,7 @@ from hat_jax.model import Qwen3_5MoeForCausalLM, get_config, init_params
 from hat_jax.model.checkpoint_io import load_model_checkpoint, save_model_checkpoint
 from hat_jax.train.checkpoints import IncompatibleCheckpointError, latest_step
 from hat_jax.train.metrics import check_tag, read_metrics
+from hat_jax.train.policy_packing import pack_policy_batch
 from hat_jax.train.rl import RLBatches, RLConfig, apply_rl_overrides, run_rl, step_harnesses
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
 from hat_jax.train.rl_loss import batch_aggregate, make_rl_train_step, policy_forward, rl_loss_fn
@@ -151,6 +152,26 @@ def test_routing_replay_recomputes_sampler_logprobs(replay_rollout):
     m = rollout.action_mask.astype(bool)
     gap = np.abs(np.asarray(lp)[:, :m.shape[1]] - rollout.old_logprobs)[m]
     assert gap.max() < 1e-4, gap.max()
+
+
+def test_packed_rollouts_keep_the_sampler_logprobs(replay_rollout):
+    """Real rollouts (routing replay on) packed into rows of twice the width: the packed forward with the
+    packed routing ids gives the sampler's log-probs, as the unpacked one does."""
+    config, batches, params, rollout, harnesses = replay_rollout
+    comps, counts = judge_rewards(rollout, harnesses, batches.tokenizer, config.reward)
+    batch, _ = host_batch(rollout, comps, counts, config)
+    width = 2 * batch["input_ids"].shape[1]
+    wide = {k: np.concatenate([v, np.zeros(v.shape[:-1] + (width - v.shape[-1],), v.dtype)], axis=-1)
+            if k != "advantages" else v for k, v in batch.items()}
+    k = batches.model_config.num_experts_per_tok
+    packed = pack_policy_batch(wide, aggregation=config.aggregation, max_len=config.max_len, top_k=k)
+    assert packed["input_ids"].shape == (2, width) and (packed["segment_ids"] > 0).sum() == batch["attention_mask"].sum()
+    model = Qwen3_5MoeForCausalLM(batches.model_config)
+    lp = np.asarray(jax.jit(lambda p, b: policy_forward(model, p, b, 1.0, True))(params, packed)[0])
+    m = packed["action_mask"].astype(bool)
+    sampled = np.sort(rollout.old_logprobs[rollout.action_mask.astype(bool)])
+    assert np.abs(np.sort(lp[m]) - sampled).max() < 1e-4
+    np.testing.assert_allclose(np.sort(packed["old_logprobs"][m]), sampled, rtol=0, atol=0)
 
 
 def test_nan_component_drops_the_sample(replay_rollout):

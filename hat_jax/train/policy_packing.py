@@ -1,0 +1,147 @@
+"""Packing a policy update's sampled sequences (RL) into fewer rows of the same width, with segment ids.
+
+Variant: first-fit decreasing (each sequence, longest first, goes into the first row with room; Johnson 1973:
+at most 11/9 of the optimal row count + 1), done separately for each PPO minibatch's sequences so that a
+minibatch keeps exactly its sequences, and the rows of every minibatch padded with empty rows to one count, a
+multiple of the micro-batches per minibatch. Ties keep the batch order (a stable sort): the packing is a
+function of the sequence lengths alone.
+
+Aggregation: a packed row holds several sequences, so the per-sequence normalisers of
+`hat_jax.train.losses.aggregate` become per-token weights computed here (`loss_weights`), and its denominator a
+count (`loss_counts`, summed by the loss function): with L the per-token loss, m the action mask, n_i the action
+tokens of sequence i, S the counted sequences (rows of the unpacked batch with an action token) and L_max the
+constant generation budget,
+  - "token-mean":              weight m,           count m (per token)
+  - "seq-mean-token-mean":     weight m / n_i,     count 1 at each counted sequence's first action token
+  - "seq-mean-token-sum-norm": weight m / L_max,   count as above
+so sum(weight x L) / sum(count) over all micro-batches equals the unpacked batch's aggregate exactly (up to
+float summation order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from hat_jax.rollout.episodes import pack_expert_ids
+from hat_jax.train.losses import check_aggregation
+
+PER_TOKEN = ("input_ids", "action_mask", "old_logprobs", "ref_logprobs")
+
+
+def first_fit_decreasing(lengths, capacity: int) -> list[list[int]]:
+    """Rows of sequence indices: first fit in order of decreasing length (stable for equal lengths).
+
+    Args:
+        lengths: [n] ints, each 1..capacity. capacity: tokens per row.
+    Returns:
+        the rows, each a list of indices into `lengths` in the order they were placed.
+    Raises:
+        ValueError: a length outside 1..capacity (naming the sequence).
+    """
+    lengths = [int(x) for x in lengths]
+    for i, n in enumerate(lengths):
+        if not 1 <= n <= capacity:
+            raise ValueError(f"sequence {i}: {n} tokens; expected 1..{capacity} (the row width)")
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda j: -lengths[j]):
+        for r, free in enumerate(room):
+            if lengths[i] <= free:
+                rows[r].append(i)
+                room[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            room.append(capacity - lengths[i])
+    return rows
+
+
+def _sequence_lengths(attention_mask: np.ndarray) -> np.ndarray:
+    """[N] real lengths of right-padded rows; ValueError naming the first row whose tokens are not a prefix."""
+    att = np.asarray(attention_mask) != 0
+    lengths = att.sum(axis=1)
+    prefix = np.arange(att.shape[1])[None, :] < lengths[:, None]
+    bad = np.nonzero((att != prefix).any(axis=1) | (lengths == 0))[0]
+    if bad.size:
+        raise ValueError(f"row {int(bad[0])} of the policy batch: its tokens must be one non-empty run at the start "
+                         "of the row (right padding) to be packed")
+    return lengths
+
+
+def pack_policy_batch(batch: Mapping[str, np.ndarray], *, aggregation: str, max_len: int | None = None,
+                      minibatches: int = 1, rows_multiple: int = 1,
+                      top_k: int | None = None) -> dict[str, np.ndarray] | None:
+    """The packed update batch of an unpacked RL batch (module docstring), or None when packing saves no row.
+
+    Args:
+        batch: host arrays of `hat_jax.train.rl_loss`: input_ids, attention_mask, action_mask [N, T] int32
+            (right padding), old_logprobs [N, T] float32, advantages [N] float32; optional ref_logprobs [N, T]
+            and expert_ids [N, L, W, T] int32 (packed routing ids, tokens last).
+        aggregation: one of `hat_jax.train.losses.AGGREGATIONS`. max_len: L_max ("seq-mean-token-sum-norm").
+        minibatches: PPO minibatches (contiguous row blocks of the unpacked batch, N divisible by it).
+        rows_multiple: the packed row count of a minibatch is a multiple of it (the micro-batches per minibatch).
+        top_k: experts per token (required with expert_ids: the padding's ids are 0..top_k-1).
+    Returns:
+        None when the packed rows would be as many as N; else input_ids, segment_ids (0 = padding, 1..n the
+        row's sequences), action_mask [R, T] int32, old_logprobs, advantages (each sequence's advantage on its
+        tokens), loss_weights, loss_counts [R, T] float32, ref_logprobs and expert_ids when given (padding:
+        expert ids 0..k-1 as the rollouts fill unrecorded positions); R = minibatches x rows per minibatch.
+    Raises:
+        ValueError: an unknown aggregation, sum-norm without max_len, N not divisible by minibatches, or a row
+            that is not right-padded (naming it), expert_ids without top_k.
+    """
+    check_aggregation(aggregation)
+    if aggregation == "seq-mean-token-sum-norm" and not max_len:
+        raise ValueError("aggregation 'seq-mean-token-sum-norm' needs max_len (the constant generation budget)")
+    n_rows, width = np.shape(batch["input_ids"])
+    if minibatches < 1 or n_rows % minibatches:
+        raise ValueError(f"{n_rows} policy rows are not divisible into minibatches={minibatches}")
+    lengths = _sequence_lengths(batch["attention_mask"])
+    per_block = n_rows // minibatches
+    blocks = [[[b * per_block + i for i in row]
+               for row in first_fit_decreasing(lengths[b * per_block:(b + 1) * per_block], width)]
+              for b in range(minibatches)]
+    rows_per_block = -(-max(len(rows) for rows in blocks) // rows_multiple) * rows_multiple
+    if rows_per_block >= per_block:
+        return None
+    r_total = rows_per_block * minibatches
+    act = np.asarray(batch["action_mask"], np.int32)
+    n_act = act.sum(axis=1)
+    out = {"input_ids": np.zeros((r_total, width), np.int32), "segment_ids": np.zeros((r_total, width), np.int32),
+           "action_mask": np.zeros((r_total, width), np.int32),
+           "old_logprobs": np.zeros((r_total, width), np.float32),
+           "advantages": np.zeros((r_total, width), np.float32),
+           "loss_weights": np.zeros((r_total, width), np.float32),
+           "loss_counts": np.zeros((r_total, width), np.float32)}
+    if "ref_logprobs" in batch:
+        out["ref_logprobs"] = np.zeros((r_total, width), np.float32)
+    eids = batch.get("expert_ids")
+    if eids is not None:
+        if not top_k:
+            raise ValueError("pack_policy_batch: expert_ids need top_k (the padding positions get ids 0..top_k-1)")
+        eids = np.asarray(eids)
+        fill = pack_expert_ids(np.arange(top_k, dtype=np.int32)[None, :])             # [W, 1]
+        out["expert_ids"] = np.array(np.broadcast_to(fill, (r_total, eids.shape[1]) + fill.shape[:1] + (width,)))
+    for b, rows in enumerate(blocks):
+        for r, seqs in enumerate(rows):
+            row, t0 = b * rows_per_block + r, 0
+            for s, i in enumerate(seqs, start=1):
+                n, span = int(lengths[i]), slice(t0, t0 + int(lengths[i]))
+                for key in PER_TOKEN:
+                    if key in out:
+                        out[key][row, span] = np.asarray(batch[key])[i, :n]
+                out["segment_ids"][row, span] = s
+                m = act[i, :n].astype(np.float32)
+                out["advantages"][row, span] = float(batch["advantages"][i]) * (m != 0)
+                if aggregation == "token-mean":
+                    out["loss_weights"][row, span], out["loss_counts"][row, span] = m, m
+                elif n_act[i]:  # a sequence without sampled tokens weighs and counts nothing
+                    scale = 1.0 / n_act[i] if aggregation == "seq-mean-token-mean" else 1.0 / max_len
+                    out["loss_weights"][row, span] = m * np.float32(scale)
+                    out["loss_counts"][row, t0 + int(np.argmax(m))] = 1.0
+                if eids is not None:
+                    out["expert_ids"][row, ..., span] = eids[i, ..., :n]
+                t0 += n
+    return out
