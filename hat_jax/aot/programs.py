@@ -167,6 +167,17 @@ def _sft_loss_options(config) -> dict:
     return {"mtp": _trains_mtp(config), **({} if chunk is None else {"vocab_chunk": chunk})}
 
 
+def _policy_columns(t: int, packed: bool) -> dict:
+    """Per-row columns of an OPD / RL update batch (name -> (shape after the row axis, dtype)); `packed`: the
+    layout of `hat_jax.train.policy_packing`, compiled at the unpacked worst case's row count."""
+    columns = {k: ((t,), jnp.int32) for k in ("input_ids", "segment_ids" if packed else "attention_mask",
+                                               "action_mask")}
+    columns["old_logprobs"] = ((t,), jnp.float32)
+    if packed:
+        columns.update(loss_weights=((t,), jnp.float32), loss_counts=((t,), jnp.float32))
+    return columns
+
+
 def opd_programs(scale, model_config, mesh: Mesh) -> list[Program]:
     """The frozen teacher's forward (one micro-batch) and the student's train step (`hat_jax.train.opd`); the
     teacher is the student's architecture (the chain's pre-SFT base) in the compute dtype."""
@@ -180,8 +191,8 @@ def opd_programs(scale, model_config, mesh: Mesh) -> list[Program]:
     rows, t, split = c.rows, c.seq_len, c.accum_steps
     micro = rows // split
     teacher_fn = make_teacher_fn(_model(c, model_config, train=False), c)
-    columns = {k: ((t,), jnp.int32) for k in ("input_ids", "attention_mask", "action_mask")}
-    columns.update({k: ((t,), jnp.float32) for k in ("old_logprobs", "teacher_logprobs")})
+    columns = _policy_columns(t, c.pack_rows)
+    columns["teacher_logprobs"] = ((t,), jnp.float32)
     if c.loss == "exact":
         columns["teacher_hidden"] = ((t, model_config.hidden_size), dtype)
     batch = _micro_batch(mesh, split, rows, columns)
@@ -210,13 +221,8 @@ def rl_programs(scale, model_config, mesh: Mesh) -> list[Program]:
     rows, t = c.tasks_per_step * c.group_size, c.seq_len
     split = c.ppo_minibatches * c.accum_steps
     micro = rows // split
-    # pack_rows: the packed layout (`hat_jax.train.policy_packing`) at the unpacked worst case's row count
-    mask_key = "segment_ids" if c.pack_rows else "attention_mask"
-    columns = {k: ((t,), jnp.int32) for k in ("input_ids", mask_key, "action_mask")}
-    columns["old_logprobs"] = ((t,), jnp.float32)
+    columns = _policy_columns(t, c.pack_rows)
     columns["advantages"] = ((t,) if c.pack_rows else (), jnp.float32)
-    if c.pack_rows:
-        columns.update(loss_weights=((t,), jnp.float32), loss_counts=((t,), jnp.float32))
     if c.beta > 0:
         columns["ref_logprobs"] = ((t,), jnp.float32)
     if c.routing_replay:

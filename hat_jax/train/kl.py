@@ -51,7 +51,8 @@ def check_opd_loss(name: str) -> str:
 def sampled_reverse_kl_loss(logprobs: jax.Array, old_logprobs: jax.Array, teacher_logprobs: jax.Array,
                             action_mask: jax.Array, *, clip_eps: float | None = None, kl_coef: float = 1.0,
                             aggregation: str = "token-mean", max_len: int | None = None,
-                            total_tokens=None, total_sequences=None) -> tuple[jax.Array, dict]:
+                            total_tokens=None, total_sequences=None,
+                            loss_weights: jax.Array | None = None) -> tuple[jax.Array, dict]:
     """Sampled-token reverse-KL OPD loss (module docstring, "sampled").
 
     A_t = -kl_coef * (old_logprobs_t - teacher_logprobs_t) * m_t (stop-gradient);
@@ -64,6 +65,7 @@ def sampled_reverse_kl_loss(logprobs: jax.Array, old_logprobs: jax.Array, teache
         old_logprobs: [N, T] sampler (student at sampling time) logprobs.
         teacher_logprobs: [N, T] teacher logprobs of the same tokens.
         action_mask: [N, T] 0/1 on sampled tokens.
+        loss_weights: [N, T] per-token weights of packed rows, as in `clipped_policy_loss`.
     Returns:
         (loss, metrics): `clipped_policy_loss` metrics plus reverse_kl_k1 / reverse_kl_k3, token means of
         the k1 and k3 estimates of KL(pi_old || pi_T) on the sampled tokens.
@@ -75,7 +77,7 @@ def sampled_reverse_kl_loss(logprobs: jax.Array, old_logprobs: jax.Array, teache
     eps = jnp.inf if clip_eps is None else clip_eps
     loss, metrics = clipped_policy_loss(logprobs, old_logprobs, adv, action_mask, eps_low=eps, eps_high=eps,
                                         aggregation=aggregation, max_len=max_len, total_tokens=total_tokens,
-                                        total_sequences=total_sequences)
+                                        total_sequences=total_sequences, loss_weights=loss_weights)
     metrics["reverse_kl_k1"] = masked_mean(k1, action_mask)
     metrics["reverse_kl_k3"] = masked_mean(jnp.maximum(jnp.expm1(-k1) + k1, 0.0), action_mask)  # k3 >= 0
     return loss, metrics
@@ -143,7 +145,7 @@ def reverse_kl_per_token_chunked(student_hidden: jax.Array, student_kernel: jax.
 def exact_reverse_kl(student, teacher, action_mask: jax.Array, *, chunk: int | None = None,
                      temperature: float | jax.Array = 1.0, aggregation: str = "token-mean",
                      max_len: int | None = None, total_tokens=None, total_sequences=None,
-                     compute_dtype=jnp.float32) -> tuple[jax.Array, dict]:
+                     compute_dtype=jnp.float32, loss_weights: jax.Array | None = None) -> tuple[jax.Array, dict]:
     """Exact full-vocabulary reverse-KL OPD loss (module docstring, "exact").
 
     Args:
@@ -151,6 +153,8 @@ def exact_reverse_kl(student, teacher, action_mask: jax.Array, *, chunk: int | N
             pairs are computed in vocabulary chunks of `chunk` (required then).
         action_mask: [B, T] 0/1 on student-sampled tokens.
         aggregation, max_len, total_tokens, total_sequences: see `aggregate`.
+        loss_weights: [B, T] per-token weights replacing action_mask in the aggregate (packed rows, as in
+            `hat_jax.train.losses.clipped_policy_loss`); the metrics stay over action_mask.
     Returns:
         (loss = aggregate(KL_t, action_mask), metrics {reverse_kl: token mean, reverse_kl_max}).
     """
@@ -165,7 +169,8 @@ def exact_reverse_kl(student, teacher, action_mask: jax.Array, *, chunk: int | N
         kl = reverse_kl_per_token(student, teacher, temperature)
     else:
         raise ValueError("exact_reverse_kl: student and teacher must both be logits or both (hidden, kernel) pairs")
-    loss = aggregate(kl, action_mask, aggregation, max_len, total_tokens, total_sequences)
+    loss = aggregate(kl, action_mask if loss_weights is None else loss_weights, aggregation, max_len, total_tokens,
+                     total_sequences)
     sg = jax.lax.stop_gradient(kl)
     metrics = {"reverse_kl": masked_mean(sg, action_mask),
                "reverse_kl_max": jnp.max(jnp.where(action_mask != 0, sg, 0.0))}

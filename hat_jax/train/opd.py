@@ -53,11 +53,13 @@ from hat_jax.train.mtp import check_mtp_model
 from hat_jax.train.opd_batches import EXACT_KEYS, SAMPLED_KEYS, OPDBatches, live_pool, prompt_pool
 from hat_jax.train.opd_config import OPDConfig
 from hat_jax.train.opd_loss import opd_loss_fn
+from hat_jax.train.rl_loss import PACKED_KEYS
 from hat_jax.train.optim import lr_schedule, make_optimizer
 from hat_jax.train.stage import (StageRun, copy_tokenizer, add_out_steps, add_resume_force, add_set_progress,
                                  apply_overrides, cli, finish_main, model_options, parse_stage_args, resolved_optim,
                                  run_options, stage_parser, stage_section)
-from hat_jax.train.trainer import LoopConfig, TrainState, make_train_step, place_batch, split_micro_batches
+from hat_jax.train.trainer import (LoopConfig, TrainState, batch_ways, make_train_step, place_batch,
+                                   split_micro_batches)
 
 log = logging.getLogger(__name__)
 def apply_opd_overrides(config: OPDConfig, assignments: Sequence[str]) -> OPDConfig:
@@ -170,9 +172,10 @@ def run_opd(config: OPDConfig, out_dir: str | Path, *, resume: bool = False, for
     teacher_model = Qwen3_5MoeForCausalLM(teacher_config, dtype=dtype, **model_options(config, train=False))
     train_step = make_train_step(opd_loss_fn(model, config), optimizer, lb_coef=config.lb_coef,
                                  mtp_coef=config.mtp_coef, schedule=lr_schedule(optim), shardings=run.shardings)
-    batches = OPDBatches(config, model_config, tokenizer, pool, teacher_params, teacher_model)
+    batches = OPDBatches(config, model_config, tokenizer, pool, teacher_params, teacher_model,
+                         batch_ways=batch_ways(mesh))
     teacher_kernel = teacher_params["lm_head"]["kernel"]
-    keys = EXACT_KEYS if config.loss == "exact" else SAMPLED_KEYS
+    keys = (*(EXACT_KEYS if config.loss == "exact" else SAMPLED_KEYS), *PACKED_KEYS)
 
     def prepare(host):
         dev = place_batch(split_micro_batches(host, config.accum_steps, keys), mesh)

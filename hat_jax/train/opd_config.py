@@ -49,6 +49,8 @@ class OPDConfig:
       mtp_coef: weight of the MTP loss on the student's sampled tokens (`hat_jax.train.mtp`; >= 0, 0 skips the
         MTP forward; default 0.1, DeepSeek-V3's lambda). mtp_detach_trunk: the MTP loss trains the `mtp.*` params
         only (True: the distillation gradient is the same with and without it; `hat_jax.train.mtp`).
+      pack_rows: the update packs several sampled sequences into one row where that saves rows
+        (`hat_jax.train.policy_packing`, as `hat_jax.train.rl.RLConfig`; teacher outputs are packed with them).
       optim, accum_steps, lb_coef, compute_dtype, param_dtype, mu_dtype, remat_policy, scan_layers, attention_impl, moe_impl, moe_token_chunk, steps, log_every, ckpt_every,
         max_to_keep, seed, mesh: as SFT. The frozen teacher is held in compute_dtype.
     """
@@ -85,6 +87,7 @@ class OPDConfig:
     lb_coef: float = 0.001
     mtp_coef: float = DEFAULT_MTP_COEF
     mtp_detach_trunk: bool = True
+    pack_rows: bool = True
     compute_dtype: str = "float32"
     param_dtype: str = "float32"
     mu_dtype: str | None = None

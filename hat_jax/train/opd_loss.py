@@ -72,15 +72,20 @@ def opd_loss_fn(model: Qwen3_5MoeForCausalLM, config: OPDConfig):
     """
     chunk, temp, cd = config.vocab_chunk, config.temperature, COMPUTE_DTYPES[config.compute_dtype]
     top_k = model.config.num_experts_per_tok
-    agg = dict(aggregation=config.aggregation, max_len=config.max_len, total_tokens=1.0, total_sequences=1.0)
+    unpacked = dict(aggregation=config.aggregation, max_len=config.max_len, total_tokens=1.0, total_sequences=1.0)
     sg = jax.lax.stop_gradient
     mtp = config.mtp_coef > 0
 
     def loss_fn(params, micro, rng):
         del rng  # no dropout
-        ids, att, m = micro["input_ids"], micro["attention_mask"], micro["action_mask"]
+        ids, m = micro["input_ids"], micro["action_mask"]
         old, tlp = micro["old_logprobs"], micro["teacher_logprobs"]
-        out = model.apply({"params": params}, ids, attention_mask=att, return_logits=chunk is None,
+        packed = "segment_ids" in micro  # `hat_jax.train.policy_packing`: the aggregation in per-token weights
+        rows = {"segment_ids": micro["segment_ids"]} if packed else {"attention_mask": micro["attention_mask"]}
+        att = micro["segment_ids"] > 0 if packed else micro["attention_mask"]
+        agg = (dict(aggregation="token-mean", total_tokens=1.0, loss_weights=micro["loss_weights"]) if packed
+               else unpacked)
+        out = model.apply({"params": params}, ids, return_logits=chunk is None, **rows,
                           **({"with_mtp": True, "mtp_detach_trunk": config.mtp_detach_trunk} if mtp else {}))
         kernel = params["lm_head"]["kernel"]
         if chunk is None:
@@ -110,9 +115,12 @@ def opd_loss_fn(model: Qwen3_5MoeForCausalLM, config: OPDConfig):
         aux["policy/ratio_mean"] = masked_mean(jnp.exp(sg(lp) - old), m)
         aux["policy/entropy"] = masked_mean(ent, m)
         if mtp:
-            aux.update(mtp_aux(out, params, ids, m, att, top_k, vocab_chunk=chunk,
-                               detach_trunk=config.mtp_detach_trunk, compute_dtype=cd))
-        n = jnp.sum(m.astype(jnp.float32)) if config.aggregation == "token-mean" else counted_sequences(m)
+            aux.update(mtp_aux(out, params, ids, m, att, top_k, segment_ids=micro.get("segment_ids"),
+                               vocab_chunk=chunk, detach_trunk=config.mtp_detach_trunk, compute_dtype=cd))
+        if packed:
+            n = jnp.sum(micro["loss_counts"])
+        else:
+            n = jnp.sum(m.astype(jnp.float32)) if config.aggregation == "token-mean" else counted_sequences(m)
         return loss_sum, n, aux
 
     return loss_fn

@@ -1,4 +1,4 @@
-"""Packing a policy update's sampled sequences (RL) into fewer rows of the same width, with segment ids.
+"""Packing a policy update's sampled sequences (RL, OPD) into fewer rows of the same width, with segment ids.
 
 Variant: first-fit decreasing (each sequence, longest first, goes into the first row with room; Johnson 1973:
 at most 11/9 of the optimal row count + 1), done separately for each PPO minibatch's sequences so that a
@@ -27,7 +27,7 @@ import numpy as np
 from hat_jax.rollout.episodes import pack_expert_ids
 from hat_jax.train.losses import check_aggregation
 
-PER_TOKEN = ("input_ids", "action_mask", "old_logprobs", "ref_logprobs")
+ROW_KEYS = ("attention_mask", "advantages", "expert_ids")   # the keys packed other than token by token
 
 
 def first_fit_decreasing(lengths, capacity: int) -> list[list[int]]:
@@ -58,16 +58,19 @@ def first_fit_decreasing(lengths, capacity: int) -> list[list[int]]:
     return rows
 
 
-def _sequence_lengths(attention_mask: np.ndarray) -> np.ndarray:
-    """[N] real lengths of right-padded rows; ValueError naming the first row whose tokens are not a prefix."""
+def _token_spans(attention_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """([N] first token, [N] token count) of rows whose tokens are one run (left or right padding); ValueError
+    naming the first row that is empty or has a gap."""
     att = np.asarray(attention_mask) != 0
     lengths = att.sum(axis=1)
-    prefix = np.arange(att.shape[1])[None, :] < lengths[:, None]
-    bad = np.nonzero((att != prefix).any(axis=1) | (lengths == 0))[0]
+    starts = np.argmax(att, axis=1)
+    cols = np.arange(att.shape[1])[None, :]
+    run = (cols >= starts[:, None]) & (cols < (starts + lengths)[:, None])
+    bad = np.nonzero((att != run).any(axis=1) | (lengths == 0))[0]
     if bad.size:
-        raise ValueError(f"row {int(bad[0])} of the policy batch: its tokens must be one non-empty run at the start "
-                         "of the row (right padding) to be packed")
-    return lengths
+        raise ValueError(f"row {int(bad[0])} of the policy batch: its tokens must be one non-empty run (padding "
+                         "before or after it only) to be packed")
+    return starts, lengths
 
 
 def pack_policy_batch(batch: Mapping[str, np.ndarray], *, aggregation: str, max_len: int | None = None,
@@ -76,21 +79,23 @@ def pack_policy_batch(batch: Mapping[str, np.ndarray], *, aggregation: str, max_
     """The packed update batch of an unpacked RL batch (module docstring), or None when packing saves no row.
 
     Args:
-        batch: host arrays of `hat_jax.train.rl_loss`: input_ids, attention_mask, action_mask [N, T] int32
-            (right padding), old_logprobs [N, T] float32, advantages [N] float32; optional ref_logprobs [N, T]
-            and expert_ids [N, L, W, T] int32 (packed routing ids, tokens last).
+        batch: host arrays: attention_mask, action_mask [N, T] int32 (each row's tokens one run, padding
+            before or after it), every other [N, T, ...] array per token (input_ids, old_logprobs,
+            ref_logprobs, OPD's teacher_logprobs and teacher_hidden [N, T, H]); optional advantages [N] float32
+            (RL: one per sequence) and expert_ids [N, L, W, T] int32 (packed routing ids, tokens last).
         aggregation: one of `hat_jax.train.losses.AGGREGATIONS`. max_len: L_max ("seq-mean-token-sum-norm").
         minibatches: PPO minibatches (contiguous row blocks of the unpacked batch, N divisible by it).
         rows_multiple: the packed row count of a minibatch is a multiple of it (the micro-batches per minibatch).
         top_k: experts per token (required with expert_ids: the padding's ids are 0..top_k-1).
     Returns:
-        None when the packed rows would be as many as N; else input_ids, segment_ids (0 = padding, 1..n the
-        row's sequences), action_mask [R, T] int32, old_logprobs, advantages (each sequence's advantage on its
-        tokens), loss_weights, loss_counts [R, T] float32, ref_logprobs and expert_ids when given (padding:
-        expert ids 0..k-1 as the rollouts fill unrecorded positions); R = minibatches x rows per minibatch.
+        None when the packed rows would be as many as N; else segment_ids [R, T] int32 (0 = padding, 1..n the
+        row's sequences) in place of attention_mask, every per-token array [R, T, ...] (0 on padding),
+        advantages [R, T] (each sequence's advantage on its tokens) when given, loss_weights and loss_counts
+        [R, T] float32, and expert_ids when given (padding: expert ids 0..k-1 as the rollouts fill unrecorded
+        positions); R = minibatches x rows per minibatch.
     Raises:
         ValueError: an unknown aggregation, sum-norm without max_len, N not divisible by minibatches, or a row
-            that is not right-padded (naming it), expert_ids without top_k.
+            whose tokens are not one run (naming it), expert_ids without top_k.
     """
     check_aggregation(aggregation)
     if aggregation == "seq-mean-token-sum-norm" and not max_len:
@@ -98,7 +103,7 @@ def pack_policy_batch(batch: Mapping[str, np.ndarray], *, aggregation: str, max_
     n_rows, width = np.shape(batch["input_ids"])
     if minibatches < 1 or n_rows % minibatches:
         raise ValueError(f"{n_rows} policy rows are not divisible into minibatches={minibatches}")
-    lengths = _sequence_lengths(batch["attention_mask"])
+    starts, lengths = _token_spans(batch["attention_mask"])
     per_block = n_rows // minibatches
     blocks = [[[b * per_block + i for i in row]
                for row in first_fit_decreasing(lengths[b * per_block:(b + 1) * per_block], width)]
@@ -109,14 +114,16 @@ def pack_policy_batch(batch: Mapping[str, np.ndarray], *, aggregation: str, max_
     r_total = rows_per_block * minibatches
     act = np.asarray(batch["action_mask"], np.int32)
     n_act = act.sum(axis=1)
-    out = {"input_ids": np.zeros((r_total, width), np.int32), "segment_ids": np.zeros((r_total, width), np.int32),
-           "action_mask": np.zeros((r_total, width), np.int32),
-           "old_logprobs": np.zeros((r_total, width), np.float32),
-           "advantages": np.zeros((r_total, width), np.float32),
-           "loss_weights": np.zeros((r_total, width), np.float32),
-           "loss_counts": np.zeros((r_total, width), np.float32)}
-    if "ref_logprobs" in batch:
-        out["ref_logprobs"] = np.zeros((r_total, width), np.float32)
+    per_token = {k: np.asarray(v) for k, v in batch.items() if k not in ROW_KEYS}
+    for key, value in per_token.items():
+        if value.shape[:2] != (n_rows, width):
+            raise ValueError(f"batch[{key!r}] has shape {value.shape}; expected [{n_rows}, {width}, ...] (per token)")
+    out = {k: np.zeros((r_total,) + v.shape[1:], v.dtype) for k, v in per_token.items()}
+    out.update({key: np.zeros((r_total, width), np.float32) for key in ("loss_weights", "loss_counts")})
+    out["segment_ids"] = np.zeros((r_total, width), np.int32)
+    adv = batch.get("advantages")
+    if adv is not None:
+        out["advantages"] = np.zeros((r_total, width), np.float32)
     eids = batch.get("expert_ids")
     if eids is not None:
         if not top_k:
@@ -129,12 +136,13 @@ def pack_policy_batch(batch: Mapping[str, np.ndarray], *, aggregation: str, max_
             row, t0 = b * rows_per_block + r, 0
             for s, i in enumerate(seqs, start=1):
                 n, span = int(lengths[i]), slice(t0, t0 + int(lengths[i]))
-                for key in PER_TOKEN:
-                    if key in out:
-                        out[key][row, span] = np.asarray(batch[key])[i, :n]
+                src = slice(int(starts[i]), int(starts[i]) + n)
+                for key, value in per_token.items():
+                    out[key][row, span] = value[i, src]
                 out["segment_ids"][row, span] = s
-                m = act[i, :n].astype(np.float32)
-                out["advantages"][row, span] = float(batch["advantages"][i]) * (m != 0)
+                m = act[i, src].astype(np.float32)
+                if adv is not None:
+                    out["advantages"][row, span] = float(adv[i]) * (m != 0)
                 if aggregation == "token-mean":
                     out["loss_weights"][row, span], out["loss_counts"][row, span] = m, m
                 elif n_act[i]:  # a sequence without sampled tokens weighs and counts nothing
@@ -142,6 +150,6 @@ def pack_policy_batch(batch: Mapping[str, np.ndarray], *, aggregation: str, max_
                     out["loss_weights"][row, span] = m * np.float32(scale)
                     out["loss_counts"][row, t0 + int(np.argmax(m))] = 1.0
                 if eids is not None:
-                    out["expert_ids"][row, ..., span] = eids[i, ..., :n]
+                    out["expert_ids"][row, ..., span] = eids[i, ..., src]
                 t0 += n
     return out

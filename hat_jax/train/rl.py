@@ -67,7 +67,7 @@ from hat_jax.data.world_data import WorldDataConfig, rl_tasks, world_for
 from hat_jax.harness.hsa import HSAConfig, compose
 from hat_jax.judges.rewards import RewardConfig
 from hat_jax.model.params import COMPUTE_DTYPES
-from hat_jax.model.sharding import default_mesh, spec_for
+from hat_jax.model.sharding import default_mesh
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.rollout.checkpoint import tokenizer_from_checkpoint
 from hat_jax.sim.env import EnvConfig
@@ -84,7 +84,7 @@ from hat_jax.train.stage import (StageRun, copy_tokenizer, add_out_steps, add_re
                                  apply_overrides, check_dtypes, check_model_options, check_run_fields, cli, config_json,
                                  finish_main, model_options, parse_stage_args, resolved_optim, run_options,
                                  stage_parser, stage_sampler, stage_section)
-from hat_jax.train.trainer import LoopConfig, TrainState, place_batch, split_micro_batches
+from hat_jax.train.trainer import LoopConfig, TrainState, batch_ways, place_batch, split_micro_batches
 
 log = logging.getLogger(__name__)
 HARNESS_MODES = ("original", "hsa")
@@ -373,15 +373,6 @@ def stage_tokenizer(init: str | None, out: Path, vocab_size: int):
         raise ValueError(f"tokenizer {str(source)!r} has {len(tok)} tokens, more than the model's vocab_size "
                          f"{vocab_size}")
     return tok
-
-
-def batch_ways(mesh) -> int:
-    """How many ways the mesh splits a micro-batch's rows (its 'batch' axes; 1 without a mesh)."""
-    if mesh is None:
-        return 1
-    entry = spec_for(("batch",))[0]
-    axes = (entry,) if isinstance(entry, str) else tuple(entry or ())
-    return int(np.prod([dict(mesh.shape).get(a, 1) for a in axes]))
 
 
 def run_rl(config: RLConfig, out_dir: str | Path, *, resume: bool = False, force: bool = False,

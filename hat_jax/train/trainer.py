@@ -269,6 +269,16 @@ def state_shardings(state: TrainState, optimizer: optax.GradientTransformation, 
     return TrainState(param_sh, opt_sh, replicated, replicated)
 
 
+def batch_ways(mesh: Mesh | None) -> int:
+    """How many ways `micro_batch_sharding` can split a micro-batch's rows: the product of the mesh's batch axes
+    (1 without a mesh)."""
+    if mesh is None:
+        return 1
+    entry = spec_for(("batch",))[0]
+    axes = (entry,) if isinstance(entry, str) else tuple(entry or ())
+    return int(np.prod([dict(mesh.shape).get(a, 1) for a in axes]))
+
+
 def micro_batch_sharding(mesh: Mesh, ndim: int, rows: int | None = None) -> NamedSharding:
     """[accum, micro, ...]: micro-batch axis over the mesh's batch axes ('data', 'fsdp', 'expert'), the rest
     replicated; with `rows` (the micro-batch size) over the longest prefix of them that divides it."""

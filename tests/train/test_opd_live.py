@@ -162,7 +162,8 @@ def test_action_mask_is_the_sampled_turns_only(ckpts, loaded, world, harness, or
     plain = sorted(plain, key=lambda e: len(json.dumps(e.messages)))[:2]  # the shortest: 1,024-token rows
     assert len(plain) == 2
     config = live(ckpts, "loss=exact", "prompts_per_step=2", "samples_per_prompt=1", "max_new_tokens=400",
-                  "max_turns=8", "seq_len=3072", "bucket=3072", "train_bucket=512")
+                  "max_turns=8", "seq_len=3072", "bucket=3072", "train_bucket=512",
+                  "pack_rows=false")  # one episode per row: the rows are read against the rollout's
     source = batch_source(loaded, config, LiveTasks(tuple(e.task for e in plain), world, harness))
     table = {}
     for e in plain:

@@ -56,15 +56,28 @@ def test_packed_layout_keeps_each_sequence_and_its_minibatch():
     assert pack_policy_batch(_batch((16, 15, 14)), aggregation="token-mean") is None
 
 
+def test_left_padded_rows_pack_as_right_padded_ones():
+    batch = _batch()
+    left = {k: np.stack([np.roll(v[i], T - n) for i, n in enumerate(LENGTHS)]) if k != "advantages" else v
+            for k, v in batch.items()}
+    want, got = (pack_policy_batch(b, aggregation="seq-mean-token-mean") for b in (batch, left))
+    assert want.keys() == got.keys()
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
 def test_bad_batches_are_refused():
     batch = _batch()
     with pytest.raises(ValueError, match="not divisible into minibatches=4"):
         pack_policy_batch(batch, aggregation="token-mean", minibatches=4)
     with pytest.raises(ValueError, match="needs max_len"):
         pack_policy_batch(batch, aggregation="seq-mean-token-sum-norm")
-    left = dict(batch, attention_mask=batch["attention_mask"][:, ::-1].copy())
-    with pytest.raises(ValueError, match="row 0 of the policy batch"):
-        pack_policy_batch(left, aggregation="token-mean")
+    gap = dict(batch, attention_mask=batch["attention_mask"].copy())
+    gap["attention_mask"][2, 5] = 0
+    with pytest.raises(ValueError, match="row 2 of the policy batch: its tokens must be one non-empty run"):
+        pack_policy_batch(gap, aggregation="token-mean")
+    with pytest.raises(ValueError, match=r"batch\['old_logprobs'\] has shape \(6, 15\)"):
+        pack_policy_batch(dict(batch, old_logprobs=batch["old_logprobs"][:, 1:]), aggregation="token-mean")
     with pytest.raises(ValueError, match="expert_ids need top_k"):
         pack_policy_batch(dict(batch, expert_ids=np.zeros((6, 2, 1, T), np.int32)), aggregation="token-mean")
 
@@ -118,3 +131,40 @@ def test_packed_routing_replay_gives_the_unpacked_logprobs(micro):
                     if n == span.size and np.array_equal(batch["input_ids"][i, :n], packed["input_ids"][row, span])]
             m = batch["action_mask"][i, :span.size] != 0
             np.testing.assert_allclose(got[row, span][m], want[i, :span.size][m], atol=2e-5)
+
+
+@pytest.mark.parametrize("loss,mode", [("sampled", "token-mean"), ("sampled", "seq-mean-token-mean"),
+                                       ("exact", "seq-mean-token-sum-norm")])
+def test_packed_opd_update_equals_the_unpacked_one(micro, loss, mode):
+    from hat_jax.train.opd_config import OPDConfig
+    from hat_jax.train.opd_loss import opd_loss_fn
+
+    config, params = micro
+    model = Qwen3_5MoeForCausalLM(config, router_stats=True)
+    rng = np.random.default_rng(5)
+    batch = _batch()
+    del batch["advantages"]
+    batch["teacher_logprobs"] = (batch["old_logprobs"] + rng.normal(0.0, 0.3, (len(LENGTHS), T))).astype(np.float32)
+    hidden = config.hidden_size
+    if loss == "exact":
+        batch["teacher_hidden"] = rng.normal(0.0, 1.0, (len(LENGTHS), T, hidden)).astype(np.float32)
+    opd = OPDConfig(init="unused", loss=loss, aggregation=mode, mtp_coef=0.1, clip_eps=0.2, max_new_tokens=8,
+                    seq_len=T + 1)
+    packed = pack_policy_batch(batch, aggregation=mode, max_len=opd.max_len)
+    assert len(packed["input_ids"]) < len(batch["input_ids"]) and "attention_mask" not in packed
+
+    def micro_batch(b):
+        out = split_micro_batches(b, 1)
+        if loss == "exact":
+            out["teacher_kernel"] = rng_kernel[None]
+        return out
+
+    rng_kernel = jnp.asarray(np.random.default_rng(6).normal(0.0, 0.1, (hidden, config.vocab_size)), jnp.float32)
+    run = jax.jit(lambda b: accumulate_gradients(opd_loss_fn(model, opd), params, b, jax.random.key(0), 0.0, 0.1))
+    want, want_stats = run(micro_batch(batch))
+    got, got_stats = run(micro_batch(packed))
+    for key in ("loss", "mtp_loss"):
+        np.testing.assert_allclose(float(got_stats[key]), float(want_stats[key]), rtol=1e-5, err_msg=key)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=2e-7,
+                                   err_msg=jax.tree_util.keystr(path))
