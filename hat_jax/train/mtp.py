@@ -10,10 +10,10 @@ Convention (every stage the same):
   block's hidden states and the shared lm_head on the blocks of positions that hold a target only
   (`mtp_ce_counted_rows`); with `vocab_chunk` over vocabulary chunks (`mtp_ce_chunked`), so no [B, T, V]
   array exists.
-- Gradient: pretraining and SFT (`mtp_detach_trunk=False`): into the MTP block and, as in DeepSeek-V3 (its MTP
-  modules share the embedding, the output head and the trunk whose h_t they read), into the main model through
-  h_t, the embedding and the lm_head. RL and OPD (`mtp_detach_trunk=True`, verl's `detach_encoder`, which its
-  MTP guide recommends for RL): into the MTP block only. There the loss imitates the policy's own samples, and
+- Gradient: pretraining and SFT (always): into the MTP block and, as in DeepSeek-V3 (its MTP modules share the
+  embedding, the output head and the trunk whose h_t they read), into the main model through h_t, the embedding
+  and the lm_head. RL and OPD (`mtp_detach_trunk`, default True; verl's `detach_encoder`, which its MTP guide
+  recommends for RL): into the MTP block only. There the loss imitates the policy's own samples, and
   through the trunk it would add an unweighted self-imitation term to the policy gradient (measured on tiny:
   docs/tuning.md, "MTP in the policy stages").
 - Accumulation: the trainer weights each micro-batch's mtp_loss by its share of the stage's normaliser, as the

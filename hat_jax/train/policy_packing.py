@@ -94,16 +94,51 @@ def pack_policy_batch(batch: Mapping[str, np.ndarray], *, aggregation: str, max_
         [R, T] float32, and expert_ids when given (padding: expert ids 0..k-1 as the rollouts fill unrecorded
         positions); R = minibatches x rows per minibatch.
     Raises:
-        ValueError: an unknown aggregation, sum-norm without max_len, N not divisible by minibatches, or a row
-            whose tokens are not one run (naming it), expert_ids without top_k.
+        ValueError: an unknown aggregation, sum-norm without a max_len >= 1, minibatches or rows_multiple < 1, N
+            not divisible by minibatches, a missing or mis-shaped array (naming it), a row whose tokens are not
+            one run or with action tokens on padding (naming it), expert_ids without top_k.
     """
     check_aggregation(aggregation)
-    if aggregation == "seq-mean-token-sum-norm" and not max_len:
-        raise ValueError("aggregation 'seq-mean-token-sum-norm' needs max_len (the constant generation budget)")
+    if aggregation == "seq-mean-token-sum-norm" and (isinstance(max_len, bool) or not isinstance(max_len, int)
+                                                     or max_len < 1):
+        raise ValueError(f"aggregation 'seq-mean-token-sum-norm' needs max_len, the constant generation budget (an "
+                         f"integer >= 1), got {max_len!r}")
+    missing = [k for k in ("input_ids", "attention_mask", "action_mask") if k not in batch]
+    if missing:
+        raise ValueError(f"pack_policy_batch: the batch has no {', '.join(missing)}")
+    if np.ndim(batch["input_ids"]) != 2:
+        raise ValueError(f"batch['input_ids'] has shape {np.shape(batch['input_ids'])}; expected [N, T]")
     n_rows, width = np.shape(batch["input_ids"])
-    if minibatches < 1 or n_rows % minibatches:
+    for name, value in (("minibatches", minibatches), ("rows_multiple", rows_multiple)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"pack_policy_batch: {name} = {value!r}; expected an integer >= 1")
+    if n_rows % minibatches:
         raise ValueError(f"{n_rows} policy rows are not divisible into minibatches={minibatches}")
+    if np.shape(batch["attention_mask"]) != (n_rows, width):
+        raise ValueError(f"batch['attention_mask'] has shape {np.shape(batch['attention_mask'])}; expected "
+                         f"[{n_rows}, {width}]")
+    if "advantages" in batch and np.shape(batch["advantages"]) != (n_rows,):
+        raise ValueError(f"batch['advantages'] has shape {np.shape(batch['advantages'])}; expected [{n_rows}] "
+                         "(one per sequence)")
     starts, lengths = _token_spans(batch["attention_mask"])
+    act = np.asarray(batch["action_mask"], np.int32)
+    per_token = {k: np.asarray(v) for k, v in batch.items() if k not in ROW_KEYS}
+    for key, value in per_token.items():
+        if value.shape[:2] != (n_rows, width):
+            raise ValueError(f"batch[{key!r}] has shape {value.shape}; expected [{n_rows}, {width}, ...] (per token)")
+    outside = np.nonzero(((act != 0) & (np.asarray(batch["attention_mask"]) == 0)).any(axis=1))[0]
+    if outside.size:
+        raise ValueError(f"row {int(outside[0])} of the policy batch has action tokens on padding "
+                         "(action_mask 1 where attention_mask is 0)")
+    eids = batch.get("expert_ids")
+    if eids is not None:
+        if not top_k:
+            raise ValueError("pack_policy_batch: expert_ids need top_k (the padding positions get ids 0..top_k-1)")
+        eids = np.asarray(eids)
+        fill = pack_expert_ids(np.arange(top_k, dtype=np.int32)[None, :])             # [W, 1]
+        if eids.ndim != 4 or eids.shape[0] != n_rows or eids.shape[2:] != (fill.shape[0], width):
+            raise ValueError(f"batch['expert_ids'] has shape {eids.shape}; expected [{n_rows}, L, {fill.shape[0]}, "
+                             f"{width}] (packed routing ids of top_k = {top_k}, tokens last)")
     per_block = n_rows // minibatches
     blocks = [[[b * per_block + i for i in row]
                for row in first_fit_decreasing(lengths[b * per_block:(b + 1) * per_block], width)]
@@ -112,24 +147,14 @@ def pack_policy_batch(batch: Mapping[str, np.ndarray], *, aggregation: str, max_
     if rows_per_block >= per_block:
         return None
     r_total = rows_per_block * minibatches
-    act = np.asarray(batch["action_mask"], np.int32)
     n_act = act.sum(axis=1)
-    per_token = {k: np.asarray(v) for k, v in batch.items() if k not in ROW_KEYS}
-    for key, value in per_token.items():
-        if value.shape[:2] != (n_rows, width):
-            raise ValueError(f"batch[{key!r}] has shape {value.shape}; expected [{n_rows}, {width}, ...] (per token)")
     out = {k: np.zeros((r_total,) + v.shape[1:], v.dtype) for k, v in per_token.items()}
     out.update({key: np.zeros((r_total, width), np.float32) for key in ("loss_weights", "loss_counts")})
     out["segment_ids"] = np.zeros((r_total, width), np.int32)
     adv = batch.get("advantages")
     if adv is not None:
         out["advantages"] = np.zeros((r_total, width), np.float32)
-    eids = batch.get("expert_ids")
     if eids is not None:
-        if not top_k:
-            raise ValueError("pack_policy_batch: expert_ids need top_k (the padding positions get ids 0..top_k-1)")
-        eids = np.asarray(eids)
-        fill = pack_expert_ids(np.arange(top_k, dtype=np.int32)[None, :])             # [W, 1]
         out["expert_ids"] = np.array(np.broadcast_to(fill, (r_total, eids.shape[1]) + fill.shape[:1] + (width,)))
     for b, rows in enumerate(blocks):
         for r, seqs in enumerate(rows):

@@ -222,7 +222,8 @@ def copy_tokenizer(source: Path, target: Path) -> Path:
 
 
 def check_run_fields(config, names: Sequence[str] = ("steps", "log_every", "ckpt_every", "max_to_keep")) -> None:
-    """Called by a stage config's `__post_init__`: each of `names` (those the config has) must be an int >= 1.
+    """Called by a stage config's `__post_init__`: each of `names` (those the config has) must be an int >= 1, and
+    every field annotated `bool` a bool.
 
     max_to_keep < 1 would write no checkpoint (a "finished" stage nothing can read), ckpt_every/log_every < 1
     no interval. Raises ValueError naming `<Config>.<field>`, the value and what is expected.
@@ -233,6 +234,10 @@ def check_run_fields(config, names: Sequence[str] = ("steps", "log_every", "ckpt
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{type(config).__name__}.{name} = {value!r}: expected an integer >= 1")
+    for field in dataclasses.fields(config):  # a switch given None, 0 or "false" would read as another setting
+        if field.type in ("bool", bool) and not isinstance(getattr(config, field.name), bool):
+            raise ValueError(f"{type(config).__name__}.{field.name} = {getattr(config, field.name)!r}: expected "
+                             "true or false")
 
 
 # ---------------------------------------------------------------------------------------------- --set overrides

@@ -80,6 +80,37 @@ def test_bad_batches_are_refused():
         pack_policy_batch(dict(batch, old_logprobs=batch["old_logprobs"][:, 1:]), aggregation="token-mean")
     with pytest.raises(ValueError, match="expert_ids need top_k"):
         pack_policy_batch(dict(batch, expert_ids=np.zeros((6, 2, 1, T), np.int32)), aggregation="token-mean")
+    with pytest.raises(ValueError, match=r"batch\['expert_ids'\] has shape \(6, 2, 1, 17\); expected \[6, L, 1, 16\]"):
+        pack_policy_batch(dict(batch, expert_ids=np.zeros((6, 2, 1, T + 1), np.int32)), aggregation="token-mean",
+                          top_k=2)
+    with pytest.raises(ValueError, match=r"batch\['attention_mask'\] has shape \(3, 16\); expected \[6, 16\]"):
+        pack_policy_batch(dict(batch, attention_mask=batch["attention_mask"][:3]), aggregation="token-mean")
+    with pytest.raises(ValueError, match=r"batch\['advantages'\] has shape \(6, 16\); expected \[6\]"):
+        pack_policy_batch(dict(batch, advantages=batch["old_logprobs"]), aggregation="token-mean")
+    with pytest.raises(ValueError, match="rows_multiple = 0; expected an integer >= 1"):
+        pack_policy_batch(batch, aggregation="token-mean", rows_multiple=0)
+    with pytest.raises(ValueError, match="needs max_len.*got -4"):
+        pack_policy_batch(batch, aggregation="seq-mean-token-sum-norm", max_len=-4)
+    with pytest.raises(ValueError, match="the batch has no action_mask"):
+        pack_policy_batch({k: v for k, v in batch.items() if k != "action_mask"}, aggregation="token-mean")
+    stray = dict(batch, action_mask=batch["action_mask"].copy())
+    stray["action_mask"][4, T - 1] = 1
+    with pytest.raises(ValueError, match="row 4 of the policy batch has action tokens on padding"):
+        pack_policy_batch(stray, aggregation="token-mean")
+
+
+@pytest.mark.parametrize("field", ["pack_rows", "mtp_detach_trunk"])
+def test_the_switches_take_only_true_or_false(field):
+    from hat_jax.train.opd_config import OPDConfig
+    from hat_jax.train.rl import RLConfig, apply_rl_overrides
+
+    for bad in (None, 0, "false"):
+        for make in (RLConfig, lambda **kw: OPDConfig(init="unused", **kw)):
+            with pytest.raises(ValueError, match=f"{field} = {bad!r}: expected true or false"):
+                make(**{field: bad})
+    with pytest.raises(ValueError, match=f"RLConfig.{field} = None"):
+        apply_rl_overrides(RLConfig(), [f"{field}=null"])
+    assert getattr(apply_rl_overrides(RLConfig(), [f"{field}=false"]), field) is False
 
 
 @pytest.fixture(scope="module")
