@@ -51,7 +51,7 @@ from hat_jax.rollout import RolloutConfig, rollout_episodes, sample_completions
 from hat_jax.rollout.sampler import round_up
 from hat_jax.tokenizer import chat_encoding
 from hat_jax.train.opd_loss import make_teacher_fn
-from hat_jax.train.policy_packing import pack_policy_batch
+from hat_jax.train.policy_packing import packed_update
 from hat_jax.train.rl import draw_harnesses, draw_task_indices
 from hat_jax.train.rl_rewards import OUTCOMES, judge_rewards
 from hat_jax.train.stage import stage_sampler
@@ -196,7 +196,7 @@ class OPDBatches:
       teacher_model: the teacher's module.
       sampler: the student's sampler, given each step's params by `with_params` (default: a `JaxSampler` of
         the student in the stage's compute dtype with its bucket).
-      batch_ways: how many ways the mesh splits a micro-batch's rows (`hat_jax.train.rl.batch_ways`).
+      batch_ways: how many ways the mesh splits a micro-batch's rows (`hat_jax.train.trainer.batch_ways`).
 
     With config.pack_rows the arrays are packed after the teacher's forward (`hat_jax.train.policy_packing`:
     segment_ids, loss_weights, loss_counts in place of attention_mask) where that saves rows.
@@ -257,14 +257,10 @@ class OPDBatches:
         teacher = jax.device_get(parts)
         for key in teacher[0]:
             batch[key] = np.concatenate([p[key] for p in teacher])
-        real = float(np.sum(batch["attention_mask"]))
-        if c.pack_rows:
-            arrays = {k: batch[k] for k in (*EXACT_KEYS, "ref_logprobs") if k in batch}
-            packed = pack_policy_batch(arrays, aggregation=c.aggregation, max_len=c.max_len,
-                                       rows_multiple=c.accum_steps * self.batch_ways)
-            if packed is not None:
-                batch = {**{k: v for k, v in batch.items() if k not in arrays}, **packed}
-        stats.update({"data/update_rows": float(len(batch["input_ids"])),
-                      "data/slot_fill": real / float(np.size(batch["input_ids"]))})
+        arrays = {k: batch.pop(k) for k in EXACT_KEYS if k in batch}
+        arrays, rows = packed_update(arrays, pack=c.pack_rows, aggregation=c.aggregation, max_len=c.max_len,
+                                     rows_multiple=c.accum_steps * self.batch_ways)
+        batch.update(arrays)
+        stats.update(rows)
         batch["stats"] = {**stats, "time/teacher_s": time.perf_counter() - t1}
         return batch

@@ -178,3 +178,21 @@ def pack_policy_batch(batch: Mapping[str, np.ndarray], *, aggregation: str, max_
                     out["expert_ids"][row, ..., span] = eids[i, ..., src]
                 t0 += n
     return out
+
+
+def packed_update(batch: Mapping[str, np.ndarray], *, pack: bool, aggregation: str, max_len: int | None = None,
+                  minibatches: int = 1, rows_multiple: int = 1,
+                  top_k: int | None = None) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """A stage's update batch: `pack_policy_batch` when `pack` and it saves rows, else `batch` as it is; with the
+    metrics data/update_rows (rows of the update) and data/slot_fill (real tokens / slots).
+
+    Args and errors: as `pack_policy_batch` (the arrays only; `batch` holds nothing else).
+    """
+    real = float(np.sum(batch["attention_mask"]))
+    packed = None
+    if pack:
+        packed = pack_policy_batch(batch, aggregation=aggregation, max_len=max_len, minibatches=minibatches,
+                                   rows_multiple=rows_multiple, top_k=top_k)
+    out = dict(batch) if packed is None else packed
+    return out, {"data/update_rows": float(len(out["input_ids"])),
+                 "data/slot_fill": real / float(np.size(out["input_ids"]))}

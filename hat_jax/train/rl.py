@@ -76,7 +76,7 @@ from hat_jax.train.advantages import get_advantage_estimator
 from hat_jax.train.losses import check_aggregation
 from hat_jax.train.mtp import DEFAULT_MTP_COEF, check_mtp_coef, check_mtp_model
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
-from hat_jax.train.policy_packing import pack_policy_batch
+from hat_jax.train.policy_packing import packed_update
 from hat_jax.train.rl_loss import BATCH_KEYS, PACKED_KEYS, make_ref_logprobs, make_rl_train_step, rl_loss_fn
 from hat_jax.train.rl_rewards import host_batch, judge_rewards
 from hat_jax.train.sft import load_init_params
@@ -314,15 +314,11 @@ class RLBatches:
         t_env = time.perf_counter() - t1
         batch, metrics = host_batch(rollout, components, counts, self.config, pad_id=int(self.tokenizer.pad_token_id),
                                     ref_fn=self.ref_fn, ref_params=self.ref_params)
-        real = float(np.sum(batch["attention_mask"]))
-        if self.config.pack_rows:
-            c = self.config
-            packed = pack_policy_batch(batch, aggregation=c.aggregation, max_len=c.max_len,
-                                       minibatches=c.ppo_minibatches, rows_multiple=self.rows_multiple,
-                                       top_k=self.model_config.num_experts_per_tok)
-            batch = batch if packed is None else packed
-        metrics.update({"data/update_rows": float(len(batch["input_ids"])),
-                        "data/slot_fill": real / float(np.size(batch["input_ids"]))})
+        c = self.config
+        batch, rows = packed_update(batch, pack=c.pack_rows, aggregation=c.aggregation, max_len=c.max_len,
+                                    minibatches=c.ppo_minibatches, rows_multiple=self.rows_multiple,
+                                    top_k=self.model_config.num_experts_per_tok)
+        metrics.update(rows)
         stats = rollout.stats
         metrics.update({"time/generation_s": stats["generation_s"], "time/env_s": stats["env_s"] + t_env,
                         "time/tokenize_s": stats["tokenizer_s"], "time/rollout_s": t1 - t0})
