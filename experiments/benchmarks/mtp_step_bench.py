@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import numpy as np
-from bench_util import loadavg
+from bench_util import interleaved_step_times, loadavg
 
 
 def packed_batch(rows: int, seq_len: int, docs: int, loss_tokens: int, vocab: int) -> dict[str, np.ndarray]:
@@ -65,25 +64,15 @@ def main(argv=None) -> dict:
     batch = {k: jax.numpy.asarray(v) for k, v in packed_batch(args.rows, args.seq_len, args.docs, args.loss_tokens,
                                                                  config.vocab_size).items()}
     block_rows = [None if v.strip().lower() == "none" else int(v) for v in args.block_rows.split(",")]
-    arms, states = {}, {}
+    arms = {}
     for rows in block_rows:
         for mtp, coef in (("off", 0.0), ("on", args.mtp_coef)):
-            name = f"mtp {mtp}, block_rows {rows}"
-            arms[name] = make_train_step(sft_loss_fn(model, args.vocab_chunk, mtp=coef > 0, block_rows=rows),
-                                         optimizer, lb_coef=0.001, mtp_coef=coef)
-            states[name] = place_state(init_train_state(init_params(config, jax.random.key(0)), optimizer,
-                                                        jax.random.key(1)))
-            states[name], m = arms[name](states[name], batch)  # compile
-            jax.block_until_ready(m)
-    times = {name: [] for name in arms}
-    for _ in range(args.pairs):
-        for name, step in arms.items():
-            t0 = time.perf_counter()
-            states[name], m = step(states[name], batch)
-            jax.block_until_ready(m)
-            times[name].append(time.perf_counter() - t0)
+            step = make_train_step(sft_loss_fn(model, args.vocab_chunk, mtp=coef > 0, block_rows=rows),
+                                   optimizer, lb_coef=0.001, mtp_coef=coef)
+            arms[f"mtp {mtp}, block_rows {rows}"] = [step, place_state(init_train_state(
+                init_params(config, jax.random.key(0)), optimizer, jax.random.key(1))), batch]
+    times, median = interleaved_step_times(arms, args.pairs)
     tokens = args.rows * args.seq_len
-    median = {k: float(np.median(v)) for k, v in times.items()}
     report = {"preset": args.preset, "rows": args.rows, "seq_len": args.seq_len, "loss_tokens_per_step":
               int(batch["loss_mask"].sum()), "pairs": args.pairs, "load": loadavg(),
               "step_s": times, "median_step_s": median,

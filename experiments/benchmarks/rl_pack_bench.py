@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import numpy as np
-from bench_util import loadavg
+from bench_util import interleaved_step_times, loadavg
 
 
 def rl_batch(lengths, width: int, vocab: int, seed: int) -> dict[str, np.ndarray]:
@@ -72,23 +71,14 @@ def main(argv=None) -> dict:
     step = make_rl_train_step(rl_loss_fn(model, mtp=True), optimizer, accum_steps=args.accum, lb_coef=0.001,
                               mtp_coef=0.1)
     arms = {"unpacked": host, "packed": packed}
-    batches, states = {}, {}
+    runs = {}
     for name, batch in arms.items():
         keys = [k for k in batch if k != "attention_mask" or name == "unpacked"]
-        batches[name] = {k: jax.numpy.asarray(v) for k, v in split_micro_batches(batch, args.accum, keys).items()}
-        states[name] = place_state(init_train_state(init_params(config, jax.random.key(0)), optimizer,
-                                                    jax.random.key(1)))
-        states[name], m = step(states[name], batches[name])  # compile
-        jax.block_until_ready(m)
-    times = {name: [] for name in arms}
-    for _ in range(args.pairs):
-        for name in arms:
-            t0 = time.perf_counter()
-            states[name], m = step(states[name], batches[name])
-            jax.block_until_ready(m)
-            times[name].append(time.perf_counter() - t0)
+        micro = {k: jax.numpy.asarray(v) for k, v in split_micro_batches(batch, args.accum, keys).items()}
+        runs[name] = [step, place_state(init_train_state(init_params(config, jax.random.key(0)), optimizer,
+                                                         jax.random.key(1))), micro]
+    times, median = interleaved_step_times(runs, args.pairs)
     real = int(host["attention_mask"].sum())
-    median = {k: float(np.median(v)) for k, v in times.items()}
     report = {"preset": args.preset, "width": args.width, "lengths": lengths.tolist(), "real_tokens": real,
               "rows": {k: int(len(v["input_ids"])) for k, v in arms.items()},
               "slot_fill": {k: real / float(np.size(v["input_ids"])) for k, v in arms.items()},
