@@ -84,18 +84,6 @@ def list_experiments(groups) -> str:
     return "\n".join(lines)
 
 
-def enable_compile_cache() -> None:
-    """A persistent JAX compilation cache (`$JAX_COMPILATION_CACHE_DIR`, default `<hat-jax cache>/jax`): the
-    sampler and train steps compile once per shape across stages, rows and reruns instead of each time."""
-    import jax
-
-    from hat_jax.data.world_data import cache_root
-
-    if jax.config.jax_compilation_cache_dir is None:
-        jax.config.update("jax_compilation_cache_dir", str(cache_root() / "jax"))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-
-
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -123,6 +111,7 @@ def main(argv=None) -> int:
 
     from hat_jax.experiments.results import group_markdown
     from hat_jax.experiments.runner import check_run_dirs, run_experiment
+    from hat_jax.train.stage import enable_compile_cache
 
     enable_compile_cache()
     out = Path(args.out)

@@ -433,4 +433,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    cli(main)
+    cli(main, compile_cache=True)

@@ -447,8 +447,23 @@ def finish_main(args: argparse.Namespace, state: TrainState) -> int:
     return 0
 
 
-def cli(main: Callable[[], int]) -> None:
-    """Exits with main()'s status; a stage error exits 2 with `error: <type>: <message>` on stderr."""
+def enable_compile_cache() -> None:
+    """A persistent JAX compilation cache (`$JAX_COMPILATION_CACHE_DIR`, default `<hat-jax cache>/jax`, see
+    `hat_jax.data.world_data.cache_root`) for programs that took >= 1 s to compile: a rerun, a resumed run or the
+    next stage of a chain loads the sampler and train steps instead of compiling them again. A cache directory
+    already set (environment or `jax.config`) is kept."""
+    from hat_jax.data.world_data import cache_root
+
+    if jax.config.jax_compilation_cache_dir is None:
+        jax.config.update("jax_compilation_cache_dir", str(cache_root() / "jax"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
+def cli(main: Callable[[], int], compile_cache: bool = False) -> None:
+    """Exits with main()'s status; a stage error exits 2 with `error: <type>: <message>` on stderr.
+    `compile_cache`: `enable_compile_cache()` first (the stages' `python -m` entry points)."""
+    if compile_cache:
+        enable_compile_cache()
     try:
         sys.exit(main())
     except CLI_ERRORS as err:

@@ -1,5 +1,6 @@
 """The stage scaffolding shared by SFT, OPD and RL: --set overrides, run-dir checks, the CLI's exits."""
 
+import jax
 import pytest
 
 from hat_jax.train import stage
@@ -36,3 +37,21 @@ def test_cli_exit_codes(exc, code, capsys):
     assert info.value.code == code
     err = capsys.readouterr().err
     assert ("--resume" in err) if code == 130 else ("error: ValueError: bad" in err)
+
+
+def test_compile_cache_defaults_under_the_cache_root_and_keeps_a_set_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("HAT_JAX_CACHE", str(tmp_path / "root"))
+    before = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
+    try:
+        jax.config.update("jax_compilation_cache_dir", None)
+        with pytest.raises(SystemExit) as info:
+            stage.cli(lambda: 0, compile_cache=True)
+        assert info.value.code == 0
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "root" / "jax")
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 1.0
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path / "mine"))
+        stage.enable_compile_cache()
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "mine")
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before[0])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
