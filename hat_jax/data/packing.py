@@ -56,8 +56,9 @@ def fit_document(input_ids: Sequence[int] | np.ndarray, loss_mask: Sequence[int]
                          f"shapes {ids.shape} and {mask.shape}")
     n = ids.size
     if n > seq_len and not truncate:
-        raise ValueError(f"document {name}: {n} tokens > seq_len {seq_len} and truncation is off (set truncate=True "
-                         "to cut it, or raise seq_len)")
+        raise ValueError(f"document {name}: {n} tokens > seq_len {seq_len} and truncation is off (turn truncation "
+                         "on to cut it: --set data.truncate=true for SFT, truncate=true for pretraining; or raise "
+                         "the row length)")
     return {"input_ids": ids[:seq_len], "loss_mask": mask[:seq_len], "truncated": np.int32(n > seq_len),
             "num_tokens": np.int32(n)}
 
@@ -138,8 +139,8 @@ def refuse_packed_state(state: Any, name: str) -> None:
     named `name`) was written by a packed pipeline."""
     if isinstance(state, Mapping) and "format" in state:
         raise DataStateFormatError(f"{name} data state: the checkpoint's data state has format {state['format']!r}, "
-                                   "this pipeline is unpacked; resume it with packing on (the default) or start a "
-                                   "new run directory")
+                                   "this pipeline is unpacked; resume it with packing on (--set data.pack=true for "
+                                   "SFT, pack=true for pretraining; the default) or start a new run directory")
 
 
 class PackedBatches:
@@ -150,12 +151,19 @@ class PackedBatches:
     "batches", "documents", "tokens" (non-pad tokens), "truncated_documents"} (JSON); `set_state` resumes at
     exactly the next batch.
 
+    With `geometry` the state also records the packer's row length and open rows, which its pipeline state
+    depends on (the open rows' contents and the documents drawn into them): `set_state` refuses a state written
+    with other values, naming the config field, instead of resuming into a wrong or failing data order.
+
     Args:
       iterator: `iter(grain IterDataset)` of packed batches. name: the pipeline in messages ("pretraining", "SFT").
+      geometry: {config field name: value} of the packer, e.g. {"data.seq_len": 2048, "data.pack_bins": 16}.
     """
 
-    def __init__(self, iterator: Iterator[Mapping[str, np.ndarray]], name: str):
+    def __init__(self, iterator: Iterator[Mapping[str, np.ndarray]], name: str,
+                 geometry: Mapping[str, int] | None = None):
         self.iterator, self.name = iterator, name
+        self.geometry = dict(geometry or {})
         self.batches = self.documents = self.tokens = self.truncated = 0
 
     def __iter__(self):
@@ -171,8 +179,11 @@ class PackedBatches:
         return batch
 
     def get_state(self) -> dict:
-        return {"format": PACKED_FORMAT, "pipeline": self.iterator.get_state(), "batches": self.batches,
-                "documents": self.documents, "tokens": self.tokens, "truncated_documents": self.truncated}
+        state = {"format": PACKED_FORMAT, "pipeline": self.iterator.get_state(), "batches": self.batches,
+                 "documents": self.documents, "tokens": self.tokens, "truncated_documents": self.truncated}
+        if self.geometry:
+            state["geometry"] = dict(self.geometry)
+        return state
 
     def set_state(self, state: Any) -> None:
         """Raises DataStateFormatError for a state of another format (e.g. the unpacked pipeline's), ValueError
@@ -185,6 +196,14 @@ class PackedBatches:
                 f"pipeline packs documents (format {PACKED_FORMAT!r}); a checkpoint written by the unpacked "
                 "pipeline cannot continue its data order here: start a new run directory, or resume it with "
                 "packing off (--set data.pack=false for SFT, pack=false for pretraining)")
+        saved = state.get("geometry") or {}  # absent in states written before it was recorded: not checked
+        changed = {k: (saved[k], v) for k, v in self.geometry.items() if k in saved and saved[k] != v}
+        if changed:
+            fields = ", ".join(f"{k} was {a}, now {b}" for k, (a, b) in changed.items())
+            raise DataStateFormatError(
+                f"{self.name} data state: the checkpoint's packer ran with other settings ({fields}); its open rows "
+                "and document order cannot continue under the new ones: resume with the checkpoint's values, or "
+                "start a new run directory")
         for key in ("batches", "documents", "tokens", "truncated_documents"):
             if not isinstance(state.get(key), int) or state[key] < 0:
                 raise ValueError(f"{self.name} data state: {key!r} must be an int >= 0, got {state.get(key)!r}")

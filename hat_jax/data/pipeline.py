@@ -337,7 +337,8 @@ def sft_batches(dataset: grain.IterDataset, config: SFTDataConfig):
     """The iterator over `sft_dataset(..., config)`: a `packing.PackedBatches` when config.pack (its state
     carries the packed format tag and the running counts: documents, tokens, truncated documents), else the
     Grain iterator itself."""
-    return PackedBatches(iter(dataset), "SFT") if config.pack else iter(dataset)
+    geometry = {"data.seq_len": config.seq_len, "data.pack_bins": config.pack_bins}
+    return PackedBatches(iter(dataset), "SFT", geometry) if config.pack else iter(dataset)
 
 
 def transform_shares(

@@ -64,8 +64,8 @@ def check_segment_ids(segment_ids, positions=None) -> None:
     Raises:
         ValueError naming the field, the row and the offending token when: segment_ids is not 2-D or not
         integer; an id is negative; ids decrease between real tokens of a row; a document's id reappears
-        after padding (a document must be contiguous); positions has another
-        shape or disagrees with the per-document positions.
+        after padding (a document must be contiguous); positions is not integer, has another shape or
+        disagrees with the per-document positions.
     """
     seg = np.asarray(segment_ids)
     if seg.ndim != 2 or not np.issubdtype(seg.dtype, np.integer):
@@ -91,8 +91,9 @@ def check_segment_ids(segment_ids, positions=None) -> None:
     if positions is None:
         return
     pos = np.asarray(positions)
-    if pos.shape != seg.shape:
-        raise ValueError(f"positions: expected shape {seg.shape} (that of segment_ids), got {pos.shape}")
+    if pos.shape != seg.shape or not np.issubdtype(pos.dtype, np.integer):
+        raise ValueError(f"positions: expected an integer array of shape {seg.shape} (that of segment_ids), got "
+                         f"shape {pos.shape} dtype {pos.dtype}")
     t = np.arange(seg.shape[1])
     prev = np.pad(seg[:, :-1], ((0, 0), (1, 0)), constant_values=-1)
     last_start = np.maximum.accumulate(np.where((seg > 0) & (seg != prev), t, 0), axis=1)

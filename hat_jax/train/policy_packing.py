@@ -121,7 +121,12 @@ def pack_policy_batch(batch: Mapping[str, np.ndarray], *, aggregation: str, max_
         raise ValueError(f"batch['advantages'] has shape {np.shape(batch['advantages'])}; expected [{n_rows}] "
                          "(one per sequence)")
     starts, lengths = _token_spans(batch["attention_mask"])
-    act = np.asarray(batch["action_mask"], np.int32)
+    raw_act = np.asarray(batch["action_mask"])
+    if raw_act.shape == (n_rows, width) and not np.isin(raw_act, (0, 1)).all():
+        row = int(np.nonzero(~np.isin(raw_act, (0, 1)).all(axis=1))[0][0])
+        raise ValueError(f"batch['action_mask'] row {row} holds values other than 0 and 1; expected a 0/1 mask "
+                         "(per-token weights are not part of the packed layout)")
+    act = raw_act.astype(np.int32)
     per_token = {k: np.asarray(v) for k, v in batch.items() if k not in ROW_KEYS}
     for key, value in per_token.items():
         if value.shape[:2] != (n_rows, width):

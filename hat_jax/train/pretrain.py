@@ -356,7 +356,8 @@ def pretraining_batches(chats: Sequence[tuple[list, list]], tokenizer, config: P
     docs = docs.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4 * config.pack_bins))
     rows = pack_documents(docs, config.seq_len, bins=config.pack_bins, pad_id=int(tokenizer.pad_token_id or 0),
                           sum_features=("truncated",))
-    return PackedBatches(iter(rows.batch(config.batch_size, drop_remainder=True)), "pretraining")
+    return PackedBatches(iter(rows.batch(config.batch_size, drop_remainder=True)), "pretraining",
+                         geometry={"seq_len": config.seq_len, "pack_bins": config.pack_bins})
 
 
 # ---------------------------------------------------------------------------------------------- training

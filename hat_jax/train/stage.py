@@ -11,10 +11,10 @@ is that directory's life cycle, in the order every stage uses it:
    shardings (on a mesh), then either the latest checkpoint restored into them (its config hash checked,
    `force` overrides; the mesh is not part of the hash) or a fresh `init_train_state(params, optimizer,
    fold_in(key(seed), 1))` built inside `jit` with those shardings (`hat_jax.train.sharded_init`);
-   committed once with `place_state`;
-   `stage_config.json` written. Returns (state, data_state); `shardings` is kept for the train step.
-3. `run(loop, state, batches, step_fn, ...)`: `run_stage` with the stage's `StageCheckpointer` and
-   `MetricsWriter` (a fresh run logs its config as the text `config/<name>`), both closed on any exit.
+   committed once with `place_state`. Returns (state, data_state); `shardings` is kept for the train step.
+3. `run(loop, state, batches, step_fn, ...)`: `stage_config.json` written, then `run_stage` with the stage's
+   `StageCheckpointer` and `MetricsWriter` (a fresh run logs its config as the text `config/<name>`), both
+   closed on any exit.
 
 The CLI part: the arguments every stage takes (`--preset`, `--out`, `--steps`, `--resume`, `--force`,
 `--set`, `--no-progress`), the scale config a stage reads its section from (`--preset NAME` is
@@ -158,8 +158,9 @@ class StageRun:
               param_dtype: str = "float32") -> tuple[TrainState, Any]:
         """(state, data_state): the restored latest checkpoint (data_state its stored data state, read straight
         into the mesh's shardings) or a fresh state from `params` (data_state None; params cast to `param_dtype`
-        and the optimizer state initialised inside `jit` with the mesh's shardings, `params` donated); writes
-        `<out>/stage_config.json`.
+        and the optimizer state initialised inside `jit` with the mesh's shardings, `params` donated).
+        `stage_config.json` is written by `run`, once the stage has accepted the data state too: a resume refused
+        after this point (e.g. `--force` over a changed data layout) leaves the folder's config as it was.
 
         Raises:
           ckpt.ConfigMismatchError / IncompatibleCheckpointError: see `hat_jax.train.checkpoints`.
@@ -182,8 +183,6 @@ class StageRun:
         else:
             state = init_state(params, optimizer, jax.random.fold_in(jax.random.key(seed), 1), dtype, self.shardings)
         state = place_state(state, self.shardings)
-        if is_primary():
-            (self.out / "stage_config.json").write_text(json.dumps(self.cfg_json, indent=1, sort_keys=True) + "\n")
         return state, data_state
 
     def run(self, loop: LoopConfig, state: TrainState, batches, step_fn, *, max_to_keep: int,
@@ -193,7 +192,9 @@ class StageRun:
         """`run_stage` with this run's checkpointer and metrics writer (closed on any exit), inside the mesh given
         to `start` (`mesh_context`: the steps traced there constrain their activations to it); the final state.
         With several processes only process 0 writes metrics (`hat_jax.train.distributed.is_primary`); every
-        process saves its part of each checkpoint."""
+        process saves its part of each checkpoint. Process 0 first writes `<out>/stage_config.json`."""
+        if is_primary():
+            (self.out / "stage_config.json").write_text(json.dumps(self.cfg_json, indent=1, sort_keys=True) + "\n")
         checkpointer = ckpt.StageCheckpointer(self.out, self.cfg_json, self.model_config, max_to_keep=max_to_keep)
         writer = MetricsWriter(self.out, resume_step=self.existing) if is_primary() else None
         if writer is not None and self.existing is None:
@@ -268,8 +269,10 @@ def parse_value(text: str, current: Any) -> Any:
     for kind in (bool, int, float):  # a number or flag field takes only that kind of value (or null)
         if value is None:
             break
-        if isinstance(current, kind) and not (isinstance(value, kind) and (kind is bool or not isinstance(value, bool))):
-            raise ValueError(f"expected a value of type {kind.__name__}, got {text!r}")
+        if isinstance(current, kind) and not (isinstance(value, kind)
+                                              and (kind is bool or not isinstance(value, bool))):
+            hint = " (true or false)" if kind is bool else ""
+            raise ValueError(f"expected a value of type {kind.__name__}{hint}, got {text!r}")
         if isinstance(current, kind):
             break
     return value

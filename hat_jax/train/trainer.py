@@ -413,8 +413,9 @@ class _LogWindow:
         if not loop.progress:  # no bar: one log line per log window with the rate and the ETA
             done = step - self.start
             per_step = (now - self.first_done) / (done - 1) if done > 1 else now - self.began
-            log.info("%s step %d/%d loss %.4f, %.2f s/step, ETA %.0f s", loop.desc, step, loop.steps,
-                     values.get("loss", math.nan), per_step, per_step * (loop.steps - step))
+            loss = f"loss {values['loss']:.4f}" if "loss" in values else "no loss tokens in these steps"
+            log.info("%s step %d/%d %s, %.2f s/step, ETA %.0f s", loop.desc, step, loop.steps, loss, per_step,
+                     per_step * (loop.steps - step))
         self.values, self.tokens, self.t0 = {}, 0, now
 
 

@@ -62,11 +62,11 @@ def test_long_documents_are_truncated_and_counted_or_refused():
         K.fit_document([], [], 8, name="x")
 
 
-def _stream(seq_len=8, bins=3, batch=2):
+def _stream(seq_len=8, bins=3, batch=2, geometry=None):
     lengths = [1 + (7 * i) % 8 for i in range(40)]
     source = grain.MapDataset.source(docs(lengths, seq_len)).to_iter_dataset()
     packed = K.pack_documents(source, seq_len, bins=bins, pad_id=0, sum_features=("truncated",))
-    return K.PackedBatches(iter(packed.batch(batch, drop_remainder=True)), "test")
+    return K.PackedBatches(iter(packed.batch(batch, drop_remainder=True)), "test", geometry)
 
 
 def test_resume_mid_pack_group_yields_the_same_batches_and_counts():
@@ -97,6 +97,25 @@ def test_a_state_of_the_unpacked_pipeline_is_refused():
     with pytest.raises(ValueError, match="'tokens' must be an int >= 0"):
         stream.set_state({"format": K.PACKED_FORMAT, "pipeline": {}, "batches": 0, "documents": 0,
                           "truncated_documents": 0})
+
+
+def test_a_state_of_other_packer_settings_is_refused_naming_the_field():
+    stream = _stream(geometry={"data.seq_len": 8, "data.pack_bins": 3})
+    next(stream)
+    state = json.loads(json.dumps(stream.get_state()))
+    assert state["geometry"] == {"data.seq_len": 8, "data.pack_bins": 3}
+    fewer = _stream(bins=2, geometry={"data.seq_len": 8, "data.pack_bins": 2})
+    with pytest.raises(K.DataStateFormatError, match=r"test data state: the checkpoint's packer ran with other "
+                                                     r"settings \(data.pack_bins was 3, now 2\)"):
+        fewer.set_state(state)
+    assert fewer.batches == 0  # nothing was restored
+    same = _stream(geometry={"data.seq_len": 8, "data.pack_bins": 3})
+    same.set_state(state)
+    assert same.batches == 1
+    old = {k: v for k, v in state.items() if k != "geometry"}  # written before the geometry was recorded
+    unchecked = _stream(geometry={"data.seq_len": 8, "data.pack_bins": 3})
+    unchecked.set_state(old)
+    assert unchecked.batches == 1
 
 
 def test_bad_packed_batches_name_the_row():

@@ -51,7 +51,8 @@ def test_check_segment_ids_accepts_padding_around_documents():
     ([1, 1, 2], None, "segment_ids: expected a 2-D integer array"),
     ([[1.0, 2.0]], None, "segment_ids: expected a 2-D integer array"),
     ([[1, 1, 2, 2]], [[0, 1, 2, 3]], "positions row 0: token 2 .* has position 2; expected 0"),
-    ([[1, 1, 2, 2]], [[0, 1, 0]], r"positions: expected shape \(1, 4\)"),
+    ([[1, 1, 2, 2]], [[0, 1, 0]], r"positions: expected an integer array of shape \(1, 4\)"),
+    ([[1, 1, 2, 2]], [[0.0, 1.0, 0.0, 1.0]], r"positions: expected an integer array .* dtype float64"),
 ])
 def test_check_segment_ids_names_the_field_and_row(seg, positions, match):
     with pytest.raises(ValueError, match=match):

@@ -97,6 +97,10 @@ def test_bad_batches_are_refused():
     stray["action_mask"][4, T - 1] = 1
     with pytest.raises(ValueError, match="row 4 of the policy batch has action tokens on padding"):
         pack_policy_batch(stray, aggregation="token-mean")
+    half = dict(batch, action_mask=batch["action_mask"].astype(np.float32))
+    half["action_mask"][5] *= 0.5
+    with pytest.raises(ValueError, match=r"batch\['action_mask'\] row 5 holds values other than 0 and 1"):
+        pack_policy_batch(half, aggregation="token-mean")
 
 
 @pytest.mark.parametrize("field", ["pack_rows", "mtp_detach_trunk"])
