@@ -378,7 +378,8 @@ def run_masked_ce(run: StageRun, config, model_config, params, batches, *, desc:
         steps, log_every, ckpt_every, max_to_keep and seed. model_config: the architecture. params: the initial params
         (None when resuming). batches: an iterator with get_state / set_state yielding host batches with
         `DEVICE_KEYS`, or packed ones with `PACKED_DEVICE_KEYS` (`hat_jax.data.packing.PackedBatches`).
-        desc: progress label. mesh_shape: `default_mesh`'s shape. batch_metrics: as `run_stage`.
+        desc: progress label. mesh_shape: `default_mesh`'s shape. batch_metrics: as `run_stage`; the step's
+          data/slot_fill (real tokens / row slots of its batch) is logged with them.
       param_dtype, mu_dtype, vocab_chunk: as `SFTConfig`; the model options (`model_options`) come from config.
       global_batch: the host batches hold only this process's rows (`host_rows`) of global batches of this many
         rows; None: whole batches, of which each process places its rows (`place_batch`).
@@ -408,9 +409,14 @@ def run_masked_ce(run: StageRun, config, model_config, params, batches, *, desc:
 
     global_rows = None if global_batch is None else global_batch // config.accum_steps
 
+    def step_metrics(host):
+        real = host["segment_ids"] > 0 if "segment_ids" in host else host["attention_mask"] != 0
+        out = {"data/slot_fill": float(np.count_nonzero(real)) / float(np.size(real))}
+        return {**out, **batch_metrics(host)} if batch_metrics is not None else out
+
     loop = LoopConfig(config.steps, config.log_every, config.ckpt_every, desc=desc, progress=progress)
     return run.run(loop, state, batches, step_fn, max_to_keep=config.max_to_keep, prepare=prepare,
-                   data_state=batches.get_state, batch_metrics=batch_metrics)
+                   data_state=batches.get_state, batch_metrics=step_metrics)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

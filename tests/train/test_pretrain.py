@@ -222,6 +222,10 @@ def test_base_layout_report_and_cache(base, monkeypatch):
         assert len(prompt) - len(head) <= 1, tail  # at most the "=" merges with the name's first piece
     rows = [json.loads(line) for line in (base / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["eval/recall_exact"] == report["probe"]["exact"]
+    # one row per step (micro logs every step): the steps' slot fills add up to the report's real tokens
+    fills = [r["data/slot_fill"] for r in rows if "data/slot_fill" in r]
+    slots = report["rows"] // report["steps"] * micro_base().seq_len
+    assert len(fills) == 4 and math.isclose(sum(fills) * slots, report["tokens"], rel_tol=1e-9)
     gauge = report["reading_gauge"]
     assert gauge["rows"] == 4 and set(gauge["exact"]) == {"fixed", "renamed", "heldout"}
     assert report["reading"] == {"chats_per_kind": 0, "kinds": {}}  # no reading exercises in this base

@@ -105,11 +105,12 @@ def test_loss_goes_down_and_metrics_use_the_documented_tags(reference):
     assert np.mean(loss[-2:]) < np.mean(loss[:2]) - 0.3, loss
     for tag in ("train/loss", "train/lb_loss", "train/total_loss", "train/grad_norm", "train/lr",
                 "train/loss_tokens", "train/tokens_per_s", "moe/expert_load_cv", "data/hsa_share",
-                "train/mtp_loss", "moe/mtp_expert_load_cv"):  # the micro preset trains the MTP head (mtp_coef 0.1)
+                "train/mtp_loss", "moe/mtp_expert_load_cv", "data/slot_fill"):  # the micro preset trains the MTP head (mtp_coef 0.1)
         assert tag in TAGS and tag in rows[-1], tag
     assert all(r["train/mtp_loss"] > 0 for r in rows)
     assert all(r["data/hsa_share"] == 0.0 for r in rows)  # --hsa off: original harness only
     assert all(r["train/loss_tokens"] > 0 for r in rows)
+    assert all(0 < r["data/slot_fill"] <= 1 for r in rows)
     events = read_event_scalars(reference_run)
     assert [s for s, _ in events["train/loss"]] == [1, 2, 3, 4, 5, 6]
     np.testing.assert_allclose([v for _, v in events["train/loss"]], loss, rtol=1e-6)
