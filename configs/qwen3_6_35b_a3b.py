@@ -50,7 +50,8 @@ def get_config() -> Scale:
     # RL: 512 rows of up to 32,768 tokens; accum_steps 16 = one row per chip per micro-batch on v5p-64 (32 chips;
     # 63.32 GiB per chip with the MTP loss); rollouts in waves of 64 rows (2 per chip on v5p-64: 28.11 GiB per
     # chip with the policy's state resident, docs/real_scale.md). On v6e-64 (32 GiB chips) a row is split over 4
-    # chips by context parallelism: --set rl.mesh=[1,4,4,1,4] --set rl.accum_steps=32 (27.88 GiB per chip).
+    # chips by context parallelism, unpacked: --set rl.mesh=[1,4,4,1,4] --set rl.accum_steps=32 --set
+    # rl.pack_rows=false (27.60 GiB per chip; packed rows 28.41).
     rl = RLConfig(**fits, world=WorldDataConfig(sft_tasks=0, eval_items=0, rl_tasks=20000), tasks_per_step=64,
                   accum_steps=16, rollout_wave_rows=64,
                   group_size=8, steps=300, max_new_tokens=2048, max_turns=8, seq_len=32768, rollout_bucket=1024,
