@@ -91,7 +91,7 @@ def main(argv=None) -> dict:
               f"median {median[k]:.2f} s/step, {report['median_real_tokens_per_s'][k]:.0f} real tok/s  "
               f"({', '.join(f'{t:.2f}' for t in times[k])})")
     print(f"packed / unpacked: {report['speedup']:.2f}x of the medians, {report['median_pair_speedup']:.2f}x median "
-          f"over the pairs; {real} real tokens in {args.sequences} sequences; load {report['load']}")
+          f"over the pairs; {real} real tokens in {len(lengths)} sequences; load {report['load']}")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     return report
