@@ -122,8 +122,9 @@ def pack_policy_batch(batch: Mapping[str, np.ndarray], *, aggregation: str, max_
                          "(one per sequence)")
     starts, lengths = _token_spans(batch["attention_mask"])
     raw_act = np.asarray(batch["action_mask"])
-    if raw_act.shape == (n_rows, width) and not np.isin(raw_act, (0, 1)).all():
-        row = int(np.nonzero(~np.isin(raw_act, (0, 1)).all(axis=1))[0][0])
+    not_binary = ~np.isin(raw_act, (0, 1))
+    if raw_act.shape == (n_rows, width) and not_binary.any():
+        row = int(np.nonzero(not_binary.any(axis=1))[0][0])
         raise ValueError(f"batch['action_mask'] row {row} holds values other than 0 and 1; expected a 0/1 mask "
                          "(per-token weights are not part of the packed layout)")
     act = raw_act.astype(np.int32)

@@ -64,7 +64,7 @@ from hat_jax.train.stage import (StageRun, copy_tokenizer, add_out_steps, add_re
                                  finish_main, model_options, parse_stage_args, resolved_optim, run_options,
                                  stage_parser, stage_section)
 from hat_jax.train.trainer import (LoopConfig, TrainState, make_train_step, moe_aux, output_router_stats, place_batch,
-                                   process_rows, split_micro_batches)
+                                   process_rows, real_tokens, split_micro_batches)
 
 log = logging.getLogger(__name__)
 TOKENIZER_VERSION = 1
@@ -410,8 +410,7 @@ def run_masked_ce(run: StageRun, config, model_config, params, batches, *, desc:
     global_rows = None if global_batch is None else global_batch // config.accum_steps
 
     def step_metrics(host):
-        real = host["segment_ids"] > 0 if "segment_ids" in host else host["attention_mask"] != 0
-        out = {"data/slot_fill": float(np.count_nonzero(real)) / float(np.size(real))}
+        out = {"data/slot_fill": real_tokens(host) / float(np.size(host["input_ids"]))}
         return {**out, **batch_metrics(host)} if batch_metrics is not None else out
 
     loop = LoopConfig(config.steps, config.log_every, config.ckpt_every, desc=desc, progress=progress)

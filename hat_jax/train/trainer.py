@@ -359,7 +359,9 @@ class LoopConfig:
                              f"({self.ckpt_every}) >= 1 required")
 
 
-def _count_tokens(batch: Mapping[str, Any]) -> int:
+def real_tokens(batch: Mapping[str, Any]) -> int:
+    """Non-padding tokens of a host batch: non-zero segment_ids (packed rows), else the attention_mask's sum,
+    else every input id."""
     if "segment_ids" in batch:  # packed rows: segment id 0 is padding
         return int(np.count_nonzero(batch["segment_ids"]))
     if "attention_mask" in batch:
@@ -452,7 +454,7 @@ def run_stage(loop: LoopConfig, state: TrainState,
         NonFiniteLossError: a step's loss, total_loss, grad_norm, lr or updated parameters are NaN/inf
             (`check_finite`; nothing of that step is saved).
     """
-    count_tokens = count_tokens or _count_tokens
+    count_tokens = count_tokens or real_tokens
     start = int(jax.device_get(state.step))
     bar = tqdm(total=loop.steps, initial=start, desc=loop.desc, unit="step", disable=not loop.progress,
                dynamic_ncols=True)
