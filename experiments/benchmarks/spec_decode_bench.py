@@ -11,9 +11,12 @@ The prompts are random tokens (`--prompt-len`), or with `--prompts live_qa` (a c
 folder) the generation prompts of held-out Live QA episodes (`hat_jax.eval.mtp_acceptance.live_qa_oracle_episodes`
 cut before the first assistant token: the system prompt, harness and viewer message, as the agent sees them),
 left-padded; `--groups G` runs G disjoint groups of B prompts and sums their times and tokens. Each configuration runs once untimed (compilation), then `--reps` timed runs
-(the fastest, `block_until_ready`: on a shared machine the minimum is the least disturbed). Decode time = that
-minus the fastest prefill-only call (max_new_tokens = 1), so decode tokens/s = B * (N - 1) / decode time
-(nan when the noise leaves no positive difference). The greedy tokens of the two runs
+in interleaved rounds (prefill-only, k = 0, k = `--k`, then again: a shared machine's load drifts over the three
+alike) and the fastest of each counts (on a shared machine the minimum is the least disturbed). Every call, the
+untimed one included, is waited for (`jax.block_until_ready` on its whole result) before the clock is read, so no
+run spills into the next one's time. Decode time = that minus the fastest prefill-only call (max_new_tokens = 1), so decode tokens/s =
+B * (N - 1) / decode time (nan when the noise leaves no positive difference: the table is then followed by a hint
+to raise --reps or --new-tokens). The greedy tokens of the two runs
 are compared (they must be identical) and the speculative run's acceptance is reported: acceptance rate =
 accepted drafts / (verify steps * k), mean accepted length = 1 + accepted / steps (tokens per verify step).
 
@@ -39,11 +42,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 
 from bench_util import loadavg
 
-from hat_jax.cli_types import positive_int
+from hat_jax.cli_types import int_in, positive_int
 
 
 def perfect_drafter(params: dict, config) -> dict:
@@ -61,16 +65,34 @@ def perfect_drafter(params: dict, config) -> dict:
     return {**p, "mtp": {**p["mtp"], "fc": {"kernel": jnp.concatenate([jnp.eye(h), jnp.zeros((h, h))], 0)}}}
 
 
-def timed(fn, reps: int) -> tuple[float, object]:
-    """(fastest of `reps` calls after one untimed call, in seconds; the last result)."""
-    out = fn()
-    times = []
+def timed(fns: dict, reps: int) -> tuple[dict[str, float], dict[str, object]]:
+    """Times argument-free calls: each once untimed (its compilation), then `reps` interleaved rounds (every
+    function once per round, in the dict's order, so that a shared machine's load drifts over all alike).
+
+    Every call's whole result is waited for (`jax.block_until_ready`) before the clock is read: JAX dispatches
+    asynchronously, so a call left running (the first run after compilation takes far longer than later ones)
+    would be counted in the next call's time.
+
+    Args:
+        fns: {name: fn}, fn() -> a pytree of arrays. reps: timed rounds, >= 1.
+    Returns:
+        ({name: fastest of its `reps` timed calls, in seconds}, {name: its last result}).
+    Raises:
+        ValueError: reps < 1.
+    """
+    import jax
+
+    if reps < 1:
+        raise ValueError(f"timed: reps: expected an int >= 1, got {reps!r}")
+    for fn in fns.values():
+        jax.block_until_ready(fn())
+    times, outs = {name: [] for name in fns}, {}
     for _ in range(reps):
-        t = time.perf_counter()
-        out = fn()
-        out.tokens.block_until_ready()
-        times.append(time.perf_counter() - t)
-    return min(times), out
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            outs[name] = jax.block_until_ready(fn())
+            times[name].append(time.perf_counter() - t)
+    return {name: min(v) for name, v in times.items()}, outs
 
 
 def live_qa_prompts(checkpoint: str, count: int) -> list:
@@ -113,12 +135,10 @@ def bench_batch(params, config, b: int, args, prompts: list | None = None) -> di
             ids, mask = left_pad([p.tolist() for p in prompts[g * b:(g + 1) * b]], config.pad_token_id)
         run = lambda n, k: (lambda: generate(params, config, ids, mask, jax.random.key(0),
                                              SamplingConfig(max_new_tokens=n, num_speculative_tokens=k)))
-        prefill, _ = timed(run(1, 0), args.reps)
-        plain_t, plain = timed(run(args.new_tokens, 0), args.reps)
-        spec_t, spec = timed(run(args.new_tokens, args.k), args.reps)
-        totals["prefill_s"] += prefill
-        totals["plain_s"] += plain_t
-        totals["spec_s"] += spec_t
+        fastest, outs = timed({"prefill_s": run(1, 0), "plain_s": run(args.new_tokens, 0),
+                               "spec_s": run(args.new_tokens, args.k)}, args.reps)
+        totals = {name: totals[name] + fastest[name] for name in totals}
+        plain, spec = outs["plain_s"], outs["spec_s"]
         steps, acc = steps + int(np.sum(spec.verify_steps)), acc + int(np.sum(spec.accepted_drafts))
         identical &= bool(np.array_equal(np.asarray(plain.tokens), np.asarray(spec.tokens)))
     decode = args.groups * b * (args.new_tokens - 1)
@@ -130,25 +150,51 @@ def bench_batch(params, config, b: int, args, prompts: list | None = None) -> di
             "mean_accepted_length": 1 + acc / max(steps, 1), **totals}
 
 
-def main() -> None:
+def table_lines(rows: list[dict], reps: int) -> list[str]:
+    """The printed table of `bench_batch` rows (header first), followed by a hint line when a figure is nan (the
+    timing noise exceeded the decode time: more --reps, or more --new-tokens, make the fastest run cleaner)."""
+    lines = [f"{'B':>3} {'plain tok/s':>12} {'spec tok/s':>11} {'speedup':>8} {'accept':>7} {'mean len':>9} identical"]
+    for r in rows:
+        lines.append(f"{r['batch']:>3} {r['plain_tok_s']:>12.1f} {r['spec_tok_s']:>11.1f} {r['speedup']:>7.2f}x "
+                     f"{r['acceptance']:>7.3f} {r['mean_accepted_length']:>9.2f} {r['identical']}")
+    if any(math.isnan(r[key]) for r in rows for key in ("plain_tok_s", "spec_tok_s", "speedup")):
+        lines.append(f"hint: nan = a run was not slower than the prefill-only call (timing noise larger than the "
+                     f"decode time); rerun with a larger --reps (now {reps}) or more --new-tokens")
+    return lines
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (module docstring); a bad value exits through argparse naming its option."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", help="a model checkpoint directory (default: a fresh --preset model)")
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--drafter", choices=("mtp", "perfect"), default="mtp",
                     help="perfect: rewrite the model so its MTP block drafts exactly (module docstring)")
-    ap.add_argument("--k", type=int, default=3, help="num_speculative_tokens")
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8])
-    ap.add_argument("--prompt-len", type=int, default=32)
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--k", type=positive_int, default=3,
+                    help="num_speculative_tokens of the speculative runs, >= 1 (k = 0 is the plain baseline), "
+                         "< --new-tokens")
+    ap.add_argument("--batches", type=positive_int, nargs="+", default=[1, 2, 4, 8], help="batch sizes, >= 1")
+    ap.add_argument("--prompt-len", type=positive_int, default=32, help="random prompts' length, >= 1")
+    ap.add_argument("--new-tokens", type=int_in(2), default=64,
+                    help="tokens decoded per row, >= 2 (the first comes from the prefill)")
+    ap.add_argument("--reps", type=positive_int, default=3, help="timed runs per configuration (the fastest), >= 1")
     ap.add_argument("--prompts", choices=("random", "live_qa"), default="random",
                     help="live_qa: held-out Live QA generation prompts (needs --checkpoint with its tokenizer)")
     ap.add_argument("--groups", type=positive_int, default=1,
                     help="disjoint groups of B prompts per batch size, summed")
     ap.add_argument("--json", help="write the rows as JSON to this file")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.prompts == "live_qa" and not args.checkpoint:
         ap.error("--prompts live_qa needs --checkpoint (its tokenizer renders the prompts)")
+    if args.k >= args.new_tokens:
+        ap.error(f"--k {args.k}: a verify step emits at most --new-tokens - 1 = {args.new_tokens - 1} tokens after "
+                 "the first; expected --k < --new-tokens")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Runs the benchmark (module docstring) and prints the table; `argv` as `parse_args`."""
+    args = parse_args(argv)
 
     import jax
 
@@ -169,10 +215,7 @@ def main() -> None:
             else f"random prompts of {args.prompt_len}")
     print(f"spec decode, {source}, k={args.k}, {what}, {args.groups} group(s) per B, {args.new_tokens} new tokens, "
           f"fastest of {args.reps}, load {loadavg()}")
-    print(f"{'B':>3} {'plain tok/s':>12} {'spec tok/s':>11} {'speedup':>8} {'accept':>7} {'mean len':>9} identical")
-    for r in rows:
-        print(f"{r['batch']:>3} {r['plain_tok_s']:>12.1f} {r['spec_tok_s']:>11.1f} {r['speedup']:>7.2f}x "
-              f"{r['acceptance']:>7.3f} {r['mean_accepted_length']:>9.2f} {r['identical']}")
+    print("\n".join(table_lines(rows, args.reps)))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"source": source, "k": args.k, "prompts": args.prompts, "groups": args.groups,

@@ -154,7 +154,8 @@ def generate(params: dict, config: Qwen3_5MoeTextConfig, prompt_ids, prompt_mask
     Raises:
         ValueError: bad shapes, a right-padded or empty row (checked when the mask is concrete), top_k,
             stop or pad ids outside the vocabulary, P + N > config.max_position_embeddings, unknown moe_impl;
-            num_speculative_tokens > 0 with return_expert_ids or without an MTP block.
+            num_speculative_tokens > 0 with return_expert_ids, without an MTP block in the config or without
+            its weights (no `mtp` subtree) in params.
     """
     prompt_ids, prompt_mask = jnp.asarray(prompt_ids), jnp.asarray(prompt_mask)
     if prompt_ids.ndim != 2 or prompt_mask.shape != prompt_ids.shape:

@@ -241,12 +241,18 @@ def speculative_generate(params: dict, config: Qwen3_5MoeTextConfig, prompt_ids,
         GenerationResult: tokens/logprobs [B, N], lengths/finished [B] as the plain sampler's, with
         verify_steps and accepted_drafts [B] int32.
     Raises:
-        ValueError: the model has no MTP block (config.mtp_num_hidden_layers = 0).
+        ValueError: the model has no MTP block (config.mtp_num_hidden_layers = 0), or the params have no MTP
+            weights (no `mtp` subtree, e.g. a checkpoint saved without them).
     """
     k = sampling.num_speculative_tokens
     if not config.mtp_num_hidden_layers:
         raise ValueError(f"SamplingConfig.num_speculative_tokens={k} needs the MTP block, but "
                          "config.mtp_num_hidden_layers = 0; set num_speculative_tokens=0")
+    if not (hasattr(params, "get") and params.get("mtp")):
+        raise ValueError(f"SamplingConfig.num_speculative_tokens={k} needs the MTP block's weights, but the params "
+                         "have no MTP weights (no `mtp` subtree; config.mtp_num_hidden_layers="
+                         f"{config.mtp_num_hidden_layers}): set num_speculative_tokens=0, or load a checkpoint "
+                         "with MTP weights")
     sampling_values = _Sampling.from_config(sampling, row_offset)
     return _speculative_decode_jit(params, prompt_ids, prompt_mask, rng, sampling_values, config=config,
                                    dtype=jnp.dtype(dtype), moe_impl=moe_impl, k=k, moe_token_chunk=moe_token_chunk)

@@ -186,3 +186,7 @@ def test_bad_input_names_the_field(config, params, batch):
         generate(params, no_mtp, *batch, jax.random.key(0), sampling(2))
     with pytest.raises(ValueError, match="num_speculative_tokens.*return_expert_ids"):
         generate(params, config, *batch, jax.random.key(0), sampling(2), return_expert_ids=True)
+    no_mtp_params = {name: tree for name, tree in params.items() if name != "mtp"}
+    with pytest.raises(ValueError, match=r"num_speculative_tokens=2 .*no MTP weights \(no `mtp` subtree.*"
+                                         r"num_speculative_tokens=0.*checkpoint with MTP weights"):
+        generate(no_mtp_params, config, *batch, jax.random.key(0), sampling(2))
