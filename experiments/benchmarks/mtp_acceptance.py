@@ -1,16 +1,21 @@
-"""Offline MTP acceptance of a checkpoint: the share of positions where the MTP head's greedy draft equals the main
-model's greedy next token, teacher-forced on held-out Live QA oracle trajectories (`hat_jax.eval.mtp_acceptance`:
-the accounting, its source, and why depth 1 only). A script that prints figures (not a test).
+"""Offline MTP acceptance of a checkpoint: the share of positions where the MTP chain's greedy drafts equal the main
+model's greedy next tokens, for draft depths 1..k, teacher-forced on held-out Live QA oracle trajectories
+(`hat_jax.eval.mtp_acceptance`: the accounting and its source). A script that prints figures (not a test).
 
-    .venv/bin/python experiments/benchmarks/mtp_acceptance.py --ckpt RUN_DIR [--items 50] [--max-len 4096]
-        [--sft-tasks 2000] [--rl-tasks 1000] [--batch 4] [--bucket 256] [--compute-dtype float32] [--json OUT]
+    .venv/bin/python experiments/benchmarks/mtp_acceptance.py --ckpt RUN_DIR [--depth 3] [--items 50]
+        [--max-len 4096] [--sft-tasks 2000] [--rl-tasks 1000] [--batch 4] [--bucket 256] [--chain-rows 64]
+        [--compute-dtype float32] [--json OUT]
 
 --ckpt: a stage run directory or model checkpoint with its `tokenizer/` folder (as every stage writes it; the
 latest step's params). The episodes: the oracle's trajectories of the first --items `live_qa` eval items of the
-default world (no viewer message of its --sft-tasks / --rl-tasks training tasks, the presets' default), rendered with the chat template under the production
-harness, cut to --max-len tokens. Printed: a table of depth, per-position acceptance and mean accepted length
-(tokens per verifying forward with that many speculative tokens), plus how often the main model's and the
-draft's greedy tokens equal the trajectory's; --json writes the same figures.
+default world (no viewer message of its --sft-tasks / --rl-tasks training tasks: tiny's and the larger presets'
+defaults; pass the micro preset's 48 / 16 for a micro run), rendered with the chat template under the production
+harness, cut to --max-len tokens. Printed, for each depth j <= --depth: the conditional acceptance (accepted at j
+among those accepted at j-1), the per-position acceptance (the share of positions whose first j drafts are all
+accepted: vLLM's per-position acceptance rate) and the mean accepted length with j speculative tokens (tokens
+per verifying forward); then how often the main model's and the depth-1 draft's greedy tokens equal the
+trajectory's. --json writes the same figures. Read it beside vLLM's spec-decode metrics on a GPU
+(`export/check_vllm.py`) and the online figures of `spec_decode_bench.py --prompts live_qa`.
 """
 
 from __future__ import annotations
@@ -22,17 +27,24 @@ from pathlib import Path
 
 from bench_util import loadavg
 
+from hat_jax.cli_types import positive_int
+
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--ckpt", required=True, help="stage run dir or model checkpoint (with a tokenizer/ folder)")
-    ap.add_argument("--items", type=int, default=50, help="live_qa eval items whose oracle trajectories are scored")
+    ap.add_argument("--depth", type=positive_int, default=3, help="speculative tokens: drafts of depth 1..DEPTH")
+    ap.add_argument("--items", type=positive_int, default=50,
+                    help="live_qa eval items whose oracle trajectories are scored")
     ap.add_argument("--sft-tasks", type=int, default=2000, help="the world's SFT tasks (excluded from the items)")
     ap.add_argument("--rl-tasks", type=int, default=1000, help="the world's RL tasks (excluded from the items)")
-    ap.add_argument("--max-len", type=int, default=4096, help="episodes cut to this many tokens")
-    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--max-len", type=positive_int, default=4096, help="episodes cut to this many tokens")
+    ap.add_argument("--batch", type=positive_int, default=4, help="episodes per forward")
+    ap.add_argument("--chain-rows", type=positive_int, default=64,
+                    help="positions drafted at once at depth > 1 (each holds a copy of the MTP layer's KV cache)")
     ap.add_argument("--bucket", type=int, default=256, help="padded lengths are multiples of this")
-    ap.add_argument("--compute-dtype", default="float32")
+    ap.add_argument("--compute-dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="the forward's compute dtype")
     ap.add_argument("--json", help="write the figures to this file")
     args = ap.parse_args(argv)
 
@@ -45,6 +57,8 @@ def main(argv=None) -> dict:
     from hat_jax.tokenizer import load_tokenizer
 
     t0 = time.perf_counter()
+    if not Path(args.ckpt).exists():
+        raise SystemExit(f"error: --ckpt {args.ckpt!r} does not exist")
     folder = tokenizer_from_checkpoint(args.ckpt)
     if folder is None:
         raise SystemExit(f"error: {args.ckpt!r} has no tokenizer/ folder (in it or its parent)")
@@ -53,16 +67,21 @@ def main(argv=None) -> dict:
     episodes = live_qa_oracle_episodes(tokenizer, WorldDataConfig(sft_tasks=args.sft_tasks, rl_tasks=args.rl_tasks,
                                                                       eval_items=args.items), args.max_len)
     model = Qwen3_5MoeForCausalLM(config, dtype=COMPUTE_DTYPES[args.compute_dtype])
+    if not episodes:
+        raise SystemExit(f"error: no episode has a generated token within --max-len {args.max_len} tokens "
+                         f"(--items {args.items}): raise --max-len")
     report = acceptance_report(model, params, episodes, batch_size=args.batch, bucket=args.bucket,
-                               pad_id=config.pad_token_id)
+                               pad_id=config.pad_token_id, depth=args.depth, chain_rows=args.chain_rows)
     report.update(checkpoint=str(Path(args.ckpt).resolve()), items=args.items, max_len=args.max_len,
                   seconds=round(time.perf_counter() - t0, 1), load=loadavg())
     print(f"MTP acceptance, {report['episodes']} held-out live_qa oracle episodes, {report['positions']} positions "
           f"({args.ckpt})")
-    print(f"{'depth':>5}  {'acceptance':>10}  {'mean accepted length':>20}")
+    print(f"{'depth':>5}  {'conditional':>11}  {'per-position acceptance':>23}  {'mean accepted length':>20}")
+    length = 1.0
     for row in report["depths"]:
-        print(f"{row['depth']:>5}  {row['per_position_acceptance']:>10.4f}  {report['mean_accepted_length']:>20.4f}")
-    print(f"main greedy == data: {report['main_greedy_matches_data']:.4f}   MTP draft == data: "
+        length += row["per_position_acceptance"]
+        print(f"{row['depth']:>5}  {row['acceptance']:>11.4f}  {row['per_position_acceptance']:>23.4f}  {length:>20.4f}")
+    print(f"main greedy == data: {report['main_greedy_matches_data']:.4f}   MTP depth-1 draft == data: "
           f"{report['mtp_draft_matches_data']:.4f}   ({report['seconds']} s, load {report['load']})")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")

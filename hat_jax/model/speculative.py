@@ -44,7 +44,7 @@ def init_mtp_cache(config: Qwen3_5MoeTextConfig, batch: int, max_len: int, dtype
             "layers": [{"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}]}
 
 
-def _mtp_cached(m: Qwen3_5MoeForCausalLM, hidden, next_ids, mask, cache):
+def mtp_cached(m: Qwen3_5MoeForCausalLM, hidden, next_ids, mask, cache):
     """The MTP block with its cache (a `method=` of the model): hidden [B, T, H] (main post-norm, or the MTP's
     own output), next_ids [B, T] int32 (token t+1), mask [B, T] bool -> (MTP hidden [B, T, H] post-norm, new
     cache); its logits are lm_head(hidden). Positions come from the cache's valid slots, as in the main model."""
@@ -176,7 +176,7 @@ def _speculative_decode(params, prompt_ids, prompt_mask, rng, s: _Sampling, conf
     model = Qwen3_5MoeForCausalLM(config, dtype, moe_impl=moe_impl, moe_token_chunk=moe_token_chunk)
     verifier = Qwen3_5MoeForCausalLM(config, dtype, moe_impl=moe_impl, cache_steps=True,
                                      moe_token_chunk=moe_token_chunk)
-    mtp = lambda h, ids, mask, cache: model.apply({"params": params}, h, ids, mask, cache, method=_mtp_cached)
+    mtp = lambda h, ids, mask, cache: model.apply({"params": params}, h, ids, mask, cache, method=mtp_cached)
     lm_head = lambda h: model.apply({"params": params}, h, method=lambda m, h: m.lm_head(h))
     b, p = prompt_ids.shape
     n = s.max_new_tokens

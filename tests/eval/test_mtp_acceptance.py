@@ -62,7 +62,7 @@ def test_benchmark_end_to_end_on_a_fresh_micro_checkpoint(tmp_path, monkeypatch)
 
     out = tmp_path / "acc.json"
     report = mtp_acceptance.main(["--ckpt", str(ckpt / "model"), "--items", "2", "--max-len", "1536", "--batch", "2",
-                                  "--sft-tasks", "8", "--rl-tasks", "0", "--json", str(out)])
+                                  "--depth", "1", "--sft-tasks", "8", "--rl-tasks", "0", "--json", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     assert report["episodes"] >= 1 and report["positions"] > 0
     (row,) = report["depths"]
@@ -121,3 +121,73 @@ def test_acceptance_over_vocabulary_chunks_equals_the_full_logits():
     full = jax.device_get(make_acceptance_fn(model)(params, ids, att, loss))
     chunked = jax.device_get(make_acceptance_fn(model, vocab_chunk=100)(params, ids, att, loss))
     assert full["positions"] == 34.0 and chunked == full
+
+
+def test_chain_acceptance_hand_case():
+    from hat_jax.eval.mtp_acceptance import chain_acceptance
+
+    greedy = jnp.array([[5, 1, 2, 3, 4, 6, 7]])           # g_s: the main model's token s+1
+    drafts = jnp.array([[[2, 3, 4], [2, 3, 9], [3, 9, 9], [9, 6, 7], [6, 7, 0], [7, 0, 0], [0, 0, 0]]])
+    mask = jnp.array([[0, 1, 1, 1, 1, 1, 1]])
+    got = jax.device_get(chain_acceptance(greedy, drafts, mask))
+    # counted t (tokens t+1, t+2 generated): 0..4. t=0: d^1..d^3 = 2,3,4 vs g_1..g_3 = 1,2,3 -> none.
+    # t=1: 2,3,9 vs g_2..g_4 = 2,3,4 -> depths 1, 2. t=2: 3,9 vs 3,4 -> depth 1. t=3: 9 vs 4 -> none.
+    # t=4: d^1 = 6 = g_5 (token 6 generated) -> depth 1; d^2 = 7 = g_6 guesses token 7, past the row -> no.
+    assert float(got["positions"]) == 5.0
+    assert got["accepted"].tolist() == [3.0, 1.0, 0.0]
+
+
+def test_chain_drafts_equal_the_samplers_sequential_drafting():
+    """Every position's d^1..d^3 from the batched chain equal `_draft_chain` (the sampler's drafting) run from an
+    MTP cache whose valid slots are that position's prefix (later slots invalid, as rejected drafts are), on a
+    micro model with every weight perturbed."""
+    from hat_jax.eval.mtp_acceptance import make_chain_fn
+    from hat_jax.model.sampling import SamplingConfig, _Sampling
+    from hat_jax.model.speculative import _draft_chain, mtp_cached, init_mtp_cache
+
+    config = get_config("micro")
+    params = init_params(config, jax.random.key(0))
+    leaves, tree = jax.tree_util.tree_flatten(params)
+    keys = jax.random.split(jax.random.key(1), len(leaves))
+    params = jax.tree_util.tree_unflatten(tree, [a + 0.05 * jax.random.normal(k, a.shape, a.dtype)
+                                                 for a, k in zip(leaves, keys)])
+    model = Qwen3_5MoeForCausalLM(config)
+    t = 12
+    ids = jax.random.randint(jax.random.key(2), (1, t), 3, config.vocab_size)
+    att = jnp.ones((1, t), jnp.int32)
+    greedy, drafts = make_chain_fn(model, 3, chain_rows=5)(params, ids, att)
+    out = model.apply({"params": params}, ids, attention_mask=att, return_logits=True)
+    assert jnp.array_equal(greedy, jnp.argmax(out.logits, -1))
+    mtp = lambda h, x, m, c: model.apply({"params": params}, h, x, m, c, method=mtp_cached)
+    lm_head = lambda h: model.apply({"params": params}, h, method=lambda m, h: m.lm_head(h))
+    s = _Sampling.from_config(SamplingConfig(temperature=0.0, max_new_tokens=4))
+    next_ids = jnp.pad(ids[:, 1:], ((0, 0), (0, 1)))
+
+    @jax.jit
+    def sequential(pos):
+        cache = {**init_mtp_cache(config, 1, t + 2), "index": 0}
+        prefix = (jnp.arange(t) <= pos)[None]
+        hidden, cache = mtp(out.hidden, next_ids, prefix, cache)
+        return _draft_chain(mtp, lm_head, hidden[:, pos], jnp.ones((1,), bool), cache, jax.random.key(0), 0, s, 3)[0]
+
+    want = [sequential(pos)[0].tolist() for pos in range(t - 1)]
+    assert [drafts[0, pos].tolist() for pos in range(t - 1)] == want
+    assert len({tuple(w) for w in want}) > 3   # the drafts vary with the position: not a comparison of constants
+
+
+def test_deeper_report_keeps_the_depth1_figures():
+    config = get_config("micro")
+    params = init_params(config, jax.random.key(0))
+    model = Qwen3_5MoeForCausalLM(config)
+    rng = np.random.default_rng(0)
+    episodes = [(rng.integers(3, config.vocab_size, n).astype(np.int32),
+                 (np.arange(n) >= 4).astype(np.int32)) for n in (20, 27, 9)]
+    from hat_jax.eval.mtp_acceptance import acceptance_report
+    one = acceptance_report(model, params, episodes, batch_size=2, bucket=8)
+    three = acceptance_report(model, params, episodes, batch_size=2, bucket=8, depth=3, chain_rows=7)
+    assert three["positions"] == one["positions"] > 0 and three["speculative_tokens"] == 3
+    assert three["depths"][0] == one["depths"][0]
+    assert three["main_greedy_matches_data"] == one["main_greedy_matches_data"]
+    per = [d["per_position_acceptance"] for d in three["depths"]]
+    assert per == sorted(per, reverse=True)
+    assert three["mean_accepted_length"] == pytest.approx(1.0 + sum(per))
