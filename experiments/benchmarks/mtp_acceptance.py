@@ -27,22 +27,27 @@ from pathlib import Path
 
 from bench_util import loadavg
 
-from hat_jax.cli_types import positive_int
+from hat_jax.cli_types import int_in, positive_int
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()),
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                 epilog="Columns: conditional = accepted at depth j / accepted at j-1; per-position = "
+                                        "share of positions whose first j drafts are all accepted (vLLM's); mean "
+                                        "accepted length = 1 + the per-position sum. '== data': how often the main "
+                                        "model's / the depth-1 draft's greedy token equals the trajectory's.")
     ap.add_argument("--ckpt", required=True, help="stage run dir or model checkpoint (with a tokenizer/ folder)")
     ap.add_argument("--depth", type=positive_int, default=3, help="speculative tokens: drafts of depth 1..DEPTH")
     ap.add_argument("--items", type=positive_int, default=50,
                     help="live_qa eval items whose oracle trajectories are scored")
     ap.add_argument("--sft-tasks", type=int, default=2000, help="the world's SFT tasks (excluded from the items)")
     ap.add_argument("--rl-tasks", type=int, default=1000, help="the world's RL tasks (excluded from the items)")
-    ap.add_argument("--max-len", type=positive_int, default=4096, help="episodes cut to this many tokens")
+    ap.add_argument("--max-len", type=int_in(3), default=4096, help="episodes cut to this many tokens")
     ap.add_argument("--batch", type=positive_int, default=4, help="episodes per forward")
     ap.add_argument("--chain-rows", type=positive_int, default=64,
                     help="positions drafted at once at depth > 1 (each holds a copy of the MTP layer's KV cache)")
-    ap.add_argument("--bucket", type=int, default=256, help="padded lengths are multiples of this")
+    ap.add_argument("--bucket", type=positive_int, default=256, help="padded lengths are multiples of this")
     ap.add_argument("--compute-dtype", default="float32", choices=("float32", "bfloat16"),
                     help="the forward's compute dtype")
     ap.add_argument("--json", help="write the figures to this file")

@@ -48,6 +48,7 @@ import time
 from bench_util import loadavg
 
 from hat_jax.cli_types import int_in, positive_int
+from hat_jax.model.config import PRESETS
 
 
 def perfect_drafter(params: dict, config) -> dict:
@@ -167,7 +168,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (module docstring); a bad value exits through argparse naming its option."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", help="a model checkpoint directory (default: a fresh --preset model)")
-    ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--preset", default="tiny", choices=sorted(PRESETS),
+                    help="the model config of a fresh random model (without --checkpoint)")
     ap.add_argument("--drafter", choices=("mtp", "perfect"), default="mtp",
                     help="perfect: rewrite the model so its MTP block drafts exactly (module docstring)")
     ap.add_argument("--k", type=positive_int, default=3,

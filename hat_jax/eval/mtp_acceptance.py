@@ -201,7 +201,14 @@ def live_qa_oracle_episodes(tokenizer, world: WorldDataConfig, max_len: int | No
 
 def padded_batches(episodes: Sequence[tuple[np.ndarray, np.ndarray]], batch_size: int, bucket: int, pad_id: int):
     """Right-padded batches of (input_ids, loss_mask) episodes: dicts of [batch_size, L] int32 arrays (L the
-    longest episode rounded up to a multiple of `bucket`); a last partial batch is filled with empty rows."""
+    longest episode rounded up to a multiple of `bucket`); a last partial batch is filled with empty rows.
+
+    Raises:
+        ValueError: batch_size or bucket < 1 (naming it).
+    """
+    for name, value in (("batch_size", batch_size), ("bucket", bucket)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"padded_batches: {name} = {value!r}; expected an int >= 1")
     for i in range(0, len(episodes), batch_size):
         chunk = list(episodes[i:i + batch_size])
         width = -(-max(len(ids) for ids, _ in chunk) // bucket) * bucket

@@ -191,3 +191,13 @@ def test_deeper_report_keeps_the_depth1_figures():
     per = [d["per_position_acceptance"] for d in three["depths"]]
     assert per == sorted(per, reverse=True)
     assert three["mean_accepted_length"] == pytest.approx(1.0 + sum(per))
+
+
+def test_padded_batches_refuses_a_bad_bucket_or_batch_size():
+    from hat_jax.eval.mtp_acceptance import padded_batches
+
+    episodes = [(np.arange(5, dtype=np.int32), np.ones(5, np.int32))]
+    with pytest.raises(ValueError, match=r"padded_batches: bucket = 0; expected an int >= 1"):
+        list(padded_batches(episodes, 2, 0, 0))
+    with pytest.raises(ValueError, match=r"padded_batches: batch_size = -1; expected an int >= 1"):
+        list(padded_batches(episodes, -1, 8, 0))
