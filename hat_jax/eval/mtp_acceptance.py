@@ -91,6 +91,13 @@ def make_acceptance_fn(model: Qwen3_5MoeForCausalLM, vocab_chunk: int | None = N
     return fn
 
 
+def _check_counts(owner: str, **counts: tuple[object, int]) -> None:
+    """Raises ValueError naming `owner` and the first argument (name=(value, low)) that is not an int >= low."""
+    for name, (value, low) in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{owner}: {name} = {value!r}; expected an int >= {low}")
+
+
 def chain_acceptance(greedy: jax.Array, drafts: jax.Array, loss_mask: jax.Array) -> dict[str, jax.Array]:
     """Per-depth acceptance counts of one batch of recursive MTP drafts (module docstring).
 
@@ -129,9 +136,7 @@ def make_chain_fn(model: Qwen3_5MoeForCausalLM, depth: int, vocab_chunk: int | N
     Raises:
         ValueError: depth < 1 or chain_rows < 1 (naming it).
     """
-    for name, value in (("depth", depth), ("chain_rows", chain_rows)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"make_chain_fn: {name} = {value!r}; expected an int >= 1")
+    _check_counts("make_chain_fn", depth=(depth, 1), chain_rows=(chain_rows, 1))
     config = model.config
 
     def argmax(params, hidden):                                             # [B, T, H] -> [B, T]
@@ -206,9 +211,7 @@ def padded_batches(episodes: Sequence[tuple[np.ndarray, np.ndarray]], batch_size
     Raises:
         ValueError: batch_size or bucket < 1 (naming it).
     """
-    for name, value in (("batch_size", batch_size), ("bucket", bucket)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"padded_batches: {name} = {value!r}; expected an int >= 1")
+    _check_counts("padded_batches", batch_size=(batch_size, 1), bucket=(bucket, 1))
     for i in range(0, len(episodes), batch_size):
         chunk = list(episodes[i:i + batch_size])
         width = -(-max(len(ids) for ids, _ in chunk) // bucket) * bucket
@@ -290,9 +293,7 @@ def checkpoint_acceptance(model: Qwen3_5MoeForCausalLM, params, tokenizer, world
     """
     import time
 
-    for name, value, low in (("items", items, 1), ("max_len", max_len, 3)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"checkpoint_acceptance: {name} = {value!r}; expected an int >= {low}")
+    _check_counts("checkpoint_acceptance", items=(items, 1), max_len=(max_len, 3))
     t0 = time.perf_counter()
     episodes = live_qa_oracle_episodes(tokenizer, dataclasses.replace(world, eval_items=items), max_len)
     report = acceptance_report(model, params, episodes, batch_size=batch_size, bucket=bucket, pad_id=pad_id,
