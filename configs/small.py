@@ -20,13 +20,14 @@ run), SFT about 30, the evaluation about 15.
 
 import dataclasses
 
+from hat_jax.experiments.scales import with_world_harness
 from hat_jax.train.stage import load_config
 
-READING_KINDS = ("label", "lookup", "copy", "call")
+READING_KINDS = ("label", "copy", "call", "tools")
 
 
 def get_config():
-    tiny = load_config("tiny")
+    tiny = with_world_harness(load_config("tiny"), "compact")
     base = dataclasses.replace(
         tiny.base.pretrain, steps=1200, n_chats=24576, reading_share=0.8, reading_kinds=READING_KINDS,
         optim=dataclasses.replace(tiny.base.pretrain.optim, lr=1e-3, warmup_steps=50), ckpt_every=200,

@@ -36,7 +36,7 @@ from hat_jax.judges.agreement import judge_agreement
 from hat_jax.sim.mcp_client import SyncToolClient, measure_roundtrip, server_command
 from hat_jax.sim.types import INTENTS
 from hat_jax.sim.viewers import TEMPLATES
-from hat_jax.sim.world_harness import PRODUCTION_DIR, production_harness
+from hat_jax.sim.world_harness import harness_dir, world_harness
 
 
 def _free_port() -> int:
@@ -45,14 +45,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def mcp_latency(n: int) -> dict[str, dict[str, float]]:
-    """p50/p95 ms of `n` round trips over stdio and over streamable HTTP."""
+def mcp_latency(n: int, harness: str = "production") -> dict[str, dict[str, float]]:
+    """p50/p95 ms of `n` round trips over stdio and over streamable HTTP to the MCP server of `harness`."""
     out = {}
-    with SyncToolClient(server_command(str(PRODUCTION_DIR))) as client:
+    with SyncToolClient(server_command(str(harness_dir(harness)))) as client:
         out["stdio"] = measure_roundtrip(client, n=n)
     port = _free_port()
     server = subprocess.Popen(
-        [*server_command(str(PRODUCTION_DIR)), "--transport", "http", "--port", str(port)], stderr=subprocess.DEVNULL
+        [*server_command(str(harness_dir(harness))), "--transport", "http", "--port", str(port)], stderr=subprocess.DEVNULL
     )
     try:
         for _ in range(100):
@@ -74,10 +74,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sft-tasks", type=positive_int, default=2000)
     parser.add_argument("--eval-items", type=positive_int, default=200)
     parser.add_argument("--mcp-calls", type=positive_int, default=200)
+    parser.add_argument("--harness", default="production",
+                        help="the world's harness (a shipped name such as production or compact, or a folder)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
-    config = world_data.WorldDataConfig(sft_tasks=args.sft_tasks, eval_items=args.eval_items)
-    world, harness = world_data.world_for(config.world_seed, config.n_products), production_harness()
+    config = world_data.WorldDataConfig(sft_tasks=args.sft_tasks, eval_items=args.eval_items, harness=args.harness)
+    world, harness = world_data.world_for(config.world_seed, config.n_products), world_harness(config.harness)
     report: dict = {
         "world": {
             "products": len(world.products),
@@ -106,7 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
     report["judge_agreement"] = {
         m: {k: v for k, v in a.items() if k != "disagree"} for m, a in judge_agreement().items()
     }
-    report["mcp_roundtrip_ms"] = mcp_latency(args.mcp_calls)
+    report["mcp_roundtrip_ms"] = mcp_latency(args.mcp_calls, config.harness)
 
     w, r = report["world"], report["rejection_sampling"]
     print(f"world: {w['products']} products in {w['categories']} categories, {w['skus']} SKUs; "

@@ -63,7 +63,14 @@ QWEN_SPLIT_PATTERN = (
 WORD_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|\p{L}+|\p{N}|[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-SPLIT_PATTERNS = {"qwen": QWEN_SPLIT_PATTERN, "words": WORD_SPLIT_PATTERN}
+# As "words", and a run of Han characters is split from a run of other letters, so a name written straight after
+# Chinese text ("先加载技能price-promotion", "用get_price") is the same tokens as in a list: without it a small BPE
+# trained on the world's texts learns fused tokens such as "，先加载技能price" (docs/tuning.md).
+SCRIPT_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|\p{Han}+|[\p{L}&&[^\p{Han}]]+|\p{N}|[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+SPLIT_PATTERNS = {"qwen": QWEN_SPLIT_PATTERN, "words": WORD_SPLIT_PATTERN, "scripts": SCRIPT_SPLIT_PATTERN}
 _PARAM_END = "</parameter>"
 _VALUE_FOLLOWERS = ("<parameter=", "</function>", "</tool_call>")  # what may follow a value's </parameter>
 _PYTHON_LITERALS = {"True": True, "False": False, "None": None}
@@ -116,7 +123,8 @@ def train_bpe_tokenizer(
       out_dir: folder to write (created if missing); `load_tokenizer(out_dir)` reloads it.
       min_frequency: a pair is merged only if it occurs at least this often.
       split: the pre-tokenizer's split (`SPLIT_PATTERNS`): "qwen", Qwen's (a letter run takes the character
-        before it, " get"), or "words" (it never does: a name has one segmentation in every context).
+        before it, " get"), "words" (it never does) or "scripts" (neither, and Han runs are split from other
+        letters: a name has one segmentation in every context, Chinese text included).
     Returns:
       the trained `PreTrainedTokenizerFast` (pad <|endoftext|>, eos <|im_end|>, chat template set).
     Raises:

@@ -4,7 +4,7 @@ import random
 
 import pytest
 import transformers
-from tokenizers import pre_tokenizers
+from tokenizers import Regex, pre_tokenizers
 
 from hat_jax import tokenizer as tk
 
@@ -148,8 +148,33 @@ def test_word_split_gives_a_name_one_segmentation_in_every_context(tmp_path):
         assert words.decode(words.encode("x " + name)) == "x " + name
     assert any(len({tuple(tail(qwen, prefix, name)) for prefix in ("- 查询价格: ", "tool ", "<function=", "\n")}) > 1
                for name in names)  # what the split fixes
-    with pytest.raises(ValueError, match=r"tokenizer split 'bytes': expected one of \['qwen', 'words'\]"):
+    with pytest.raises(ValueError, match=r"tokenizer split 'bytes': expected one of \['qwen', 'scripts', 'words'\]"):
         tk.train_bpe_tokenizer(texts, VOCAB_SIZE, tmp_path / "x", split="bytes")
+
+
+def test_script_split_keeps_a_name_whole_after_chinese_text(tmp_path):
+    """split="scripts": as "words", and a name written straight after Chinese characters ("先加载技能price-promotion",
+    "用get_price") is the same token sequence as after a space or "=": "words" lets the Han and Latin letters form
+    one run, which a BPE trained on such text merges into one token; text still round-trips exactly."""
+    names = ["price-promotion", "get_price", "zb_chaxun_jineng", "Shop.GetPrice"]
+    prefixes = ("观众在问价格，先加载技能", "查价格，用", "- 价格、优惠和比价 -> ", "<function=", "\n")
+    texts = _corpus(seed=6) + [p + n + "。" for p in prefixes for n in names] * 50
+    scripts = tk.train_bpe_tokenizer(texts, VOCAB_SIZE, tmp_path / "s", split="scripts")
+
+    def tail(tok, prefix, name):
+        ids = tok.encode(prefix + name, add_special_tokens=False)
+        return ids[len(tok.encode(prefix, add_special_tokens=False)):]
+
+    for name in names:
+        assert {tuple(tail(scripts, p, name)) for p in prefixes} == {tuple(scripts.encode(name, add_special_tokens=False))}
+        assert scripts.decode(scripts.encode("查价格，用" + name)) == "查价格，用" + name
+    # what the split fixes: under "words" the Han and Latin letters are one pre-token, which a BPE may merge across
+    def pieces(split, text):
+        pre = pre_tokenizers.Split(Regex(tk.SPLIT_PATTERNS[split]), behavior="isolated", invert=False)
+        return [p for p, _ in pre.pre_tokenize_str(text)]
+
+    assert "先加载技能price" in pieces("words", "观众在问价格，先加载技能price-promotion。")
+    assert pieces("scripts", "观众在问价格，先加载技能price-promotion。")[2:4] == ["先加载技能", "price"]
 
 
 def test_vocab_size_too_small_raises(tmp_path):

@@ -35,10 +35,10 @@ def bench_tokenizer(world, out_dir: Path):
     from hat_jax.data.suites import SUITES, item_harness
     from hat_jax.data.world_data import eval_items
     from hat_jax.harness.render import render_text
-    from hat_jax.sim.world_harness import production_harness
+    from hat_jax.sim.world_harness import world_harness
     from hat_jax.tokenizer import train_bpe_tokenizer
 
-    original = production_harness()
+    original = world_harness(world.harness)
     bytes_only = train_bpe_tokenizer(["x"], 300, out_dir / "bytes")
     rendered = [render_text(bytes_only, item_harness(it, original), [{"role": "user", "content": it.task.message}],
                             True) for suite in SUITES for it in eval_items(suite, world)]

@@ -36,6 +36,8 @@ def main(argv=None) -> int:
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seed", type=int, default=123, help="HSA draws and row order")
+    p.add_argument("--harness", default="production",
+                   help="the world's harness (a shipped name such as production or compact, or a folder)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
@@ -46,10 +48,9 @@ def main(argv=None) -> int:
     from hat_jax.eval.read_probe import model_logits_fn, read_probe
     from hat_jax.model.checkpoint_io import load_model_checkpoint
     from hat_jax.rollout import tokenizer_from_checkpoint
-    from hat_jax.sim.world_harness import production_harness
-    from hat_jax.train.sft import PRODUCTION
+    from hat_jax.sim.world_harness import world_harness
 
-    world = WorldDataConfig(eval_items=args.items)
+    world = WorldDataConfig(eval_items=args.items, harness=args.harness)
     tasks = [item.task for item in eval_items("live_qa", world)]
     records, stats = oracle_records(world, tasks, prefix="probe")
     print(f"rows: {len(records)} oracle trajectories of {len(tasks)} held-out Live QA tasks "
@@ -63,7 +64,7 @@ def main(argv=None) -> int:
             return 2
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
         config, params = load_model_checkpoint(ckpt)
-        batches = list(sft_dataset(records, {PRODUCTION: production_harness()}, tokenizer, data))
+        batches = list(sft_dataset(records, {world.harness: world_harness(world.harness)}, tokenizer, data))
         t0 = time.perf_counter()
         result = read_probe(model_logits_fn(params, config), tokenizer, batches)
         spans = "  ".join(f"{k} {h}/{n}" for k, (h, n) in result.spans.items())

@@ -171,7 +171,7 @@ def main(argv=None) -> int:
     p.add_argument("--init", help="start from this checkpoint (with its tokenizer/) instead")
     p.add_argument("--model-set", action="append", type=model_setting, default=[], metavar="FIELD=JSON",
                    help="a model config field of the fresh model, e.g. full_attention_interval=2 (repeatable)")
-    p.add_argument("--tokenizer-split", default="qwen", choices=("qwen", "words"),
+    p.add_argument("--tokenizer-split", default="qwen", choices=("qwen", "words", "scripts"),
                    help="the fresh model's BPE pre-tokenizer split (hat_jax.tokenizer.SPLIT_PATTERNS)")
     p.add_argument("--eval-every", type=positive_int, default=100)
     p.add_argument("--eval-rows", type=positive_int, default=256, help="scored rows per family")

@@ -176,12 +176,15 @@ def _copy_chat(rng, lang, pieces) -> list[dict]:
 
 
 def _listing(rng: random.Random, entries: list[tuple[str, str]], lang: str) -> str:
-    """Entries (name, description) listed in one of three layouts, in the given order."""
-    layout = rng.randrange(3)
+    """Entries (name, description) listed in one of four layouts, in the given order: two with the description first
+    (`- d: n`, and `- d -> n` as the compact harness lists its skills), two with the name first."""
+    layout = rng.randrange(4)
     if layout == 0:
         return "\n".join(f"- {d}: {n}" for n, d in entries)
     if layout == 1:
         return "\n".join(f"{n} - {d}" for n, d in entries)
+    if layout == 2:
+        return "\n".join(f"- {d} -> {n}" for n, d in entries)
     return "\n".join(f'<tool name="{n}">{d}</tool>' for n, d in entries)
 
 
@@ -330,10 +333,11 @@ ANSWER_ORDERS: tuple[str, ...] = ("desc_first", "name_first")
 def answer_order(messages: Sequence[dict], tools: Sequence[dict], answer: str) -> str | None:
     """Where a listed name stands beside the description its request matches, in what the chat shows:
 
-    - "desc_first": the system message lists it as `- description: name` (the match comes first: copying what
-      follows it finds the name, as in the reading gauge's default order);
+    - "desc_first": the system message lists it as `- description: name` or `- description -> name` (the match
+      comes first: copying what follows it finds the name, as in the reading gauge's default order and the
+      compact harness's skill list);
     - "name_first": the name comes first (`name - description`, `<tool name="name">description</tool>`, or only the
-      chat template's tool block), the order of a harness's tool block and skill list;
+      chat template's tool block), the order of a harness's tool block and of the production skill list;
     - None: `answer` is not a listed name (a looked-up value, a copied string, a reply).
 
     Args:
@@ -341,7 +345,7 @@ def answer_order(messages: Sequence[dict], tools: Sequence[dict], answer: str) -
     """
     system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
     lines = system.splitlines()
-    if any(line.endswith(f": {answer}") for line in lines):
+    if any(line.endswith((f": {answer}", f" -> {answer}")) for line in lines):
         return "desc_first"
     listed = any(line.startswith(f"{answer} - ") or f'<tool name="{answer}">' in line for line in lines)
     if listed or any(t["function"]["name"] == answer for t in tools):

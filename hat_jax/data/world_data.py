@@ -49,7 +49,7 @@ from hat_jax.sim.oracle import DEFAULT_NOISE, OracleConfig, OracleTeacher
 from hat_jax.sim.rollout import rejection_sample
 from hat_jax.sim.types import Task, task_from_dict, task_to_dict
 from hat_jax.sim.viewers import sample_tasks
-from hat_jax.sim.world_harness import production_harness
+from hat_jax.sim.world_harness import harness_content_digest, world_harness
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,9 @@ class WorldDataConfig:
       rl_tasks: RL tasks (the paper: 4k).
       eval_items: items per live-stream suite (the paper: 978 / 978 / 2023 for both robustness sets).
       eval_seed: selects another eval item stream (multi-seed evaluation).
+      harness: the original harness the world's data is written under and evaluated against: a shipped
+        harness (`hat_jax/harnesses/<name>`: "production", the real preset's, or "compact", the tiny world's)
+        or a harness folder's path. HSA composes its variants from it.
     """
 
     world_seed: int = 0
@@ -89,6 +92,7 @@ class WorldDataConfig:
     rl_tasks: int = 1000
     eval_items: int = 200
     eval_seed: int = 0
+    harness: str = PRODUCTION
 
     def __post_init__(self) -> None:
         bounds = {
@@ -110,10 +114,17 @@ class WorldDataConfig:
         check_fault_rates(self.sft_fault_rates, "WorldDataConfig.sft_fault_rates")
         if not isinstance(self.oracle, OracleConfig):
             raise ValueError(f"WorldDataConfig.oracle: expected an OracleConfig, got {type(self.oracle).__name__}")
+        if not isinstance(self.harness, str) or not self.harness:
+            raise ValueError(f"WorldDataConfig.harness = {self.harness!r}: expected a harness name or folder path")
+        try:
+            world_harness(self.harness)
+        except Exception as e:  # a missing folder (ValueError) or a harness that fails validation (HarnessError)
+            raise ValueError(f"WorldDataConfig.harness = {self.harness!r}: {e}") from e
 
     def digest(self, kind: str) -> str:
-        """12 hex digits of the hash of (kind, this config, DATA_VERSION)."""
-        blob = json.dumps({"kind": kind, "version": DATA_VERSION, "config": dataclasses.asdict(self)}, sort_keys=True)
+        """12 hex digits of the hash of (kind, this config, DATA_VERSION, the harness files' content)."""
+        blob = json.dumps({"kind": kind, "version": DATA_VERSION, "config": dataclasses.asdict(self),
+                           "harness": harness_content_digest(self.harness)}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -250,7 +261,8 @@ def cached(
 
 
 def oracle_records(config: WorldDataConfig, tasks: Sequence[Task], prefix: str = "sft") -> tuple[list[dict], dict]:
-    """The oracle's rejection-sampled trajectories of `tasks` under the production harness, as SFT records.
+    """The oracle's rejection-sampled trajectories of `tasks` under the world's harness (`config.harness`), as SFT
+    records.
 
     Args:
       config: the world, oracle noise, fault rates and attempts. tasks: the tasks to roll out.
@@ -258,7 +270,7 @@ def oracle_records(config: WorldDataConfig, tasks: Sequence[Task], prefix: str =
     Returns:
       (records in `sft_records`' layout, `RejectionStats` as a dict).
     """
-    world, harness = world_for(config.world_seed, config.n_products), production_harness()
+    world, harness = world_for(config.world_seed, config.n_products), world_harness(config.harness)
     oracle = OracleTeacher(world, config.oracle)
     env = LiveStreamEnv(world, EnvConfig(fault_rates=dict(config.sft_fault_rates)))
     judge = functools.partial(judge_episode, harness=harness)
@@ -269,7 +281,7 @@ def oracle_records(config: WorldDataConfig, tasks: Sequence[Task], prefix: str =
         records.append({
             "record_id": f"{prefix}-{i:06d}",
             "task_id": episode.task.task_id,
-            "harness_id": PRODUCTION,
+            "harness_id": config.harness,
             "seed": episode.seed,
             "messages": [dict(m) for m in messages],
             "task": task_to_dict(episode.task),
@@ -287,8 +299,8 @@ def sft_records(config: WorldDataConfig = WorldDataConfig(), cache_dir: Path | N
     """Rejection-sampled SFT trajectory records (see the module docstring), cached.
 
     Returns:
-      (records, meta). A record: {"record_id", "task_id", "harness_id": "production", "seed" (the env's
-      fault seed), "messages" (OpenAI format, system prompt of the production harness first), "task"
+      (records, meta). A record: {"record_id", "task_id", "harness_id" (`config.harness`), "seed" (the env's
+      fault seed), "messages" (OpenAI format, system prompt of that harness first), "task"
       (`task_to_dict`), "hook_retry_kept" (a tool failure and the hook's retry feedback are kept)} — the keys
       `hat_jax.data.pipeline.sft_dataset` reads. meta["stats"] holds `RejectionStats` (rejection rate,
       per-intent counts, reject reasons); meta["from_cache"] says whether the records were read

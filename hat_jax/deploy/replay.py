@@ -48,7 +48,7 @@ from hat_jax.harness.state import HarnessState
 from hat_jax.sim.catalog import World
 from hat_jax.sim.mcp_client import SyncToolClient, server_command
 from hat_jax.sim.types import Task
-from hat_jax.sim.world_harness import PRODUCTION_DIR, load_world_harness
+from hat_jax.sim.world_harness import harness_dir, load_world_harness
 
 from hat_jax.deploy.agent import AgentConfig, AgentResult, ToolCaller, run_agent
 from hat_jax.deploy.chat_stream import ChatStreamClient, EndpointError, ServerUnreachable
@@ -68,7 +68,7 @@ class ReplayConfig:
       base_url, model, api_key: the OpenAI-compatible endpoint and the served model name.
       n, warmup: requests per concurrency level, the first `warmup` of them unmeasured.
       concurrency: the levels, run in order.
-      harness: harness folder or `harness.yaml` (None: the shipped production harness).
+      harness: harness folder or `harness.yaml` (None: the world's harness, `world.harness`).
       out: output folder; seed: request draw; hf_dir: exported folder with `hat_export.json`.
       mcp_url: Streamable HTTP tool server (None: spawn one on stdio).
       max_tokens, temperature, top_p, extra_body: per model turn.
@@ -178,7 +178,7 @@ def run_replay(cfg: ReplayConfig, *, tools: ToolCaller | None = None, progress: 
       EndpointError: a wrong base URL or model name (HTTP status and body).
       ConnectionError: the tool server cannot be started or reached.
     """
-    harness_path = str(cfg.harness or PRODUCTION_DIR)
+    harness_path = str(cfg.harness or harness_dir(cfg.world.harness))
     harness = load_world_harness(harness_path)
     versions = {"policy": policy_version(cfg.model, cfg.hf_dir), "harness": harness_version(harness)}
     llm = ChatStreamClient(cfg.base_url, cfg.model, api_key=cfg.api_key, temperature=cfg.temperature, top_p=cfg.top_p,
@@ -242,7 +242,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n", type=positive_int, default=110, help="requests per level, warm-up included")
     p.add_argument("--warmup", type=int, default=10, help="unmeasured requests at the start of each level")
     p.add_argument("--concurrency", type=positive_int, nargs="+", default=[1, 2])
-    p.add_argument("--harness", default=None, help="harness folder or harness.yaml (default: production)")
+    p.add_argument("--harness", default=None, help="harness folder or harness.yaml (default: the world's, production)")
     p.add_argument("--out", default="runs/replay")
     p.add_argument("--seed", type=int, default=0, help="seed of the request draw")
     p.add_argument("--hf-dir", default=None, help="exported folder; its hat_export.json gives the policy version")

@@ -36,7 +36,7 @@ from hat_jax.harness.render import render_tokens
 from hat_jax.model.speculative import init_mtp_cache, mtp_cached
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.rollout.logprobs import greedy_tokens_chunked
-from hat_jax.sim.world_harness import production_harness
+from hat_jax.sim.world_harness import world_harness
 
 
 def depth1_acceptance(logits: jax.Array | None, mtp_logits: jax.Array | None, input_ids: jax.Array,
@@ -195,7 +195,7 @@ def live_qa_oracle_episodes(tokenizer, world: WorldDataConfig, max_len: int | No
     """
     tasks = [item.task for item in eval_items("live_qa", world)]
     records, _ = oracle_records(dataclasses.replace(world, sft_fault_rates={}), tasks, prefix="mtp")
-    harness, out = production_harness(), []
+    harness, out = world_harness(world.harness), []
     for record in records:
         ids, mask = render_tokens(tokenizer, harness, record["messages"])
         ids, mask = ids[:max_len], mask[:max_len]

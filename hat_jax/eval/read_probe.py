@@ -34,6 +34,10 @@ SPAN_PATTERNS: dict[str, re.Pattern] = {
     "argument": re.compile(r"<parameter=[^>\n]+>\n([^\n<]+)\n</parameter>"),
     "product_id": re.compile(r"(P\d{4})"),
     "price": re.compile(r"(\d+(?:\.\d+)?)元"),
+    # the names the reasoning reads from the harness: the skill to load, then each turn's first tool
+    # (`hat_jax.sim.oracle_replies.tool_reasoning`: "...先加载技能price-promotion。", "查价格，用get_price。")
+    "skill": re.compile(r"先加载(?:技能)?([A-Za-z][\w.\-]*)。"),
+    "tool": re.compile(r"，用([A-Za-z][\w.\-]*)[、。]"),
 }
 
 

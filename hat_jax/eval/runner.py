@@ -54,7 +54,7 @@ from hat_jax.model.config import Qwen3_5MoeTextConfig
 from hat_jax.model.params import COMPUTE_DTYPES
 from hat_jax.model.sampling import SamplingConfig
 from hat_jax.rollout import JaxSampler, RolloutConfig, Sampler, chat_completions, load_sampler
-from hat_jax.sim.world_harness import production_harness
+from hat_jax.sim.world_harness import world_harness
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ def _live_suites(sampler: Sampler, config: EvalConfig, seq_len: int, out: Path |
     if not config.suites:
         return results, extra
     world = world_for(config.world.world_seed, config.world.n_products)
-    original = production_harness()
+    original = world_harness(config.world.harness)
     episodes = RolloutConfig(config.sampling(config.max_new_tokens), max_turns=config.max_turns, seq_len=seq_len)
     for suite in config.suites:
         items = eval_items(suite, config.world)

@@ -5,8 +5,9 @@ the base (pretrained from scratch at micro/tiny scale by `hat_jax.train.pretrain
 Hugging Face folder at real scale), the SFT / general-OPD / RL / live-OPD stage configs, the strong teacher of
 Table 5's distillation arm and the evaluation config. `experiments/run.py --preset NAME` and the stage CLIs
 (`python -m hat_jax.train.sft --preset NAME`, which run their section) read the same file. `--set
-section.field=value` overrides any field (sections: `SECTIONS`); a stage's schedule ends at its steps unless
-its `optim.total_steps` is set (`hat_jax.train.optim.OptimConfig`).
+section.field=value` overrides any field (sections: `SECTIONS`), and `--set world.harness=NAME` the harness of every
+section's world (`with_world_harness`); a stage's schedule ends at its steps unless its `optim.total_steps` is set
+(`hat_jax.train.optim.OptimConfig`).
 """
 
 from __future__ import annotations
@@ -137,6 +138,16 @@ def apply_scale_overrides(scale: Scale, assignments: Sequence[str]) -> Scale:
             raise ValueError(f"--set {item!r}: expected section.field=value")
         key, value = item.split("=", 1)
         section, _, rest = key.strip().partition(".")
+        if section == "world":
+            if rest != "harness":
+                raise ValueError(f"--set {item!r}: the world section takes only harness (world.harness=NAME sets the "
+                                 f"harness of every section's world); set other world fields per section, e.g. "
+                                 f"eval.world.eval_items=200")
+            try:
+                scale = with_world_harness(scale, value)
+            except ValueError as err:
+                raise ValueError(f"--set {item!r}: {err}") from None
+            continue
         if section in SECTIONS and not rest:
             raise ValueError(f"--set {item!r}: {section!r} is a section; name a field of it, as "
                              f"{section}.field=value (e.g. {section}.steps=6)")
@@ -144,7 +155,7 @@ def apply_scale_overrides(scale: Scale, assignments: Sequence[str]) -> Scale:
             raise ValueError(f"--set {item!r}: {section}.{rest} is set by the experiment chain: {CHAIN_FIELDS[rest]}")
         if section not in SECTIONS:
             raise ValueError(f"--set {item!r}: unknown section {section!r}{did_you_mean(section, SECTIONS)}; "
-                             f"valid sections: {', '.join(SECTIONS)}, as section.field=value")
+                             f"valid sections: {', '.join(SECTIONS)}, as section.field=value (and world.harness=NAME)")
         if section == "base" and rest == "hf_path":
             scale = dataclasses.replace(scale, base=BaseSpec(pretrain=None, hf_path=value))
             continue
@@ -166,6 +177,27 @@ def apply_scale_overrides(scale: Scale, assignments: Sequence[str]) -> Scale:
         else:
             scale = dataclasses.replace(scale, **{section: updated})
     return scale
+
+
+def with_world_harness(scale: Scale, harness: str) -> Scale:
+    """`scale` with `harness` as the world harness (`WorldDataConfig.harness`) of every section that has a world: the
+    base (its tokenizer's key), the stages, the teacher and the evaluation.
+
+    Raises:
+      ValueError: no such harness, or one that fails validation (`WorldDataConfig`).
+    """
+    def swap(config):
+        if config is None or not hasattr(config, "world"):
+            return config
+        return dataclasses.replace(config, world=dataclasses.replace(config.world, harness=harness))
+
+    changes = {name: swap(getattr(scale, name)) for name in (*STAGE_KINDS, "eval")}
+    base, teacher = scale.base, scale.teacher
+    if base.pretrain is not None:
+        base = dataclasses.replace(base, pretrain=swap(base.pretrain))
+    if teacher.sft is not None:
+        teacher = dataclasses.replace(teacher, sft=swap(teacher.sft))
+    return dataclasses.replace(scale, base=base, teacher=teacher, **changes)
 
 
 def describe(scale: Scale, kinds: Sequence[str] | None = None) -> Mapping[str, Any]:

@@ -3,7 +3,8 @@
 Variant implemented and why: the on-disk layout follows the agent ecosystem's conventions (open Agent
 Skills `SKILL.md` folders, MCP tool definitions, lifecycle-event hooks), so that a harness written
 for a real agent loads as it is and ours read like one:
-- `harness.yaml`: `name`, `version`, `family`, `heading_style`, `skill_tool`, `skills` (folder names,
+- `harness.yaml`: `name`, `version`, `family`, `heading_style`, `skill_listing` (name_first, the default, or
+  description_first), `skill_tool`, `skills` (folder names,
   in prompt order), `prompt` (sections in order: `key`, `title`, `text`, `constraints: [{id, kwargs}]`),
   `tools` (MCP tool definitions `name`, `description`, `inputSchema`, plus the world binding under
   the extension key `x-hat: {impl, arg_paths}`, so the rest of each entry is a plain MCP tool), and
@@ -49,6 +50,7 @@ from hat_jax.harness.state import (
     DISTRACTOR_PREFIX,
     HEADING_STYLES,
     HOOK_EVENTS,
+    SKILL_LISTINGS,
     SKILL_TOOL_IMPL,
     Constraint,
     HarnessState,
@@ -71,8 +73,8 @@ SKILL_TOOL_ARGS = (("skill",), ())  # the skill loader's canonical arguments (re
 JSON_SCHEMA_TYPES: tuple[str, ...] = ("array", "boolean", "integer", "null", "number", "object", "string")
 SKILL_NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 TOOL_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
-_MANIFEST_KEYS = ("name", "version", "family", "heading_style", "skill_tool", "skills", "prompt", "tools", "hooks",
-                  "description")
+_MANIFEST_KEYS = ("name", "version", "family", "heading_style", "skill_listing", "skill_tool", "skills", "prompt",
+                  "tools", "hooks", "description")
 _FRONT_MATTER_KEYS = ("name", "description", "allowed-tools", "metadata", "license", "compatibility")
 
 
@@ -480,6 +482,9 @@ def load_harness(path: str | Path, bindings: WorldBindings) -> HarnessState:
     style = raw.get("heading_style", "markdown")
     if style not in HEADING_STYLES:
         c.fail("heading_style", f"expected one of {', '.join(HEADING_STYLES)}, got {style!r}")
+    listing = raw.get("skill_listing", "name_first")
+    if listing not in SKILL_LISTINGS:
+        c.fail("skill_listing", f"expected one of {', '.join(SKILL_LISTINGS)}, got {listing!r}")
     return HarnessState(
         name=c.text(raw.get("name"), "name"),
         version=str(c.typed(raw.get("version"), (str, int, float), "version", "a version string")),
@@ -490,4 +495,5 @@ def load_harness(path: str | Path, bindings: WorldBindings) -> HarnessState:
         heading_style=style,
         hooks=tuple(_load_hooks(raw.get("hooks", {}) or {}, set(names), c)),
         family=c.text(raw.get("family", "original"), "family"),
+        skill_listing=listing,
     )

@@ -5,7 +5,8 @@ Variant implemented and why:
   (markdown `## T`, xml `<T>...</T>`, plain `T:`, bracket `【T】`). A section's body is its text, then
   its constraints as `- ` lines (`constraints.constraint_text`, tool names resolved through the
   current harness). The "skills" section lists every skill as `- name: description` (the Agent
-  Skills convention: name and description always in the prompt, the body only when loaded); its text
+  Skills convention: name and description always in the prompt, the body only when loaded), or as
+  `- description -> name` when the harness's `skill_listing` is "description_first"; its text
   may say `{skill_tool}`, replaced by the skill tool's current name, else a line naming the tool is
   added. Tools are not written here: `apply_chat_template(tools=h.openai_tools())` puts them first.
 - Text is exactly `tokenizer.apply_chat_template(messages, tools=h.openai_tools(), tokenize=False)`
@@ -53,6 +54,20 @@ def _heading(style: str, title: str, body: str) -> str:
     raise ValueError(f"unknown heading style {style!r}; expected markdown, xml, plain or bracket")
 
 
+def skill_line(listing: str, name: str, description: str) -> str:
+    """One line of the skill list: `- name: description` ("name_first") or `- description -> name`
+    ("description_first").
+
+    Raises:
+      ValueError: an unknown `listing`.
+    """
+    if listing == "name_first":
+        return f"- {name}: {description}"
+    if listing == "description_first":
+        return f"- {description} -> {name}"
+    raise ValueError(f"unknown skill listing {listing!r}; expected name_first or description_first")
+
+
 def section_body(h: HarnessState, section: PromptSection) -> str:
     """The body text of one section (text, skill list for "skills", constraint lines), no heading."""
     lines = [section.text.strip()] if section.text.strip() else []
@@ -61,7 +76,7 @@ def section_body(h: HarnessState, section: PromptSection) -> str:
             lines[0] = lines[0].replace(SKILL_TOOL_PLACEHOLDER, h.skill_tool)
         else:
             lines.append(f"调用 {h.skill_tool} 并传入技能名来加载技能。")
-        lines += [f"- {s.name}: {s.description}" for s in h.skills]
+        lines += [skill_line(h.skill_listing, s.name, s.description) for s in h.skills]
     lines += [f"- {constraint_text(c, h)}" for c in section.constraints]
     return "\n".join(lines)
 

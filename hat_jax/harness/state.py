@@ -30,6 +30,8 @@ from typing import Any, Literal
 HOOK_EVENTS: tuple[str, ...] = ("UserPromptSubmit", "PreToolUse", "PostToolUse", "PostToolUseFailure", "Stop")
 HEADING_STYLES: tuple[str, ...] = ("markdown", "xml", "plain", "bracket")
 HeadingStyle = Literal["markdown", "xml", "plain", "bracket"]
+SKILL_LISTINGS: tuple[str, ...] = ("name_first", "description_first")
+SkillListing = Literal["name_first", "description_first"]
 SKILL_TOOL_IMPL = "load_skill"  # `Tool.impl` of the skill-loading tool
 DISTRACTOR_PREFIX = "distractor:"  # `Tool.impl` prefix of tools no task needs
 
@@ -153,6 +155,9 @@ class HarnessState:
         "plain": `T:`, "bracket": `【T】`).
       hooks: in execution order per event.
       family: layout/naming family tag, used to keep held-out families out of training.
+      skill_listing: how the "skills" section lists a skill: "name_first" (`- name: description`, the Agent
+        Skills convention) or "description_first" (`- description -> name`: what a request matches comes
+        first and the name follows it, the order a small model copies fastest; docs/tuning.md).
     """
 
     name: str
@@ -164,6 +169,7 @@ class HarnessState:
     heading_style: HeadingStyle = "markdown"
     hooks: tuple[HookSpec, ...] = ()
     family: str = "original"
+    skill_listing: SkillListing = "name_first"
 
     def tool(self, name: str) -> Tool | None:
         """The tool with surface name `name`, or None."""

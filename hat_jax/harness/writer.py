@@ -52,6 +52,7 @@ def harness_manifest(h: HarnessState) -> dict:
         "version": h.version,
         "family": h.family,
         "heading_style": h.heading_style,
+        **({"skill_listing": h.skill_listing} if h.skill_listing != "name_first" else {}),
         "skill_tool": h.skill_tool,
         "skills": [s.name for s in h.skills],
         "prompt": sections,

@@ -363,7 +363,8 @@ def compose_reply(task: Task, harness: HarnessState, ok: Sequence[Any], noise: M
 
 def tool_reasoning(task: Task, todo: Sequence[tuple], names: Sequence[str], *, retry: bool,
                    rng: random.Random) -> str:
-    """1-2 short sentences before a tool turn (intent and skill first, then what each call is for)."""
+    """1-2 short sentences before a tool turn: what the turn is for, then the names it calls ("观众在问价格，先加载技能
+    price-promotion。", "查价格，用get_price。"), so each name follows the words it is looked up by."""
     impls = [t[0] for t in todo]
     if retry:
         return f"{'、'.join(names)}调用失败，按提示重试一次。"
@@ -374,5 +375,5 @@ def tool_reasoning(task: Task, todo: Sequence[tuple], names: Sequence[str], *, r
         return f"观众在问{INTENT_CN.get(task.intent, task.intent)}，{verb}{sid}。"
     labels = "、".join(dict.fromkeys(IMPL_CN.get(i, i) for i in impls))
     if "search_products" in impls:
-        return f"先用{'、'.join(dict.fromkeys(names))}找到商品ID。"
-    return f"调用{'、'.join(dict.fromkeys(names))}查询{labels}。"
+        return f"先找商品编号，用{'、'.join(dict.fromkeys(names))}。"
+    return f"查{labels}，用{'、'.join(dict.fromkeys(names))}。"

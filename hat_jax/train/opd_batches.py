@@ -115,13 +115,13 @@ def live_pool(config: OPDConfig, tokenizer) -> LiveTasks:
     from hat_jax.data.world_data import rl_tasks, world_for
     from hat_jax.harness.render import render_ids
     from hat_jax.sim.env import LiveStreamEnv
-    from hat_jax.sim.world_harness import production_harness
+    from hat_jax.sim.world_harness import world_harness
 
     tasks = rl_tasks(config.world)
     if len(tasks) < config.prompts_per_step:
         raise ValueError(f"OPDConfig.prompts_per_step = {config.prompts_per_step} but world.rl_tasks gives only "
                          f"{len(tasks)} tasks")
-    world, production = world_for(config.world.world_seed, config.world.n_products), production_harness()
+    world, production = world_for(config.world.world_seed, config.world.n_products), world_harness(config.world.harness)
     messages = LiveStreamEnv(world, config.env).reset(tasks[0], production)
     n = len(render_ids(tokenizer, production, messages, add_generation_prompt=True))
     if n + config.max_new_tokens > config.seq_len:

@@ -267,7 +267,7 @@ class RLBatches:
                  batch_ways: int = 1):
         from hat_jax.model.sampling import SamplingConfig
         from hat_jax.rollout import RolloutConfig
-        from hat_jax.sim.world_harness import production_harness
+        from hat_jax.sim.world_harness import world_harness
 
         self.config, self.model_config, self.tokenizer = config, model_config, tokenizer
         self.tasks = rl_tasks(config.world)
@@ -275,7 +275,7 @@ class RLBatches:
             raise ValueError(f"RLConfig.tasks_per_step = {config.tasks_per_step} but world.rl_tasks gives only "
                              f"{len(self.tasks)} tasks")
         self.world = world_for(config.world.world_seed, config.world.n_products)
-        self.production = production_harness()
+        self.production = world_harness(config.world.harness)
         self.dtype = dtype if dtype is not None else COMPUTE_DTYPES[config.compute_dtype]
         self.sampler = sampler if sampler is not None else stage_sampler(config, model_config, tokenizer, self.dtype,
                                                                          config.rollout_bucket)

@@ -49,7 +49,7 @@ import numpy as np
 from hat_jax.cache import atomic_dir
 from hat_jax.data.packing import PackedBatches, refuse_packed_state
 from hat_jax.data.pipeline import SFTDataConfig, sft_batches, sft_dataset
-from hat_jax.data.world_data import PRODUCTION, WorldDataConfig, cache_root, sft_records
+from hat_jax.data.world_data import WorldDataConfig, cache_root, sft_records
 from hat_jax.model.config import get_config
 from hat_jax.model.params import COMPUTE_DTYPES
 from hat_jax.model.sharding import default_mesh
@@ -172,9 +172,9 @@ def with_hsa(config: SFTConfig, on: bool) -> SFTConfig:
 def _render_record(record: dict) -> str:
     from hat_jax.data.corpus import render_chat
     from hat_jax.harness.render import render_messages
-    from hat_jax.sim.world_harness import production_harness
+    from hat_jax.sim.world_harness import world_harness
 
-    h = production_harness()
+    h = world_harness(record["harness_id"])
     return render_chat(render_messages(h, record["messages"]), h.openai_tools())
 
 
@@ -339,10 +339,11 @@ def run_sft(config: SFTConfig, out_dir: str | Path, *, resume: bool = False, for
     params = _initial_params(config, model_config, mesh) if run.existing is None else None  # fail fast on a bad --init
     records, _ = sft_records(config.world)
     tokenizer = sft_tokenizer(config, records, out)
-    from hat_jax.sim.world_harness import production_harness
+    from hat_jax.sim.world_harness import world_harness
 
     rows = host_rows(mesh, config.data.batch_size, config.accum_steps)
-    dataset = sft_dataset(records, {PRODUCTION: production_harness()}, tokenizer, config.data, rows=rows)
+    harness = config.world.harness
+    dataset = sft_dataset(records, {harness: world_harness(harness)}, tokenizer, config.data, rows=rows)
     batches = sft_batches(dataset, config.data)
 
     def hsa_share(host):

@@ -8,7 +8,8 @@ import pytest
 
 from hat_jax.data import world_data
 from hat_jax.data.pipeline import RECORD_KEYS, SFTDataConfig, hsa_dataset
-from hat_jax.sim.world_harness import production_harness
+from hat_jax.harness.writer import dump_harness
+from hat_jax.sim.world_harness import production_harness, world_harness
 
 SMALL = world_data.WorldDataConfig(sft_tasks=60, rl_tasks=40, eval_items=12)
 
@@ -32,6 +33,28 @@ def test_sft_records_are_rejection_sampled_and_cached(tmp_path):
     # The records feed the Grain pipeline's HSA step as they are.
     out = list(hsa_dataset(records[:8], {"production": production_harness()}, SFTDataConfig(batch_size=2, p_hsa=1.0)))
     assert len(out) == 8 and all(o["hsa_applied"].any() for o in out)
+
+
+def test_harness_that_fails_validation_is_refused(tmp_path):
+    manifest = dump_harness(world_harness("compact"), tmp_path / "h")  # the path of its harness.yaml
+    manifest.write_text(manifest.read_text(encoding="utf-8").replace("description_first", "sideways"), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"WorldDataConfig.harness = '.*h': .*harness.yaml: skill_listing: expected one "
+                                         r"of name_first, description_first, got 'sideways'"):
+        world_data.WorldDataConfig(harness=str(manifest.parent))
+
+
+def test_records_follow_the_worlds_harness(tmp_path):
+    """Records of the compact world are written under it (its system prompt, its harness id); the cache key
+    follows the harness's name and its files."""
+    compact = dataclasses.replace(SMALL, sft_tasks=6, harness="compact")
+    assert compact.digest("sft") != dataclasses.replace(compact, harness="production").digest("sft")
+    records, _ = world_data.sft_records(compact, cache_dir=tmp_path)
+    assert records and {r["harness_id"] for r in records} == {"compact"}
+    assert all("-> product-qa" in r["messages"][0]["content"] for r in records)
+    skill_turns = [m["reasoning_content"] for r in records for m in r["messages"]
+                   if m["role"] == "assistant" and "先加载" in (m.get("reasoning_content") or "")]
+    assert skill_turns and all(re.fullmatch(r"观众在问.+，(先加载技能|先加载|需要先加载技能)[a-z-]+。", t)
+                               for t in skill_turns)
 
 
 def test_cache_key_and_corrupt_cache(tmp_path, monkeypatch):
@@ -68,6 +91,8 @@ def test_config_validation():
         ("world_seed", None, "WorldDataConfig.world_seed = None: expected an int"),
         ("sft_fault_rates", {"error": float("nan")}, r"WorldDataConfig.sft_fault_rates\['error'\] = nan"),
         ("oracle", {}, "WorldDataConfig.oracle: expected an OracleConfig"),
+        ("harness", "", "WorldDataConfig.harness = '': expected a harness name or folder path"),
+        ("harness", "nope", r"WorldDataConfig.harness = 'nope': harness 'nope': expected a shipped harness"),
     ]:
         with pytest.raises(ValueError, match=expected):
             world_data.WorldDataConfig(**{field: value})

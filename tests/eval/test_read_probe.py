@@ -6,17 +6,20 @@ import pytest
 from hat_jax.eval.read_probe import read_probe, span_hits
 
 # One assistant turn split into tokens, with whether each was predicted right.
-PIECES = ["观众在问", "价格", "。\n<tool_call>\n", "<parameter=query>\n", "鹿角", "奶瓶", "\n</parameter>", "P00", "60",
-          "到手价", "29", "元"]
-CORRECT = [False, True, True, False, True, False, True, True, True, True, False, True]
+PIECES = ["观众在问", "价格", "，先加载技能", "price", "-promotion", "。查价格，用", "get", "_price", "。\n<tool_call>\n",
+          "<parameter=query>\n", "鹿角", "奶瓶", "\n</parameter>", "P00", "60", "到手价", "29", "元"]
+CORRECT = [False, True, True, True, True, True, True, False, True, False, True, False, True, True, True, True, False,
+           True]
 
 
 def test_span_hits_needs_every_overlapping_token():
     hits = span_hits(PIECES, CORRECT)
     # intent "价格": its one token right. argument "鹿角奶瓶": 奶瓶 wrong (the pattern's own
     # "<parameter=query>" token does not count). product id "P0060" over two right tokens. price "29" wrong.
-    assert hits == {"intent": [1, 1], "argument": [0, 1], "product_id": [1, 1], "price": [0, 1]}
-    assert span_hits([], []) == {"intent": [0, 0], "argument": [0, 0], "product_id": [0, 0], "price": [0, 0]}
+    # skill "price-promotion": both tokens right. tool "get_price": "_price" wrong.
+    assert hits == {"intent": [1, 1], "argument": [0, 1], "product_id": [1, 1], "price": [0, 1], "skill": [1, 1],
+                    "tool": [0, 1]}
+    assert span_hits([], []) == {k: [0, 0] for k in ("intent", "argument", "product_id", "price", "skill", "tool")}
     with pytest.raises(ValueError, match="2 pieces but 1 correctness flags"):
         span_hits(["a", "b"], [True])
 

@@ -55,6 +55,20 @@ def test_stage_configs_follow_the_chain(tmp_path):
     assert config.prompts == "live" and config.harness_mode == "hsa" and config.teacher == str(tmp_path / "t")
 
 
+def test_world_harness_override_reaches_every_world():
+    scale = get_scale("micro")
+    out = apply_scale_overrides(scale, ["world.harness=compact"])
+    worlds = [out.base.pretrain.world, out.sft.world, out.rl.world, out.opd.world, out.opd_live.world,
+              out.teacher.sft.world, out.eval.world]
+    assert {w.harness for w in worlds} == {"compact"}
+    assert out.eval.world == dataclasses.replace(scale.eval.world, harness="compact")  # nothing else moves
+    with pytest.raises(ValueError, match=r"--set 'world.harness=nope': .*harness 'nope': expected a shipped harness "
+                                         r"\(compact, production\)"):
+        apply_scale_overrides(scale, ["world.harness=nope"])
+    with pytest.raises(ValueError, match=r"the world section takes only harness .*e.g. eval.world.eval_items=200"):
+        apply_scale_overrides(scale, ["world.eval_items=5"])
+
+
 def test_scale_overrides():
     scale = get_scale("micro")
     out = apply_scale_overrides(scale, ["sft.steps=7", "eval.world.eval_items=5", "rl.estimator=gdpo"])

@@ -15,7 +15,7 @@ from hat_jax.harness.hsa_rewrite import leaf_paths, resolve_path, substitute_nam
 from hat_jax.harness.render import render_system_prompt
 from hat_jax.harness.state import DISTRACTOR_PREFIX, SKILL_TOOL_IMPL, Constraint, HookSpec
 from hat_jax.harness.writer import dump_harness
-from hat_jax.sim.world_harness import load_world_harness, production_harness
+from hat_jax.sim.world_harness import load_world_harness, production_harness, world_harness
 
 H = production_harness()
 ORIGINAL_NAMES = {t.name for t in H.tools} | {s.name for s in H.skills}
@@ -430,3 +430,20 @@ def test_an_incomplete_registry_entry_fails_naming_the_transform_and_the_key():
     with pytest.raises(ValueError, match="HSA transform 'rename_tools': already registered"):
         hsa.hsa_transform(heldout="forced")(T.rename_tools)
     assert "toy" not in hsa.HSA_TRANSFORMS and hsa.HSA_TRANSFORMS["rename_tools"].fn is T.rename_tools
+
+
+@pytest.mark.parametrize("split", ["train", "heldout"])
+def test_compose_on_the_compact_harness(split, tmp_path):
+    """HSA runs on the tiny world's harness unchanged: every draw loads back, keeps the description-first skill
+    list, and the held-out split gives held-out families."""
+    compact = world_harness("compact")
+    families = set()
+    for seed in range(30):
+        new, _, _ = hsa.compose(compact, random.Random(seed), hsa.HSAConfig(), split)
+        families.add(new.family)
+        assert new.skill_listing == "description_first"
+        prompt = render_system_prompt(new)
+        assert all(f"-> {s.name}" in prompt for s in new.skills)
+        if seed < 3:
+            assert load_world_harness(dump_harness(new, tmp_path / f"{seed}")) == new
+    assert families == ({"hsa-heldout"} if split == "heldout" else {"hsa-train"})

@@ -10,7 +10,15 @@ from hat_jax.harness.state import HookSpec, Skill, Tool
 from hat_jax.harness.writer import dump_harness, harness_manifest
 from hat_jax.sim.tools import TOOL_IMPLS
 from hat_jax.sim.types import SKILL_KEYS
-from hat_jax.sim.world_harness import PRODUCTION_DIR, load_world_harness, production_harness
+from hat_jax.harness.render import render_system_prompt
+from hat_jax.sim.world_harness import (
+    PRODUCTION_DIR,
+    harness_content_digest,
+    load_world_harness,
+    production_harness,
+    shipped_harnesses,
+    world_harness,
+)
 
 
 def test_production_harness_contents():
@@ -85,6 +93,7 @@ def test_round_trip_production_and_a_variant(tmp_path):
         tools=tools,
         skills=skills,
         heading_style="xml",
+        skill_listing="description_first",
         family="v1",
         hooks=tuple(
             sorted(
@@ -272,6 +281,8 @@ BAD_MANIFESTS = [
     ),
     ("no skills section", lambda m: m["prompt"].pop(1), "prompt", "section with key 'skills'"),
     ("heading style", _set(["heading_style"], "html"), "heading_style", "expected one of markdown"),
+    ("skill listing", _set(["skill_listing"], "by_name"), "skill_listing",
+     "expected one of name_first, description_first, got 'by_name'"),
     ("unknown top key", _set(["prompts"], []), "prompts", "unknown key"),
     ("tool extra key", _set(["tools", 0, "run"], "rm -rf /"), "tools[0].run", "unknown key"),
     ("tool name", _set(["tools", 0, "name"], "search products"), "tools[0].name", "expected a tool name"),
@@ -439,3 +450,33 @@ def test_the_loader_checks_bindings_against_the_world_it_is_given():
     assert info.value.file == str(PRODUCTION_DIR / "skills" / second.name / "SKILL.md")
     assert (info.value.field, info.value.expected) == ("metadata.hat-skill-key",
                                                        f"expected one of product_qa, got {second.key!r}")
+
+
+def test_compact_harness_keeps_the_production_structure():
+    """The tiny world's harness: the same skills (world skills, allowed tools), tools (impls and schemas), sections,
+    constraints and hooks as production, shorter text, and the skill list with descriptions first."""
+    prod, compact = production_harness(), world_harness("compact")
+    assert compact.name == "compact" and compact.family == "original" and compact.skill_listing == "description_first"
+    assert prod.skill_listing == "name_first"
+    assert [(s.name, s.key, s.allowed_tools) for s in compact.skills] == [
+        (s.name, s.key, s.allowed_tools) for s in prod.skills]
+    assert [(t.name, t.impl, dict(t.input_schema), dict(t.arg_paths)) for t in compact.tools] == [
+        (t.name, t.impl, dict(t.input_schema), dict(t.arg_paths)) for t in prod.tools]
+    assert [s.key for s in compact.sections] == [s.key for s in prod.sections]
+    assert compact.constraints() == prod.constraints() and compact.hooks == prod.hooks
+    assert compact.skill_tool == prod.skill_tool
+    assert len(render_system_prompt(compact)) < len(render_system_prompt(prod))
+    assert "- 价格、优惠和比价 -> price-promotion" in render_system_prompt(compact)
+    # every step of a skill body names what it is for before the tool that does it
+    assert "查价格：用 `get_price`。" in compact.skill("price-promotion").body
+
+
+def test_world_harness_by_name_or_folder(tmp_path):
+    assert world_harness("production") is production_harness()
+    assert shipped_harnesses() == ("compact", "production")
+    manifest = dump_harness(world_harness("compact"), tmp_path / "mine")
+    assert world_harness(str(manifest.parent)) == world_harness(str(manifest)) == world_harness("compact")
+    assert harness_content_digest(str(manifest.parent)) != harness_content_digest("production")
+    with pytest.raises(ValueError, match=r"harness 'nope': expected a shipped harness \(compact, production\) or the "
+                                         r"path of a harness folder"):
+        world_harness("nope")

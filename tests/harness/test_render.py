@@ -67,6 +67,14 @@ def test_system_prompt_heading_styles(style, expected):
     assert render_system_prompt(SMALL.replace(heading_style=style)) == expected
 
 
+def test_skill_listing_description_first():
+    h = SMALL.replace(skill_listing="description_first")
+    assert render_system_prompt(h) == ("## 角色\n你是助手。\n\n## 技能\n先调用 pick 加载技能：\n- 尺码建议。 -> size-advice"
+                                       "\n\n## 风格\n- 回复不超过50字。")
+    with pytest.raises(ValueError, match="unknown skill listing 'last'; expected name_first or description_first"):
+        render_system_prompt(SMALL.replace(skill_listing="last"))
+
+
 def test_skills_section_without_placeholder_names_the_tool():
     h = SMALL.replace(sections=(PromptSection("skills", "技能", "可用技能："),))
     assert (

@@ -110,6 +110,11 @@ def test_oracle_uses_the_names_of_the_current_harness(world, harness, tasks):
         assert [c.arguments for c in price_calls] == [{"item": {"pid": p}} for p in task.product_ids]
         assert all(c.status == "ok" for c in ep.tool_calls) and "get_price" not in {c.name for c in ep.tool_calls}
         assert all(_stated(v, ep.reply) for v in task.gold_facts.values())
+        # each name is written after what the turn is for, in the harness's current names
+        reasoning = [m["reasoning_content"] for m in ep.messages if m["role"] == "assistant" and m.get("tool_calls")]
+        assert reasoning[0] in {f"观众在问{w}，{v}pricing-helper。" for w in ("价格", "比价")
+                                for v in ("先加载技能", "先加载", "需要先加载技能")}
+        assert "查价格，用lookup_live_price。" in reasoning
 
 
 def test_retry_hook_retries_a_timeout_then_answers(world, harness, tasks):
