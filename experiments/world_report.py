@@ -78,7 +78,10 @@ def main(argv: list[str] | None = None) -> dict:
                         help="the world's harness (a shipped name such as production or compact, or a folder)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
-    config = world_data.WorldDataConfig(sft_tasks=args.sft_tasks, eval_items=args.eval_items, harness=args.harness)
+    try:
+        config = world_data.WorldDataConfig(sft_tasks=args.sft_tasks, eval_items=args.eval_items, harness=args.harness)
+    except ValueError as err:
+        parser.error(f"--harness: {err}")
     world, harness = world_data.world_for(config.world_seed, config.n_products), world_harness(config.harness)
     report: dict = {
         "world": {
@@ -104,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     report["rl_tasks"] = len(world_data.rl_tasks(config))
     report["eval_items"] = {s: len(world_data.eval_items(s, config)) for s in suites.SUITES}
-    report["hsa_transform_shares"] = transform_shares(records, {"production": harness}, SFTDataConfig())
+    report["hsa_transform_shares"] = transform_shares(records, {config.harness: harness}, SFTDataConfig())
     report["judge_agreement"] = {
         m: {k: v for k, v in a.items() if k != "disagree"} for m, a in judge_agreement().items()
     }
@@ -113,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
     w, r = report["world"], report["rejection_sampling"]
     print(f"world: {w['products']} products in {w['categories']} categories, {w['skus']} SKUs; "
           f"{w['intents']} intents, {w['message_templates']} message templates; "
-          f"production harness: {w['tools']} tools, {w['skills']} skills, {w['hooks']} hooks")
+          f"{config.harness} harness: {w['tools']} tools, {w['skills']} skills, {w['hooks']} hooks")
     print(f"rejection sampling: {r['n_tasks']} tasks, {r['n_attempts']} rollouts, {r['n_kept']} kept; "
           f"rejection rate {r['rejection_rate']:.1%} (first attempt {r['first_attempt_rejection_rate']:.1%}); "
           f"reasons {r['reject_reasons']}; "

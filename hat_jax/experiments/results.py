@@ -2,7 +2,8 @@
 
 results.json (every metric on the paper's 0-100 scale but the count "calls_per_ep" and "mtp"):
 
-    {"experiment", "preset", "seeds", "wall_s",
+    {"experiment", "preset", "world_harness" (the harness the world's data and suites are written under), "seeds",
+     "wall_s",
      "stages": [{"name", "harness", "steps", "wall_s", ...}],
      "metrics": {"live_qa": {"acc", "eff", "avg", + READING}, "variant_qa": {...},
                  "tool_robustness": {"adr", "rc", "tc", "avg", + READING},
@@ -298,7 +299,8 @@ def experiment_markdown(results: Mapping[str, Any], experiment: Experiment) -> s
     seeds = results["seeds"]
     lines = [f"# {experiment.name} ({results['preset']})", "", experiment.description, "",
              f"Chain: base -> {' -> '.join(str(s) for s in experiment.chain) or '(none: the base itself)'}; "
-             f"seeds {', '.join(map(str, seeds))}.", "", _time_line(results), ""]
+             f"seeds {', '.join(map(str, seeds))}; world harness {results.get('world_harness', 'production')}.", "",
+             _time_line(results), ""]
     if results["stages"]:
         lines += ["| stage | harness | steps | wall s (all seeds) | trained |", "|---|---|---|---|---|"]
         lines += [f"| {s['name']} | {s['harness']} | {s['steps']} | {s['wall_s']:.0f} | "
@@ -328,7 +330,9 @@ def experiment_markdown(results: Mapping[str, Any], experiment: Experiment) -> s
 def group_markdown(group: Group, results: Mapping[str, Mapping[str, Any]], preset: str) -> str:
     """A group's table: one row per experiment, each column "ours (paper)"; Table 5's differences below."""
     header = "| row | " + " | ".join(_label(c) for c in group.columns) + " |"
-    lines = [f"## {group.title} ({preset})", "", "Cells: ours (paper).", "", header,
+    harnesses = sorted({res.get("world_harness", "production") for res in results.values() if res})
+    lines = [f"## {group.title} ({preset})", "", f"Cells: ours (paper). World harness: {', '.join(harnesses) or '-'}.",
+             "", header,
              "|---|" + "---|" * len(group.columns)]
     for row in group.rows:
         res = results.get(row.name)

@@ -205,8 +205,8 @@ def run_experiment(experiment: Experiment, scale: Scale, seeds: Sequence[int], o
                        "cached": all(r["stages"][i]["cached"] for r in seed_records),
                        "dirs": [r["stages"][i]["dir"] for r in seed_records]})
     results = {
-        "experiment": experiment.name, "preset": scale.name, "seeds": [int(s) for s in seeds],
-        "wall_s": round(sum(r.get("wall_s", 0.0) for r in seed_records), 3),
+        "experiment": experiment.name, "preset": scale.name, "world_harness": scale.eval.world.harness,
+        "seeds": [int(s) for s in seeds], "wall_s": round(sum(r.get("wall_s", 0.0) for r in seed_records), 3),
         "wall_s_this_invocation": round(time.perf_counter() - t0, 3), "stages": stages, "metrics": mean, "per_seed": per_seed,
         "chain": [str(s) for s in experiment.chain], "paper": dict(experiment.paper),
         "base": seed_records[0]["base"], "eval_wall_s": [r["eval_wall_s"] for r in seed_records],

@@ -77,7 +77,8 @@ class Scale:
     """All configs of one scale (module docstring). Stage configs carry no init/teacher/seed yet: the chain
     runner (`hat_jax.experiments.chain`) sets those.
 
-    Raises ValueError: a section of another type than its annotation (names it)."""
+    Raises ValueError: a section of another type than its annotation (names it); sections whose worlds name
+    different harnesses (lists them)."""
 
     name: str
     base: BaseSpec
@@ -93,6 +94,19 @@ class Scale:
         _check_type("Scale", "teacher", self.teacher, TeacherSpec)
         for name, kind in _section_types().items():
             _check_type("Scale", name, getattr(self, name), kind)
+        harnesses = self.world_harnesses()
+        if len(set(harnesses.values())) > 1:
+            listed = ", ".join(f"{k}: {v}" for k, v in harnesses.items())
+            raise ValueError(f"Scale {self.name!r}: the sections' worlds name different harnesses ({listed}); the data, "
+                             f"training and evaluation of a scale share one world harness: set it for every section "
+                             f"with --set world.harness=NAME (`with_world_harness`)")
+
+    def world_harnesses(self) -> dict[str, str]:
+        """{section: its world's harness} for every section that has a world (a base or teacher that is imported
+        has none)."""
+        sections = {"base": self.base.pretrain, **{k: getattr(self, k) for k in STAGE_KINDS}, "teacher": self.teacher.sft,
+                    "eval": self.eval}
+        return {k: v.world.harness for k, v in sections.items() if v is not None and hasattr(v, "world")}
 
     def to_json(self) -> dict:
         """Every section as `config_json` writes it (stage schedules resolved)."""

@@ -39,7 +39,6 @@ import random
 import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -51,7 +50,7 @@ from hat_jax.cli_types import int_in
 from hat_jax.harness.state import HarnessState
 from hat_jax.sim.catalog import MAX_PRODUCTS, MIN_PRODUCTS, World
 from hat_jax.sim.executor import check_fault_rates, draw_fault, execute_tool_call
-from hat_jax.sim.world_harness import load_world_harness
+from hat_jax.sim.world_harness import harness_dir, load_world_harness
 
 logger = logging.getLogger("hat_jax.sim.mcp_server")
 
@@ -233,7 +232,8 @@ async def serve_http(
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m hat_jax.sim.mcp_server", description=__doc__.split("\n")[0])
-    p.add_argument("--harness", required=True, help="harness.yaml file or harness directory")
+    p.add_argument("--harness", required=True,
+                   help="a shipped harness (production, compact), a harness directory or its harness.yaml")
     p.add_argument("--seed", type=int, required=True, help="world seed (World.generate)")
     p.add_argument(
         "--n-products",
@@ -264,9 +264,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
-    path = Path(args.harness)
-    if not path.exists():
-        print(f"mcp_server: error: --harness {args.harness}: no such file or directory", file=sys.stderr)
+    try:
+        path = harness_dir(args.harness)
+    except ValueError as exc:
+        print(f"mcp_server: error: --harness {args.harness}: {exc}", file=sys.stderr)
         return 2
     try:
         harness = load_world_harness(path)

@@ -67,6 +67,10 @@ def test_world_harness_override_reaches_every_world():
         apply_scale_overrides(scale, ["world.harness=nope"])
     with pytest.raises(ValueError, match=r"the world section takes only harness .*e.g. eval.world.eval_items=200"):
         apply_scale_overrides(scale, ["world.eval_items=5"])
+    # one section's world alone would train on one harness and evaluate on another: refused, in either order
+    for items in (["world.harness=compact", "sft.world.harness=production"], ["sft.world.harness=compact"]):
+        with pytest.raises(ValueError, match=r"the sections' worlds name different harnesses \(base: \w+, sft: "):
+            apply_scale_overrides(scale, items)
 
 
 def test_scale_overrides():

@@ -119,6 +119,11 @@ def test_results_md_splits_the_time_and_says_why_ifeval_was_skipped():
     assert "base 307 s (pretrained here)" in experiment_markdown(res, experiment)
     table = group_markdown(load_all()["table6"], {"table6_both": res}, "micro")
     assert table.endswith("\nIFEval skipped: no IFEval data: pass --ifeval-data FILE.\n")  # Table 6 has an IFE-P column
+    # which harness the world was written under (a results.json from before the field: production)
+    assert "; world harness production." in md and "World harness: production." in table
+    res["world_harness"] = "compact"
+    assert "; world harness compact." in experiment_markdown(res, experiment)
+    assert "World harness: compact." in group_markdown(load_all()["table6"], {"table6_both": res}, "micro")
 
 
 def _seed(seed: int, acceptance: float | None, positions: int = 40) -> dict:

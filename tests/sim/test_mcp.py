@@ -101,7 +101,7 @@ def test_bad_harness_path_exits_2_with_a_clear_error(tmp_path):
     missing = tmp_path / "no_such_harness"
     proc = subprocess.run(server_command(missing, SEED), cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
-    assert str(missing) in proc.stderr and "no such file" in proc.stderr
+    assert str(missing) in proc.stderr and "expected a shipped harness (compact, production) or the path" in proc.stderr
     assert proc.stdout == ""  # stdout is the transport: nothing else is ever written there
 
 
