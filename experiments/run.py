@@ -10,7 +10,8 @@ Options: --preset micro|tiny|qwen3_6_35b_a3b (default tiny; the scale config con
 --seeds (default 0), --out (default runs/),
 --resume (reprint a finished run, continue an interrupted one; a group runs its unfinished rows only),
 --set section.field=value
-(sections: base, sft, opd, rl, opd_live, teacher, eval; e.g. --set sft.steps=50 --set eval.world.eval_items=100),
+(sections: base, sft, opd, rl, opd_live, teacher, eval; e.g. --set sft.steps=50 --set eval.world.eval_items=100;
+--set world.harness=NAME sets every section's world harness),
 --ifeval-data FILE (the official IFEval input_data.jsonl; default $HAT_IFEVAL_DATA, then the hub, else skipped),
 --no-progress; several processes (hosts): --coordinator HOST:PORT --num-processes N --process-id I, or
 --distributed (auto-detected, e.g. on a TPU pod slice), on every host. Outputs: DIR/<experiment>/results.json,
@@ -63,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="reuse what --out already holds: reprint a finished run, continue an interrupted one "
                              "(a group runs its unfinished rows only); refused if --out holds another configuration")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                        help="override a config field, e.g. sft.steps=50, rl.group_size=8, eval.world.eval_items=100")
+                        help="override a config field, e.g. sft.steps=50, rl.group_size=8, eval.world.eval_items=100; "
+                             "world.harness=NAME sets the harness of every section's world (production, compact or "
+                             "a folder)")
     parser.add_argument("--ifeval-data", help="the official IFEval input_data.jsonl (default: $HAT_IFEVAL_DATA)")
     parser.add_argument("--list", action="store_true", help="list every experiment with a one-line description")
     parser.add_argument("--ablations", default=None, help=argparse.SUPPRESS)  # another declarations dir (tests)
