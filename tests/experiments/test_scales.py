@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hat_jax.experiments.scales import SCALES, Scale, get_scale
+from hat_jax.experiments.scales import SCALES, Scale, get_scale, with_world_harness
 from hat_jax.train.stage import CONFIGS_DIR, load_config, stage_section
 
 SECTIONS = {"sft": "sft", "opd": "opd", "rl": "rl", "opd_live": "opd_live", "base.pretrain": "base.pretrain"}
@@ -78,10 +78,14 @@ def test_a_config_file_by_path_and_bad_ones(tmp_path: Path):
         stage_section("micro", "ppo")
 
 
-def test_small_is_tiny_with_a_reading_base_and_longer_sft():
+def test_small_is_tiny_in_the_compact_world_with_a_reading_base_and_longer_sft():
     tiny, small = get_scale("tiny"), get_scale("small")
     base = small.base.pretrain
-    assert (base.steps, base.reading_share, base.reading_kinds) == (1200, 0.8, ("label", "lookup", "copy", "call"))
+    assert (base.steps, base.reading_share, base.reading_kinds) == (1200, 0.8, ("label", "copy", "call", "tools"))
     assert base.model_config() == tiny.base.pretrain.model_config() and base.digest() != tiny.base.pretrain.digest()
     assert small.sft.steps == 400 and small.sft.data == tiny.sft.data
-    assert (small.rl, small.opd, small.eval) == (tiny.rl, tiny.opd, tiny.eval)
+    assert base.tokenizer_split == small.sft.tokenizer_split == "scripts"
+    assert set(small.world_harnesses().values()) == {"compact"} and set(tiny.world_harnesses().values()) == {"production"}
+    assert (small.rl, small.opd, small.eval) == (with_world_harness(tiny, "compact").rl,
+                                                 with_world_harness(tiny, "compact").opd,
+                                                 with_world_harness(tiny, "compact").eval)
