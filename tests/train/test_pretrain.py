@@ -168,7 +168,7 @@ def test_config_hash_and_bad_fields(monkeypatch):
                                   ("reading_share", 1.5, r"reading_share = 1.5: expected a share in \[0, 1\]"),
                                   ("reading_kinds", ("label", "quiz"), r"reading_kinds = .*\(unknown: \['quiz'\]\)"),
                                   ("reading_kinds", (), r"reading_kinds = \(\): expected a non-empty tuple"),
-                                  ("tokenizer_split", "bytes", r"tokenizer_split = 'bytes': expected one of \['qwen', 'words'\]")):
+                                  ("tokenizer_split", "bytes", r"tokenizer_split = 'bytes': expected one of \['qwen', 'scripts', 'words'\]")):
         extra = {"accum_steps": 2} if field == "batch_size" else {}
         with pytest.raises(ValueError, match=message):
             PretrainConfig(**{field: value, **extra})
