@@ -24,8 +24,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
-import time
 import types
 
 import jax
@@ -33,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from process_helpers import sigkill_when_dir_appears
 from hat_jax.data.world_data import rl_tasks
 from hat_jax.model import Qwen3_5MoeForCausalLM, get_config, init_params
 from hat_jax.model.checkpoint_io import load_model_checkpoint, save_model_checkpoint
@@ -254,18 +253,10 @@ def test_cli_run_with_a_larger_teacher_resumes_with_the_same_metrics(ckpts, tmp_
     proc = subprocess.Popen([sys.executable, "-m", "hat_jax.train.opd", *args], env=dict(os.environ),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    def kill_after_step_1():
-        deadline = time.time() + 300
-        while not (killed / "1").is_dir() and proc.poll() is None and time.time() < deadline:
-            time.sleep(0.01)  # Orbax renames the finished step directory into place
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-
-    watcher = threading.Thread(target=kill_after_step_1)
-    watcher.start()
+    watcher = sigkill_when_dir_appears(proc, killed / "1")
     config = live(ckpts)
     state = run_opd(config, reference, progress=False)  # the uninterrupted reference, meanwhile
-    watcher.join()
+    watcher.wait()
     _, err = proc.communicate()
     assert proc.returncode == -signal.SIGKILL, err[-4000:]
     assert latest_step(killed) == 1

@@ -24,8 +24,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 import types
 from pathlib import Path
 
@@ -35,6 +33,7 @@ import numpy as np
 import optax
 import pytest
 
+from process_helpers import sigkill_when_dir_appears
 from hat_jax.judges.rewards import COMPONENTS
 from hat_jax.model import Qwen3_5MoeForCausalLM, get_config, init_params
 from hat_jax.model.checkpoint_io import load_model_checkpoint, save_model_checkpoint
@@ -347,7 +346,7 @@ def test_bad_names_and_checkpoints(init_dir, tmp_path):
 # ---------------------------------------------------------------------------------------------- exact resume
 
 def test_killed_run_resumes_bit_identically(init_dir, tmp_path):
-    """The killed run is a CLI subprocess, SIGKILLed by a watcher thread as soon as its step-2 checkpoint is in
+    """The killed run is a CLI subprocess, SIGKILLed by a watcher process as soon as its step-2 checkpoint is in
     place; meanwhile the uninterrupted reference runs in this process; the resume runs here too."""
     out = tmp_path / "killed"
     sets = [a for s in SETS for a in ("--set", s)]
@@ -355,18 +354,10 @@ def test_killed_run_resumes_bit_identically(init_dir, tmp_path):
                              "--out", str(out), "--steps", "3", "--no-progress", *sets, "--set", "ckpt_every=1"],
                             env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    def kill_after_step_2():
-        deadline = time.time() + 300
-        while not (out / "2").is_dir() and proc.poll() is None and time.time() < deadline:
-            time.sleep(0.02)  # Orbax renames the finished step directory into place
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-
-    watcher = threading.Thread(target=kill_after_step_2)
-    watcher.start()
+    watcher = sigkill_when_dir_appears(proc, out / "2")
     config = dataclasses.replace(micro(init_dir, steps=3), init=str(Path(init_dir).resolve()), ckpt_every=1)
     run_rl(config, tmp_path / "ref", progress=False)
-    watcher.join()
+    watcher.wait()
     _, err = proc.communicate()
     assert proc.returncode == -signal.SIGKILL, err[-4000:]
     assert latest_step(out) == 2
