@@ -4,7 +4,7 @@ Variant implemented and why: reading a harness is associative recall (find the e
 the name written beside it), a skill a pretrained LLM brings and a from-scratch tiny base lacks (its recall
 probe stayed at 0 on tool chats of ~770 tokens with one copied name each). These chats are short (~60-350 tokens;
 `tools` ~700, most of it the chat template's tool block) and dense: every chat asks 2-5 questions whose answers
-are spans of the context, so most of their tokens after the listing are reading decisions. Seven kinds, none
+are spans of the context, so most of their tokens after the listing are reading decisions. Eight kinds, none
 with live-stream or shopping content:
 
 - "lookup": a table of keys and values (lines, `=` pairs, a JSON object or a markdown table); questions name a
@@ -21,7 +21,13 @@ with live-stream or shopping content:
 - "tools": as "call", in the surface of a harness: the tools are the chat template's tool definitions (its
   `# Tools` block, where a harness's MCP tools reach the model), listed again in the system message in half of
   the chats, and each call's reasoning names the request and the description it matched before the call (the
-  form of the pretraining tool chats and of the recall probe, short and with generic tasks).
+  form of the pretraining tool chats and of the recall probe, short and with generic tasks);
+- "results": a search, then a fetch by id, in the form of a harness's tool results (two rounds; the two tools
+  listed in the system message): the user asks for a field of an item by a short name; the assistant searches
+  with that name (a copy from the request), the tool returns a JSON list of items with ids of one letter and
+  four digits (the match first in about 4 of 5), the assistant fetches the match by its id (a copy of digits
+  among ids that share their first tokens) and replies with the field's value from the record (a copy from a
+  JSON record). Items are generic objects (a brand, an attribute, an object).
 
 Names are 1-3 word pieces from a broad pool (generic English, pinyin and the English words of HSA's tool and
 skill vocabulary, as a real base has seen them all) in every naming style, HSA's held-out ones included: a
@@ -42,7 +48,7 @@ import numpy as np
 from hat_jax.data.corpus_domains import BOOKS, CITIES, CONDITIONS, DISHES, DOMAINS, FOODS, STATIONS
 from hat_jax.harness import hsa_vocab
 
-KINDS: tuple[str, ...] = ("lookup", "record", "copy", "select", "call", "label", "tools")
+KINDS: tuple[str, ...] = ("lookup", "record", "copy", "select", "call", "label", "tools", "results")
 NAME_STYLES: tuple[str, ...] = hsa_vocab.TRAIN_TOOL_STYLES + hsa_vocab.HELDOUT_TOOL_STYLES
 _GENERIC_PIECES: tuple[str, ...] = (
     "get", "set", "find", "list", "load", "read", "show", "calc", "run", "send", "make", "open", "sync", "scan",
@@ -225,11 +231,7 @@ def _call_chat(rng, lang, pieces, *, by_label: bool = False) -> list[dict]:
 def _call_turns(request: str, name: str, field: str, value: str, reasoning: str | None = None) -> list[dict]:
     """A request, the assistant's call of `name` (with its reasoning), the tool's record {field: value} and the
     reply that copies the value."""
-    call = {"role": "assistant", "content": "",
-            "tool_calls": [{"type": "function", "function": {"name": name, "arguments": {}}}]}
-    if reasoning is not None:
-        call["reasoning_content"] = reasoning
-    return [{"role": "user", "content": request}, call,
+    return [{"role": "user", "content": request}, _call(name, {}, reasoning),
             {"role": "tool", "name": name, "content": json.dumps({field: value}, ensure_ascii=False)},
             {"role": "assistant", "content": value}]
 
@@ -256,6 +258,80 @@ def _tools_chat(rng, lang, pieces) -> tuple[list[dict], list[dict]]:
     return messages, tools
 
 
+# The "results" kind's registry: items are a brand, an attribute and an object (`_item`); a request names the
+# brand and the object, as a viewer names a product.
+_BRANDS = (("Harbor", "海港"), ("Pine", "松风"), ("Moon", "明月"), ("Summit", "山海"), ("Berlin", "柏林"),
+           ("Vienna", "维也纳"), ("Lyon", "里昂"), ("Porto", "波尔图"), ("Lima", "利马"), ("Hanoi", "河内"))
+_ATTRIBUTES = (("vintage", "复古"), ("large", "大号"), ("quiet", "静音"), ("portable", "便携"), ("thick", "加厚"),
+               ("simple", "简约"), ("waterproof", "防水"), ("insulated", "保温"))
+_OBJECTS = (("backpack", "背包"), ("map", "地图"), ("towel", "毛巾"), ("gloves", "手套"), ("schoolbag", "书包"),
+            ("keyboard", "键盘"), ("mouse", "鼠标"), ("wallet", "钱包"), ("headphones", "耳机"), ("umbrella", "伞"),
+            ("pot", "锅"), ("basin", "盆"))
+_FIELDS = (("weight", "重量"), ("year", "年份"), ("stock", "库存"), ("rating", "评分"), ("length", "长度"),
+           ("price", "价格"), ("width", "宽度"), ("floor", "楼层"))
+_RESULTS_TEXT = {
+    "en": {"search": "Finds items by name.", "fetch": "Returns an item's record by its id.",
+           "ask": ("What is the {f} of the {q}?", "{q}: {f}?", "Tell me the {f} of the {q}."),
+           "find": "First find the item's id, with {t}.", "get": "Then its {f}, with {t}."},
+    "zh": {"search": "按名称查找物品。", "fetch": "按编号查询物品的记录。",
+           "ask": ("{q}的{f}是多少？", "{q}，{f}？", "问一下{q}的{f}。"),
+           "find": "先找物品编号，用{t}。", "get": "查{f}，用{t}。"},
+}
+
+
+def _item(brand: tuple[str, str], attribute: tuple[str, str], obj: tuple[str, str], lang: str) -> tuple[str, str]:
+    """(full name, the short name a request uses): "Harbor vintage map" / "Harbor map", "海港复古地图" / "海港地图"."""
+    i = 0 if lang == "en" else 1
+    sep = " " if lang == "en" else ""
+    return sep.join((brand[i], attribute[i], obj[i])), sep.join((brand[i], obj[i]))
+
+
+def _results_chat(rng, lang, pieces) -> list[dict]:
+    text = _RESULTS_TEXT[lang]
+    search, fetch = _distinct(2, lambda: random_name(rng, pieces))
+    id_key = random_name(rng, pieces, hsa_vocab.TRAIN_ARG_STYLES)
+    letter = rng.choice("ABCDEFGHJKMNPQRSTUVWXYZ")
+    head = "Tools:" if lang == "en" else "工具列表："
+    listing = (f"- {search}(query): {text['search']}", f"- {fetch}({id_key}): {text['fetch']}")
+    system = "You are a helpful assistant." if lang == "en" else "你是一个有用的助手。"
+    messages = [{"role": "system", "content": "\n".join((system, head, *listing))}]
+    for _ in range(2):
+        brand = rng.choice(_BRANDS)
+        objects = rng.sample(_OBJECTS, rng.randint(3, 4))  # one item per object, all of the asked brand
+        items = [(_item(brand, rng.choice(_ATTRIBUTES), obj, lang), f"{letter}{n:04d}")
+                 for obj, n in zip(objects, rng.sample(range(1, 300), len(objects)))]
+        (name, query), item_id = items[0]  # the asked item; listed first in 3 of 4 searches, as a search ranks
+        shown = items[:]
+        if rng.random() >= 0.75:
+            rng.shuffle(shown)
+        fields = rng.sample(_FIELDS, 3)
+        record = {id_key: item_id, "name": name}
+        for f in fields:
+            whole = rng.random() < 0.6
+            record[f[0]] = rng.randint(1, 999) if whole else round(rng.uniform(1, 999), rng.choice((1, 2)))
+        field = rng.choice(fields)
+        label = field[0] if lang == "en" else field[1]
+        found = {"query": query, "total": len(shown) + rng.randint(0, 20),
+                 "items": [{id_key: i, "name": n} for (n, _), i in shown]}
+        messages += [
+            {"role": "user", "content": rng.choice(text["ask"]).format(q=query, f=label)},
+            _call(search, {"query": query}, text["find"].format(t=search)),
+            {"role": "tool", "name": search, "content": json.dumps(found, ensure_ascii=False)},
+            _call(fetch, {id_key: item_id}, text["get"].format(f=label, t=fetch)),
+            {"role": "tool", "name": fetch, "content": json.dumps(record, ensure_ascii=False)},
+            {"role": "assistant", "content": json.dumps(record[field[0]])}]
+    return messages
+
+
+def _call(name: str, arguments: dict, reasoning: str | None = None) -> dict:
+    """An assistant turn that calls `name` with `arguments` (after `reasoning` when given)."""
+    call = {"role": "assistant", "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": name, "arguments": arguments}}]}
+    if reasoning is not None:
+        call["reasoning_content"] = reasoning
+    return call
+
+
 def check_kinds(field: str, kinds: Sequence[str]) -> None:
     """Refuses anything but a non-empty tuple or list of names from `KINDS`.
 
@@ -269,7 +345,7 @@ def check_kinds(field: str, kinds: Sequence[str]) -> None:
 
 
 _MAKERS = {"lookup": _lookup_chat, "record": _record_chat, "copy": _copy_chat, "select": _select_chat,
-           "call": _call_chat, "label": _label_chat, "tools": _tools_chat}
+           "call": _call_chat, "label": _label_chat, "tools": _tools_chat, "results": _results_chat}
 _WITH_TOOLS = ("tools",)  # makers that return (messages, tools); the others return messages
 
 
@@ -353,21 +429,32 @@ def answer_order(messages: Sequence[dict], tools: Sequence[dict], answer: str) -
     return None
 
 
+def turn_answer(message: dict) -> str:
+    """The answer of one assistant turn of `reading_chats`: the value of its call's single argument (the query
+    or id that a "results" call copies), else the called tool's name, else the turn's content."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message["content"]
+    arguments = calls[0]["function"]["arguments"]
+    return str(next(iter(arguments.values()))) if len(arguments) == 1 else calls[0]["function"]["name"]
+
+
 def exercise_answer_spans(text: str, messages: Sequence[dict]) -> list[tuple[int, int]]:
-    """[(start, end)] character spans of each assistant turn's answer in the rendered chat `text`: the called
-    tool's name, or the turn's content (`hat_jax.data.reading`'s chats), in the order of the assistant turns.
+    """[(start, end)] character spans of each assistant turn's answer (`turn_answer`) in the rendered chat `text`,
+    in the order of the assistant turns: the first occurrence inside the turn after its reasoning.
 
     Raises:
         ValueError: an answer not found in its rendered turn (a template that drops it or a cut turn).
     """
-    answers = [m["tool_calls"][0]["function"]["name"] if m.get("tool_calls") else m["content"]
-               for m in messages if m["role"] == "assistant"]
+    turns = [m for m in messages if m["role"] == "assistant"]
     spans = []
-    for answer, (start, end) in zip(answers, _assistant_turns(text)):
-        found = text.find(answer, start, end)
+    for message, (start, end) in zip(turns, _assistant_turns(text)):
+        answer = turn_answer(message)
+        think_end = text.find("</think>", start, end)
+        found = text.find(answer, think_end + 1 if think_end >= 0 else start, end)
         if found < 0:
             raise ValueError(f"reading exercise answer {answer!r} not rendered in its turn {text[start:end]!r}")
         spans.append((found, found + len(answer)))
-    if len(spans) < len(answers):
-        raise ValueError(f"reading exercise: {len(answers)} assistant turns, {len(spans)} rendered")
+    if len(spans) < len(turns):
+        raise ValueError(f"reading exercise: {len(turns)} assistant turns, {len(spans)} rendered")
     return spans

@@ -12,17 +12,13 @@ from hat_jax.data.corpus import pretraining_chats, render_chat
 import numpy as np
 
 from hat_jax.data.reading import (KINDS, NAME_STYLES, TASKS, answer_mask, answer_order, exercise_answer_spans,
-                               name_pieces, random_name, reading_chats)
+                               name_pieces, random_name, reading_chats, turn_answer)
 
 
 def answers(messages):
-    """[(index, answer)]: each assistant turn's answer (its tool call's name, or its content)."""
-    out = []
-    for i, m in enumerate(messages):
-        if m["role"] == "assistant":
-            calls = m.get("tool_calls")
-            out.append((i, calls[0]["function"]["name"] if calls else m["content"]))
-    return out
+    """[(index, answer)]: each assistant turn's answer (its call's single argument value, else the called tool's
+    name, else its content)."""
+    return [(i, turn_answer(m)) for i, m in enumerate(messages) if m["role"] == "assistant"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -94,6 +90,38 @@ def test_call_replies_copy_the_tool_result(kind):
                 assert messages[i + 1]["content"] in json.loads(m["content"]).values()
 
 
+def test_a_results_chat_searches_the_request_fetches_the_match_and_copies_its_field():
+    """Each round: the search's query is the request's short name verbatim, the fetched id is that of the listed
+    item whose name has the query's brand and object, the reply is the asked field's value in the fetched record;
+    the match is listed first in about 3 of 4 searches, and ids share their letter within a chat."""
+    first = rounds = 0
+    for messages, tools in reading_chats(40, 13, kinds=["results"]):
+        (search, query_key), (fetch, id_key) = re.findall(r"^- (\S+)\((\S+)\): ", messages[0]["content"], re.M)
+        assert query_key == "query" and not tools
+        letters = set()
+        for i, m in enumerate(messages):
+            if m["role"] != "user" or m["content"].startswith("<"):
+                continue
+            query = messages[i + 1]["tool_calls"][0]["function"]["arguments"]["query"]
+            assert messages[i + 1]["tool_calls"][0]["function"]["name"] == search and query in m["content"]
+            found = json.loads(messages[i + 2]["content"])
+            call = messages[i + 3]["tool_calls"][0]["function"]
+            assert call["name"] == fetch and list(call["arguments"]) == [id_key]
+            cuts = [query.index(" ")] if " " in query else range(1, len(query))  # brand | object
+            matches = [x[id_key] for x in found["items"] if len(x["name"]) > len(query) and any(
+                x["name"].startswith(query[:k]) and x["name"].endswith(query[k:]) for k in cuts)]
+            assert matches == [call["arguments"][id_key]], (query, found)
+            assert re.fullmatch(r"[A-Z]\d{4}", matches[0])
+            letters |= {x[id_key][0] for x in found["items"]}
+            record = json.loads(messages[i + 4]["content"])
+            assert record[id_key] == matches[0] and found["total"] >= len(found["items"]) >= 3
+            assert messages[i + 5]["content"] in {json.dumps(v) for k, v in record.items() if k not in (id_key, "name")}
+            first += found["items"][0][id_key] == matches[0]
+            rounds += 1
+        assert len(letters) == 1
+    assert 0.7 < first / rounds < 0.9, (first, rounds)
+
+
 def test_deterministic_every_style_and_renderable():
     a, b = reading_chats(30, 1), reading_chats(30, 1)
     assert a == b and a != reading_chats(30, 2)
@@ -159,7 +187,7 @@ def test_answer_order_says_whether_the_listed_name_comes_before_its_description(
             for i, answer in answers(messages):
                 order = answer_order(messages, tools, answer)
                 seen.add((kind, order))
-                if kind in ("lookup", "record", "copy") or (kind != "select" and not messages[i].get("tool_calls")):
+                if kind in ("lookup", "record", "copy", "results") or (kind != "select" and not messages[i].get("tool_calls")):
                     assert order is None, (kind, answer)
                     continue
                 found = [(m, line) for line in system.splitlines()[1:]
