@@ -9,7 +9,9 @@ the step folders its `max_to_keep` kept); every step is scored unless --steps pi
 base's base_report.json (`hat_jax.train.recall_probe`): recall probe exact / first token on --items prompts,
 gauge exact per family on --items rows, exercises exact answers / first answer token / answer tokens on
 --items / 4 fresh chats per kind; for kinds whose answers are listed names, a second line splits them by where
-the name stands beside its description (desc_first: `- description: name`; name_first: a harness's order).
+the name stands beside its description (desc_first: `- description: name`; name_first: a harness's order), and
+for kinds whose answers copy different things, a third line splits them by what they copy (name, query, id,
+reply).
 """
 
 from __future__ import annotations
@@ -71,11 +73,12 @@ def main(argv=None) -> int:
                        for k, v in reading["kinds"].items())
         print(f"step {step:5d}  probe {probe['exact']:.3f}/{probe['first_token']:.3f}  gauge "
               + " ".join(f"{f} {v:.3f}" for f, v in gauge["exact"].items()) + f"  exercises {ex}", flush=True)
-        split = "; ".join(f"{k} " + " ".join(f"{o} {v['exact']:.2f}/{v['first_token']:.2f} ({v['answers']})"
-                                             for o, v in kv["by_order"].items())
-                          for k, kv in reading["kinds"].items() if "by_order" in kv)
-        if split:
-            print(f"            listed names by order (exact/first token (answers)): {split}", flush=True)
+        for key, what in (("by_order", "listed names by order"), ("by_role", "answers by what they copy")):
+            split = "; ".join(f"{k} " + " ".join(f"{o} {v['exact']:.2f}/{v['first_token']:.2f} ({v['answers']})"
+                                                 for o, v in kv[key].items())
+                              for k, kv in reading["kinds"].items() if key in kv)
+            if split:
+                print(f"            {what} (exact/first token (answers)): {split}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"run": str(args.run), "items": args.items, "curve": out}, indent=1))
     return 0

@@ -439,6 +439,22 @@ def turn_answer(message: dict) -> str:
     return str(next(iter(arguments.values()))) if len(arguments) == 1 else calls[0]["function"]["name"]
 
 
+ANSWER_ROLES: tuple[str, ...] = ("name", "query", "id", "reply")
+
+
+def answer_role(message: dict) -> str:
+    """What one assistant turn's answer (`turn_answer`) copies: "name" (a called tool's name), "query" (a search
+    query, copied from the request), "id" (another call argument: a "results" chat's id, copied from a result
+    list) or "reply" (the turn's content: a value, a listed name or a copied string)."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return "reply"
+    arguments = calls[0]["function"]["arguments"]
+    if len(arguments) != 1:
+        return "name"
+    return "query" if "query" in arguments else "id"
+
+
 def exercise_answer_spans(text: str, messages: Sequence[dict]) -> list[tuple[int, int]]:
     """[(start, end)] character spans of each assistant turn's answer (`turn_answer`) in the rendered chat `text`,
     in the order of the assistant turns: the first occurrence inside the turn after its reasoning.

@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from hat_jax.data.corpus import recall_probe, render_chat
-from hat_jax.data.reading import ANSWER_ORDERS, answer_order, exercise_answer_spans, reading_chats
+from hat_jax.data.reading import (ANSWER_ORDERS, ANSWER_ROLES, answer_order, answer_role, exercise_answer_spans,
+                                  reading_chats)
 from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
 from hat_jax.rollout.logprobs import token_logprobs
 
@@ -145,6 +146,13 @@ def reading_gauge_figures(params, model_config, tokenizer, rows: int, *, seed: i
     return {"rows": rows, "exact": exact}
 
 
+def _split(exact: list[bool], first: list[bool], labels: list, names: Sequence[str]) -> dict:
+    """{name: {"answers", "exact", "first_token"}} over the answers whose label is name (names with none left out)."""
+    groups = {n: [i for i, got in enumerate(labels) if got == n] for n in names}
+    return {n: {"answers": len(ix), "exact": float(np.mean([exact[i] for i in ix])),
+                "first_token": float(np.mean([first[i] for i in ix]))} for n, ix in groups.items() if ix}
+
+
 def reading_exercise_figures(params, model_config, tokenizer, chats_per_kind: int, kinds: Sequence[str], *,
                              seed: int = 10_000 + PROBE_SEED, batch_size: int = 16, dtype=jnp.float32) -> dict:
     """The reading exercises (`hat_jax.data.reading`) scored teacher-forced, per kind, on fresh chats (a seed the
@@ -158,34 +166,38 @@ def reading_exercise_figures(params, model_config, tokenizer, chats_per_kind: in
         {"chats_per_kind", "kinds": {kind: {"answers": count, "exact": share of answers whose every token is the
         argmax, "first_token": share whose first token is, "token_acc": share of answer tokens, and for kinds
         whose answers are listed names, "by_order": {order: {"answers", "exact", "first_token"}} split by where
-        the name stands beside its description (`hat_jax.data.reading.answer_order`)}}}.
+        the name stands beside its description (`hat_jax.data.reading.answer_order`), and for kinds whose answers
+        copy more than one thing, "by_role": {role: {"answers", "exact", "first_token"}} split by what the answer
+        copies (`hat_jax.data.reading.answer_role`: name, query, id, reply)}}}.
     """
     if chats_per_kind == 0:
         return {"chats_per_kind": 0, "kinds": {}}
     pad = int(tokenizer.pad_token_id or 0)
     out = {}
     for kind in kinds:
-        rows = []  # (ids, [(token indices of an answer, its answer_order)])
+        rows = []  # (ids, [(token indices of an answer, its answer_order, its answer_role)])
         for messages, tools in reading_chats(chats_per_kind, seed, kinds=[kind]):
             text = render_chat(messages, tools)
             enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+            turns = [m for m in messages if m["role"] == "assistant"]
             answers = [([t for t, (s, e) in enumerate(enc["offset_mapping"]) if s < b and e > a and t > 0],
-                        answer_order(messages, tools, text[a:b])) for a, b in exercise_answer_spans(text, messages)]
-            rows.append((enc["input_ids"], [(a, order) for a, order in answers if a]))
-        exact, first, orders, right, total = [], [], [], 0, 0
+                        answer_order(messages, tools, text[a:b]), answer_role(turn))
+                       for (a, b), turn in zip(exercise_answer_spans(text, messages), turns)]
+            rows.append((enc["input_ids"], [answer for answer in answers if answer[0]]))
+        exact, first, orders, roles, right, total = [], [], [], [], 0, 0
         scored = teacher_forced(params, model_config, [ids for ids, _ in rows], pad, batch_size=batch_size,
                                 dtype=dtype)
         for (_, answers), (hit, _) in zip(rows, scored):
-            for tokens, order in answers:
+            for tokens, order, role in answers:
                 exact.append(bool(hit[tokens].all()))
                 first.append(bool(hit[tokens[0]]))
                 orders.append(order)
+                roles.append(role)
                 right, total = right + int(hit[tokens].sum()), total + len(tokens)
         out[kind] = {"answers": len(exact), "exact": float(np.mean(exact)), "first_token": float(np.mean(first)),
                      "token_acc": right / total}
-        by_order = {o: [i for i, got in enumerate(orders) if got == o] for o in ANSWER_ORDERS}
-        if any(by_order.values()):
-            out[kind]["by_order"] = {o: {"answers": len(ix), "exact": float(np.mean([exact[i] for i in ix])),
-                                         "first_token": float(np.mean([first[i] for i in ix]))}
-                                     for o, ix in by_order.items() if ix}
+        if any(o is not None for o in orders):
+            out[kind]["by_order"] = _split(exact, first, orders, ANSWER_ORDERS)
+        if len(set(roles)) > 1:
+            out[kind]["by_role"] = _split(exact, first, roles, ANSWER_ROLES)
     return {"chats_per_kind": chats_per_kind, "kinds": out}

@@ -262,39 +262,50 @@ def test_a_continued_base_builds_its_init_first_and_starts_from_its_last_step(ca
 
 
 def test_reading_exercise_figures_equal_one_chat_at_a_time(base):
-    """Batched, padded scoring equals an unpadded forward per chat, answer by answer."""
+    """Batched, padded scoring equals an unpadded forward per chat, answer by answer, and so do its splits by
+    order and by role."""
     from hat_jax.data.corpus import render_chat
-    from hat_jax.data.reading import answer_order, exercise_answer_spans, reading_chats
+    from hat_jax.data.reading import answer_order, answer_role, exercise_answer_spans, reading_chats
     from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
     from hat_jax.tokenizer import load_tokenizer
     from hat_jax.train.recall_probe import reading_exercise_figures
 
     tok = load_tokenizer(base / "tokenizer")
     config, params = load_model_checkpoint(base)
-    figures = reading_exercise_figures(params, config, tok, 3, ["lookup", "label"], seed=5, batch_size=2)
+    kinds = ("lookup", "label", "results")
+    figures = reading_exercise_figures(params, config, tok, 3, kinds, seed=5, batch_size=2)
     model = Qwen3_5MoeForCausalLM(config)
-    for kind in ("lookup", "label"):
-        exact, first, right, total, split = [], [], 0, 0, {}
+
+    def split(pairs):
+        return {k: {"answers": len(v), "exact": np.mean([e for e, _ in v]), "first_token": np.mean([f for _, f in v])}
+                for k, v in pairs.items()} if pairs else None
+
+    for kind in kinds:
+        exact, first, right, total, by_order, by_role = [], [], 0, 0, {}, {}
         for messages, tools in reading_chats(3, 5, kinds=[kind]):
             text = render_chat(messages, tools)
             enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
             ids = jnp.asarray([enc["input_ids"]])
             guess = np.asarray(jnp.argmax(model.apply({"params": params}, ids).logits[0], axis=-1))
-            for a, b in exercise_answer_spans(text, messages):
+            turns = [m for m in messages if m["role"] == "assistant"]
+            for (a, b), turn in zip(exercise_answer_spans(text, messages), turns, strict=True):
                 tokens = [t for t, (s, e) in enumerate(enc["offset_mapping"]) if s < b and e > a]
                 hit = [guess[t - 1] == enc["input_ids"][t] for t in tokens]
                 exact.append(all(hit))
                 first.append(hit[0])
                 right, total = right + sum(hit), total + len(hit)
                 if (order := answer_order(messages, tools, text[a:b])) is not None:
-                    split.setdefault(order, []).append((all(hit), hit[0]))
+                    by_order.setdefault(order, []).append((all(hit), hit[0]))
+                by_role.setdefault(answer_role(turn), []).append((all(hit), hit[0]))
         got = figures["kinds"][kind]
         assert got["answers"] == len(exact) and got["exact"] == np.mean(exact)
         assert got["first_token"] == np.mean(first) and got["token_acc"] == right / total
-        assert got.get("by_order") == ({o: {"answers": len(v), "exact": np.mean([e for e, _ in v]),
-                                            "first_token": np.mean([f for _, f in v])} for o, v in split.items()}
-                                       if split else None)
+        assert got.get("by_order") == split(by_order)
+        assert got.get("by_role") == (split(by_role) if len(by_role) > 1 else None)
     assert "by_order" not in figures["kinds"]["lookup"] and figures["kinds"]["label"]["by_order"]
+    assert set(figures["kinds"]["results"]["by_role"]) == {"query", "id", "reply"}
+    assert figures["kinds"]["results"]["by_role"]["id"]["answers"] == 6  # two rounds of 3 chats
+    assert set(figures["kinds"]["label"]["by_role"]) == {"name", "reply"} and "by_role" not in figures["kinds"]["lookup"]
     assert reading_exercise_figures(params, config, tok, 0, ["lookup"]) == {"chats_per_kind": 0, "kinds": {}}
 
 
