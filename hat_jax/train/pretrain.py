@@ -36,7 +36,8 @@ docs/tuning.md, "Base pretraining"). The real preset imports its base (`hat_jax.
    other (`DataStateFormatError`).
 
 Caching (`base_checkpoint`): `<cache root>/bases/base-<hash12>` (the `hat_jax.data.world_data` cache root;
-hash of the whole PretrainConfig and `INIT_SCHEME`), a stage run directory as every --init accepts. A run
+hash of the whole PretrainConfig, `INIT_SCHEME` and a fingerprint of the chats the corpus generators make,
+`corpus_fingerprint`, so editing them trains a new base), a stage run directory as every --init accepts. A run
 trains into `base-<hash12>.partial` with resume, measures the recall probe, writes `base_report.json`, then
 renames the folder to its final name (atomic on POSIX), so the final folder only exists complete. A `flock`
 on `base-<hash12>.lock` serialises concurrent callers: the second waits and finds the finished base (a killed
@@ -69,7 +70,7 @@ import numpy as np
 from hat_jax.cache import exclusive_lock, write_text_atomic
 from hat_jax.data.corpus import pretraining_chats, reading_chat_count, render_chat
 from hat_jax.data.reading import KINDS as READING_KINDS
-from hat_jax.data.reading import answer_mask
+from hat_jax.data.reading import answer_mask, reading_chats
 from hat_jax.data.reading import check_kinds as check_reading_kinds
 from hat_jax.data.packing import PackedBatches, fit_document, pack_documents, refuse_packed_state
 from hat_jax.data.world_data import WorldDataConfig, cache_root
@@ -205,9 +206,25 @@ class PretrainConfig:
         return data
 
     def digest(self) -> str:
-        """12 hex digits of the hash of the config's canonical JSON and the parameter-init scheme
-        (`hat_jax.model.params.INIT_SCHEME`): names the cached base."""
-        return config_hash({**self.to_json(), "init_scheme": INIT_SCHEME})[:12]
+        """12 hex digits of the hash of the config's canonical JSON, the parameter-init scheme
+        (`hat_jax.model.params.INIT_SCHEME`) and the corpus fingerprint of every phase (`corpus_fingerprint`):
+        names the cached base, so a change to the corpus or exercise generators trains a new one."""
+        phases, config = [], self
+        while config is not None:
+            kinds = tuple(config.reading_kinds) if config.reading_share > 0 else ()
+            phases.append(corpus_fingerprint(config.seed, kinds))
+            config = config.init
+        return config_hash({**self.to_json(), "init_scheme": INIT_SCHEME, "corpus": phases})[:12]
+
+
+@functools.lru_cache(maxsize=64)
+def corpus_fingerprint(seed: int, reading_kinds: tuple[str, ...]) -> str:
+    """12 hex digits of the hash of a sample of what the corpus generators make for `seed`: 8 pretraining chats
+    and 4 reading exercises per kind of `reading_kinds` (none when empty). Not the corpus itself (tens of
+    thousands of chats); enough to change whenever a generator does. Milliseconds; cached per argument."""
+    sample = {"chats": pretraining_chats(8, seed),
+              "reading": reading_chats(4 * len(reading_kinds), seed, kinds=reading_kinds) if reading_kinds else []}
+    return config_hash(sample)[:12]
 
 
 # ---------------------------------------------------------------------------------------------- data

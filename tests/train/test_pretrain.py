@@ -152,6 +152,17 @@ def test_config_hash_and_bad_fields(monkeypatch):
     monkeypatch.setattr(pretrain, "INIT_SCHEME", "another-init")  # a base cached under another init is not reused
     assert micro.digest() != before
     monkeypatch.undo()
+    # nor one whose corpus or exercise generators made other chats, in any phase of a continued base
+    reading = dataclasses.replace(micro, reading_share=0.5, reading_kinds=("label",))
+    more = dataclasses.replace(micro, init=reading, steps=micro.steps + 1)
+    digests = (micro.digest(), reading.digest(), more.digest())
+    pretrain.corpus_fingerprint.cache_clear()
+    monkeypatch.setattr(pretrain, "reading_chats", lambda n, seed, kinds: [([{"role": "user", "content": "x"}], [])] * n)
+    assert micro.digest() == digests[0]  # no exercises in it
+    assert reading.digest() != digests[1] and more.digest() != digests[2]
+    monkeypatch.undo()
+    pretrain.corpus_fingerprint.cache_clear()
+    assert (micro.digest(), reading.digest(), more.digest()) == digests
     tiny = stage_section("tiny", "base.pretrain")
     assert len({micro.digest(), apply_overrides(micro, ["seq_len=512"]).digest(),
                 apply_overrides(micro, ["optim.lr=0.001"]).digest(), tiny.digest()}) == 4
