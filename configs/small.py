@@ -49,7 +49,7 @@ def get_config():
     mix = dataclasses.replace(
         tiny.base.pretrain, steps=1200, n_chats=24576, reading_share=0.8, reading_kinds=MIX_KINDS,
         optim=dataclasses.replace(tiny.base.pretrain.optim, lr=1e-3, warmup_steps=50), ckpt_every=200,
-        max_to_keep=7, tokenizer_split=TOKENIZER_SPLIT)
+        max_to_keep=7, tokenizer_split=TOKENIZER_SPLIT, reading_vocab=True)
     base = dataclasses.replace(mix, init=mix, steps=1000, reading_share=1.0, reading_kinds=READING_KINDS,
                                seed=mix.seed + 1, optim=dataclasses.replace(mix.optim, warmup_steps=20),
                                ckpt_every=250)

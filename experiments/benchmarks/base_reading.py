@@ -50,7 +50,7 @@ def main(argv=None) -> int:
         p.error(f"{args.run} holds no step folders")
     kinds = args.kinds.split(",") if args.kinds else list(stage.get("reading_kinds") or ["label"])
 
-    from hat_jax.data.reading import check_kinds
+    from hat_jax.data.reading import check_kinds, token_symbols
     from hat_jax.model.checkpoint_io import load_model_checkpoint
     from hat_jax.tokenizer import load_tokenizer
     from hat_jax.train.recall_probe import reading_exercise_figures, reading_gauge_figures, recall_probe_figures
@@ -60,6 +60,7 @@ def main(argv=None) -> int:
     except ValueError as err:
         p.error(str(err))
     tokenizer = load_tokenizer(args.run / "tokenizer")
+    symbols = token_symbols(tokenizer) if stage.get("reading_vocab") else ()  # the exercises the base trained on
     print("probe: exact/first token; gauge: exact per family; exercises per kind: exact answers/first answer "
           "token/answer tokens", flush=True)
     out = []
@@ -67,7 +68,7 @@ def main(argv=None) -> int:
         config, params = load_model_checkpoint(args.run / str(step))
         probe = recall_probe_figures(params, config, tokenizer, args.items)
         gauge = reading_gauge_figures(params, config, tokenizer, args.items)
-        reading = reading_exercise_figures(params, config, tokenizer, -(-args.items // 4), kinds)
+        reading = reading_exercise_figures(params, config, tokenizer, -(-args.items // 4), kinds, symbols=symbols)
         out.append({"step": step, "probe": probe, "reading_gauge": gauge, "reading": reading})
         ex = "; ".join(f"{k} {v['exact']:.2f}/{v['first_token']:.2f}/{v['token_acc']:.2f}"
                        for k, v in reading["kinds"].items())

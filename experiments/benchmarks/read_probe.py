@@ -10,7 +10,8 @@ first --items Live-Stream QA eval items of the default world under the checkpoin
 its stage_config.json unless --harness names one, rolled out by the oracle, HSA drawn with probability --p-hsa
 from --seed). Printed per checkpoint: loss tokens, argmax accuracy, NLL (nats/token), and per span kind the
 share of spans read exactly ("intent" = the first reasoning words, "skill" and "tool" = the names the reasoning
-copies from the harness, "argument" = a tool argument value, "product_id", "price" = a number before 元 in the
+copies from the harness, "argument" = a tool argument value, "query" = the search query (an argument copied from
+the viewer's message), "product_id", "price" = a number before 元 in the
 reply).
 
 Measured (the tiny main job's HSA-SFT checkpoint: 100 steps from the 192-step base; --items 16, 2,167 loss

@@ -242,6 +242,7 @@ def pretraining_chats(
     zh_share: float = 0.3,
     reading_share: float = 0.0,
     reading_kinds: Sequence[str] = READING_KINDS,
+    reading_symbols: Sequence[str] = (),
     name_pieces: Sequence[str] = NAME_PIECES,
     styles: Sequence[str] = TRAIN_NAMING_STYLES,
     layouts: Sequence[str] = SYSTEM_LAYOUTS,
@@ -256,7 +257,8 @@ def pretraining_chats(
       zh_share: share of tool-use chats written in Chinese.
       reading_share: share of the n chats that are reading exercises (`hat_jax.data.reading.reading_chats`,
         seeded by `seed`, half of them Chinese, after the other chats: `reading_chat_count`); general_share
-        splits the rest. reading_kinds: the exercises' kinds (a non-empty subset of `hat_jax.data.reading.KINDS`).
+        splits the rest. reading_kinds: the exercises' kinds (a non-empty subset of `hat_jax.data.reading.KINDS`);
+        reading_symbols: their vocabulary symbols (`reading_chats(symbols=...)`).
       name_pieces: word pieces of tool names (>= 6); styles: naming styles (subset of NAMING_STYLES);
         layouts: system-prompt layouts (subset of SYSTEM_LAYOUTS). The defaults are HSA's training
         styles and layouts, never its held-out families.
@@ -288,7 +290,7 @@ def pretraining_chats(
         else:
             messages, tools, _, _ = _tool_chat(rng, name_pieces, styles, layouts, zh_share)
             out.append((messages, tools))
-    return out + reading_chats(n_reading, seed, kinds=reading_kinds)
+    return out + reading_chats(n_reading, seed, kinds=reading_kinds, symbols=reading_symbols)
 
 
 def render_chat(

@@ -22,12 +22,15 @@ with live-stream or shopping content:
   `# Tools` block, where a harness's MCP tools reach the model), listed again in the system message in half of
   the chats, and each call's reasoning names the request and the description it matched before the call (the
   form of the pretraining tool chats and of the recall probe, short and with generic tasks);
-- "results": a search, then a fetch by id, in the form of a harness's tool results (two rounds; the two tools
-  listed in the system message): the user asks for a field of an item by a short name; the assistant searches
-  with that name (a copy from the request), the tool returns a JSON list of items with ids of one letter and
-  four digits (the match first in about 4 of 5), the assistant fetches the match by its id (a copy of digits
-  among ids that share their first tokens) and replies with the field's value from the record (a copy from a
-  JSON record). Items are generic objects (a brand, an attribute, an object).
+- "results": a search, then a fetch by id, in the form of a harness's tool results (two rounds; the tools listed
+  in the system message): the user asks for a field of an item by its name, wrapped in a greeting or a purchase
+  as a viewer's message wraps it; in half of the chats the assistant first calls a guide tool whose result (the
+  steps) stands between the request and the search, as a loaded skill does; it searches with the item's name (a
+  copy from the request, past that result), the tool returns a JSON list of items that share the brand or the
+  object, with ids of one letter and four digits (the match first in about 4 of 5), the assistant fetches the
+  match by its id (a copy of digits among ids that share their first tokens) and replies with the field's value
+  from the record (a copy from a JSON record). Items are generic objects (a fresh brand, an attribute, an
+  object), so a query can be copied but not recalled.
 
 Names are 1-3 word pieces from a broad pool (generic English, pinyin and the English words of HSA's tool and
 skill vocabulary, as a real base has seen them all) in every naming style, HSA's held-out ones included: a
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -175,9 +179,13 @@ def _record_chat(rng, lang, pieces) -> list[dict]:
     return [system] + _qa_turns(rng, "record", lang, list(record.items()), rng.randint(2, 4))
 
 
-def _copy_chat(rng, lang, pieces) -> list[dict]:
-    strings = [" ".join(random_name(rng, pieces) if rng.random() < 0.7 else random_value(rng, pieces)
-                        for _ in range(rng.randint(1, 3))) for _ in range(rng.randint(2, 4))]
+def _copy_chat(rng, lang, pieces, pools) -> list[dict]:
+    def part() -> str:
+        if pools.get(lang) and rng.random() < 0.5:  # 1-3 tokens of the vocabulary (`token_symbols`)
+            return ("" if lang == "zh" else " ").join(rng.choices(pools[lang], k=rng.randint(1, 3)))
+        return random_name(rng, pieces) if rng.random() < 0.7 else random_value(rng, pieces)
+
+    strings = [" ".join(part() for _ in range(rng.randint(1, 3))) for _ in range(rng.randint(2, 4))]
     return _qa_turns(rng, "copy", lang, [(s, s) for s in strings], len(strings))
 
 
@@ -258,50 +266,92 @@ def _tools_chat(rng, lang, pieces) -> tuple[list[dict], list[dict]]:
     return messages, tools
 
 
-# The "results" kind's registry: items are a brand, an attribute and an object (`_item`); a request names the
-# brand and the object, as a viewer names a product.
-_BRANDS = (("Harbor", "海港"), ("Pine", "松风"), ("Moon", "明月"), ("Summit", "山海"), ("Berlin", "柏林"),
-           ("Vienna", "维也纳"), ("Lyon", "里昂"), ("Porto", "波尔图"), ("Lima", "利马"), ("Hanoi", "河内"))
+# The "results" kind's registry: an item is a brand, an attribute and an object (`_item`). Brands are drawn fresh
+# (two characters of `_BRAND_CHARS`, or one or two capitalised word pieces) so that a query can only be copied,
+# not recalled; a request wraps the item's name in a greeting or a purchase (`ask`), as a viewer's message does.
+_BRAND_CHARS = "云山海风月星竹松花雪晨夕春秋青白金石林川溪岚安和乐禾木森田野光南北东西红蓝绿紫栗梅兰菊桃李"
 _ATTRIBUTES = (("vintage", "复古"), ("large", "大号"), ("quiet", "静音"), ("portable", "便携"), ("thick", "加厚"),
-               ("simple", "简约"), ("waterproof", "防水"), ("insulated", "保温"))
+               ("simple", "简约"), ("waterproof", "防水"), ("insulated", "保温"), ("foldable", "折叠"),
+               ("mini", "迷你"))
 _OBJECTS = (("backpack", "背包"), ("map", "地图"), ("towel", "毛巾"), ("gloves", "手套"), ("schoolbag", "书包"),
             ("keyboard", "键盘"), ("mouse", "鼠标"), ("wallet", "钱包"), ("headphones", "耳机"), ("umbrella", "伞"),
-            ("pot", "锅"), ("basin", "盆"))
+            ("pot", "锅"), ("basin", "盆"), ("lamp", "台灯"), ("cup", "杯子"), ("notebook", "笔记本"),
+            ("chair", "椅子"), ("kettle", "水壶"), ("blanket", "毯子"), ("pillow", "枕头"), ("bottle", "瓶子"),
+            ("clock", "时钟"), ("pen", "钢笔"), ("scarf", "围巾"), ("speaker", "音箱"))
 _FIELDS = (("weight", "重量"), ("year", "年份"), ("stock", "库存"), ("rating", "评分"), ("length", "长度"),
            ("price", "价格"), ("width", "宽度"), ("floor", "楼层"))
 _RESULTS_TEXT = {
     "en": {"search": "Finds items by name.", "fetch": "Returns an item's record by its id.",
-           "ask": ("What is the {f} of the {q}?", "{q}: {f}?", "Tell me the {f} of the {q}."),
+           "guide": "Returns the steps for answering a question about an item.",
+           "ask": ("What is the {f} of the {q}?", "{q}: {f}?", "Tell me the {f} of the {q}.",
+                   "Hi, what is the {f} of the {q}?", "Quick question: the {q}, what is its {f}?",
+                   "I want to buy the {q}; what is its {f}?", "Could you check the {f} of the {q} for me, please?",
+                   "Hello! How about the {f} of the {q} today?"),
+           "steps": "Search the name with `{s}`, then fetch the record by its id with `{g}`.",
+           "read": "First read the steps, with {t}.",
            "find": "First find the item's id, with {t}.", "get": "Then its {f}, with {t}."},
-    "zh": {"search": "按名称查找物品。", "fetch": "按编号查询物品的记录。",
-           "ask": ("{q}的{f}是多少？", "{q}，{f}？", "问一下{q}的{f}。"),
+    "zh": {"search": "按名称查找物品。", "fetch": "按编号查询物品的记录。", "guide": "返回回答物品问题的步骤。",
+           "ask": ("{q}的{f}是多少？", "{q}，{f}？", "问一下{q}的{f}。", "你好，{q}的{f}是多少呀？",
+                   "请问一下，{q}的{f}是多少", "我想买{q}，它的{f}是多少？", "帮我查查{q}的{f}，谢谢",
+                   "麻烦看看{q}今天的{f}"),
+           "steps": "先用 `{s}` 按名称搜索，再用 `{g}` 按编号查记录。",
+           "read": "先看步骤，用{t}。",
            "find": "先找物品编号，用{t}。", "get": "查{f}，用{t}。"},
 }
 
 
-def _item(brand: tuple[str, str], attribute: tuple[str, str], obj: tuple[str, str], lang: str) -> tuple[str, str]:
-    """(full name, the short name a request uses): "Harbor vintage map" / "Harbor map", "海港复古地图" / "海港地图"."""
+def _brand(rng: random.Random, lang: str, pools: dict[str, list[str]]) -> str:
+    """A fresh brand: one token of the tokenizer's vocabulary (`pools`, `token_symbols`) when it has some in
+    `lang`, else two characters of `_BRAND_CHARS` (Chinese) or one or two capitalised generic pieces."""
+    if pools.get(lang):
+        return rng.choice(pools[lang])
+    if lang == "zh":
+        return "".join(rng.sample(_BRAND_CHARS, 2))
+    return "".join(rng.sample(_GENERIC_PIECES, rng.randint(1, 2))).capitalize()
+
+
+def _item(brand: str, attribute: tuple[str, str], obj: tuple[str, str], lang: str) -> tuple[str, str]:
+    """(full name, the short name a request may use): "Deskhub vintage map" / "Deskhub map", "云山复古地图" /
+    "云山地图"."""
     i = 0 if lang == "en" else 1
     sep = " " if lang == "en" else ""
-    return sep.join((brand[i], attribute[i], obj[i])), sep.join((brand[i], obj[i]))
+    return sep.join((brand, attribute[i], obj[i])), sep.join((brand, obj[i]))
 
 
-def _results_chat(rng, lang, pieces) -> list[dict]:
+def _results_round(rng: random.Random, lang: str, letter: str,
+                   pools: dict[str, list[str]]) -> tuple[str, list[tuple[str, str]]]:
+    """One round's query and listed [(name, id)]: the asked item first, then 2-3 items that share only its brand
+    or only its object, as a search by name ranks them. The query is the item's short name in 7 of 10 rounds,
+    else its full name; the request names it verbatim."""
+    brand, obj = _brand(rng, lang, pools), rng.choice(_OBJECTS)
+    name, short = _item(brand, rng.choice(_ATTRIBUTES), obj, lang)
+    listed = [name]
+    for other in rng.sample([o for o in _OBJECTS if o != obj], rng.randint(2, 3)):
+        if rng.random() < 0.5:  # the asked brand, another object
+            listed.append(_item(brand, rng.choice(_ATTRIBUTES), other, lang)[0])
+        else:  # another brand, the asked object
+            other_brand = next(b for b in iter(lambda: _brand(rng, lang, pools), None) if b != brand)
+            listed.append(_item(other_brand, rng.choice(_ATTRIBUTES), obj, lang)[0])
+    ids = [f"{letter}{n:04d}" for n in rng.sample(range(1, 300), len(listed))]
+    return (short if rng.random() < 0.7 else name), list(zip(listed, ids))
+
+
+def _results_chat(rng, lang, pieces, pools) -> list[dict]:
     text = _RESULTS_TEXT[lang]
-    search, fetch = _distinct(2, lambda: random_name(rng, pieces))
-    id_key = random_name(rng, pieces, hsa_vocab.TRAIN_ARG_STYLES)
+    search, fetch, guide = _distinct(3, lambda: random_name(rng, pieces))
+    taken = {"name", "query", *(f[0] for f in _FIELDS)}  # the id's key is none of the record's other keys
+    id_key = next(k for k in iter(lambda: random_name(rng, pieces, hsa_vocab.TRAIN_ARG_STYLES), None) if k not in taken)
     letter = rng.choice("ABCDEFGHJKMNPQRSTUVWXYZ")
+    with_guide = rng.random() < 0.5  # a guide call between the request and the search, as a harness loads a skill
     head = "Tools:" if lang == "en" else "工具列表："
-    listing = (f"- {search}(query): {text['search']}", f"- {fetch}({id_key}): {text['fetch']}")
+    listing = [f"- {search}(query): {text['search']}", f"- {fetch}({id_key}): {text['fetch']}"]
+    if with_guide:
+        listing.insert(rng.randint(0, 2), f"- {guide}(): {text['guide']}")
     system = "You are a helpful assistant." if lang == "en" else "你是一个有用的助手。"
     messages = [{"role": "system", "content": "\n".join((system, head, *listing))}]
     for _ in range(2):
-        brand = rng.choice(_BRANDS)
-        objects = rng.sample(_OBJECTS, rng.randint(3, 4))  # one item per object, all of the asked brand
-        items = [(_item(brand, rng.choice(_ATTRIBUTES), obj, lang), f"{letter}{n:04d}")
-                 for obj, n in zip(objects, rng.sample(range(1, 300), len(objects)))]
-        (name, query), item_id = items[0]  # the asked item; listed first in 3 of 4 searches, as a search ranks
-        shown = items[:]
+        query, listed = _results_round(rng, lang, letter, pools)
+        (name, item_id), shown = listed[0], listed[:]
         if rng.random() >= 0.75:
             rng.shuffle(shown)
         fields = rng.sample(_FIELDS, 3)
@@ -312,9 +362,12 @@ def _results_chat(rng, lang, pieces) -> list[dict]:
         field = rng.choice(fields)
         label = field[0] if lang == "en" else field[1]
         found = {"query": query, "total": len(shown) + rng.randint(0, 20),
-                 "items": [{id_key: i, "name": n} for (n, _), i in shown]}
+                 "items": [{id_key: i, "name": n} for n, i in shown]}
+        messages.append({"role": "user", "content": rng.choice(text["ask"]).format(q=query, f=label)})
+        if with_guide:
+            messages += [_call(guide, {}, text["read"].format(t=guide)),
+                         {"role": "tool", "name": guide, "content": text["steps"].format(s=search, g=fetch)}]
         messages += [
-            {"role": "user", "content": rng.choice(text["ask"]).format(q=query, f=label)},
             _call(search, {"query": query}, text["find"].format(t=search)),
             {"role": "tool", "name": search, "content": json.dumps(found, ensure_ascii=False)},
             _call(fetch, {id_key: item_id}, text["get"].format(f=label, t=fetch)),
@@ -347,15 +400,47 @@ def check_kinds(field: str, kinds: Sequence[str]) -> None:
 _MAKERS = {"lookup": _lookup_chat, "record": _record_chat, "copy": _copy_chat, "select": _select_chat,
            "call": _call_chat, "label": _label_chat, "tools": _tools_chat, "results": _results_chat}
 _WITH_TOOLS = ("tools",)  # makers that return (messages, tools); the others return messages
+_WITH_SYMBOLS = ("copy", "results")  # makers that also take the vocabulary's symbols (`token_symbols`)
+_CJK = re.compile(r"[\u4e00-\u9fff]+")
+_LATIN = re.compile(r"[A-Za-z]{2,}")
 
 
-def reading_chats(n: int, seed: int, *, zh_share: float = 0.5,
-                  kinds: Sequence[str] = KINDS) -> list[tuple[list[dict], list[dict]]]:
+def token_symbols(tokenizer) -> tuple[str, ...]:
+    """The tokens of a tokenizer's vocabulary that can stand alone as a name, decoded, in id order: runs of CJK
+    characters and ASCII words of 2+ letters (a leading space dropped); no special token, no partial UTF-8.
+
+    Why: a from-scratch base only trains the embeddings of the tokens its corpus contains, and the tiny BPE,
+    trained on the world's texts too, merges whole product names into single tokens that no pretraining chat
+    holds (their copy stays at 0, as the reading probe's names made of unseen pieces do). Exercises that copy
+    these symbols train every embedding, as a real base's pretraining has; they carry no fact of the world.
+    """
+    special = set(tokenizer.all_special_ids)
+    out = []
+    for i in range(len(tokenizer)):
+        if i in special:
+            continue
+        text = tokenizer.decode([i])
+        word = text[1:] if text.startswith(" ") else text
+        if _CJK.fullmatch(word) or _LATIN.fullmatch(word):
+            out.append(word)
+    return tuple(dict.fromkeys(out))
+
+
+def _symbol_pools(symbols: Sequence[str]) -> dict[str, list[str]]:
+    """`symbols` by the language whose exercises use them: {"zh": CJK runs, "en": ASCII words}."""
+    return {"zh": [x for x in symbols if _CJK.fullmatch(x)], "en": [x for x in symbols if _LATIN.fullmatch(x)]}
+
+
+def reading_chats(n: int, seed: int, *, zh_share: float = 0.5, kinds: Sequence[str] = KINDS,
+                  symbols: Sequence[str] = ()) -> list[tuple[list[dict], list[dict]]]:
     """`n` reading-exercise chats (module docstring), deterministic per seed, kinds drawn uniformly.
 
     Args:
       n: number of chats (>= 0). seed: sampling seed. zh_share: share written in Chinese, in [0, 1].
       kinds: a non-empty subset of `KINDS`.
+      symbols: names from the tokenizer's vocabulary (`token_symbols`; CJK runs and ASCII words). When given,
+        every "results" brand is one of them (of the chat's language) and about half of the "copy" strings'
+        parts are 1-3 of them; () keeps the built-in pools.
     Returns:
       [(messages, tools)]: OpenAI-format messages (tool calls as `tool_calls`, results as "tool" messages) and
       OpenAI tool dicts (the "tools" kind; [] for the others, whose tools are listed in the system message), as
@@ -369,12 +454,12 @@ def reading_chats(n: int, seed: int, *, zh_share: float = 0.5,
         raise ValueError(f"reading_chats: zh_share must be in [0, 1], got {zh_share}")
     check_kinds("reading_chats: kinds", kinds)
     rng = random.Random(f"reading-{seed}")
-    pieces = name_pieces()
+    pieces, pools = name_pieces(), _symbol_pools(symbols)
     out = []
     for _ in range(n):
         lang = "zh" if rng.random() < zh_share else "en"
         kind = rng.choice(list(kinds))
-        made = _MAKERS[kind](rng, lang, pieces)
+        made = _MAKERS[kind](rng, lang, pieces, *((pools,) if kind in _WITH_SYMBOLS else ()))
         out.append(made if kind in _WITH_TOOLS else (made, []))
     return out
 

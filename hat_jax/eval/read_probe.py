@@ -32,6 +32,9 @@ SPAN_PATTERNS: dict[str, re.Pattern] = {
     "intent": re.compile("观众在问(" + "|".join(sorted(map(re.escape, set(INTENT_CN.values())), key=len,
                                                         reverse=True)) + ")"),
     "argument": re.compile(r"<parameter=[^>\n]+>\n([^\n<]+)\n</parameter>"),
+    # the search query, one of the arguments: the product name copied from the viewer's message (under the
+    # original argument name; an HSA-renamed one counts as an argument only)
+    "query": re.compile(r"<parameter=query>\n([^\n<]+)\n</parameter>"),
     "product_id": re.compile(r"(P\d{4})"),
     "price": re.compile(r"(\d+(?:\.\d+)?)元"),
     # the names the reasoning reads from the harness: the skill to load, then each turn's first tool

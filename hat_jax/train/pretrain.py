@@ -70,7 +70,7 @@ import numpy as np
 from hat_jax.cache import exclusive_lock, write_text_atomic
 from hat_jax.data.corpus import pretraining_chats, reading_chat_count, render_chat
 from hat_jax.data.reading import KINDS as READING_KINDS
-from hat_jax.data.reading import answer_mask, reading_chats
+from hat_jax.data.reading import answer_mask, reading_chats, token_symbols
 from hat_jax.data.reading import check_kinds as check_reading_kinds
 from hat_jax.data.packing import PackedBatches, fit_document, pack_documents, refuse_packed_state
 from hat_jax.data.world_data import WorldDataConfig, cache_root
@@ -105,7 +105,9 @@ class PretrainConfig:
       n_chats: pretraining chats (`pretraining_chats(n_chats, seed, reading_share=...)`); the stream repeats
         them in a new order each epoch. reading_share: the share of them that are short reading exercises
         (`hat_jax.data.reading`; 0 = the tool and general chats only); reading_kinds: their kinds (a non-empty
-        subset of `hat_jax.data.reading.KINDS`). seq_len: tokens per row. batch_size: rows per optimizer step (accum_steps
+        subset of `hat_jax.data.reading.KINDS`); reading_vocab: the exercises' "results" brands and part of their
+        "copy" strings are tokens of the base's own vocabulary (`hat_jax.data.reading.token_symbols`), so that
+        every embedding trains, the world's merged names among them. seq_len: tokens per row. batch_size: rows per optimizer step (accum_steps
         micro-batches of batch_size / accum_steps rows).
       steps, optim: optimizer steps; AdamW + warmup-cosine schedule. lb_coef: MoE load-balancing coefficient.
       mtp_coef: weight of the MTP loss (`hat_jax.train.mtp`; >= 0, 0 skips the MTP forward; default 0.1,
@@ -129,6 +131,7 @@ class PretrainConfig:
     n_chats: int = 1024
     reading_share: float = 0.0
     reading_kinds: tuple[str, ...] = READING_KINDS
+    reading_vocab: bool = False
     seq_len: int = 1024
     batch_size: int = 8
     accum_steps: int = 1
@@ -168,6 +171,8 @@ class PretrainConfig:
             raise ValueError(f"PretrainConfig.reading_kinds = {self.reading_kinds!r}: expected a tuple of "
                              f"{READING_KINDS}, e.g. --set 'reading_kinds=[\"label\", \"copy\"]'")
         check_reading_kinds("PretrainConfig.reading_kinds", self.reading_kinds)
+        if not isinstance(self.reading_vocab, bool):
+            raise ValueError(f"PretrainConfig.reading_vocab = {self.reading_vocab!r}: expected a bool")
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"PretrainConfig.compute_dtype = {self.compute_dtype!r}; valid: {sorted(COMPUTE_DTYPES)}")
         for name, kind in (("world", WorldDataConfig), ("optim", OptimConfig)):
@@ -199,6 +204,8 @@ class PretrainConfig:
 
     def to_json(self) -> dict:
         data = config_json(self)
+        if not self.reading_vocab:
+            del data["reading_vocab"]  # a base without it keeps the name it had before the field existed
         if self.init is None:
             del data["init"]  # a base that continues none keeps the name it had before `init` existed
         else:
@@ -212,18 +219,25 @@ class PretrainConfig:
         phases, config = [], self
         while config is not None:
             kinds = tuple(config.reading_kinds) if config.reading_share > 0 else ()
-            phases.append(corpus_fingerprint(config.seed, kinds))
+            phases.append(corpus_fingerprint(config.seed, kinds, config.reading_vocab))
             config = config.init
         return config_hash({**self.to_json(), "init_scheme": INIT_SCHEME, "corpus": phases})[:12]
 
 
+_FINGERPRINT_SYMBOLS = ("甲乙", "丙", "丁戊己", "alpha", "beta", "gamma")  # stand-ins for a vocabulary's
+
+
 @functools.lru_cache(maxsize=64)
-def corpus_fingerprint(seed: int, reading_kinds: tuple[str, ...]) -> str:
+def corpus_fingerprint(seed: int, reading_kinds: tuple[str, ...], reading_vocab: bool = False) -> str:
     """12 hex digits of the hash of a sample of what the corpus generators make for `seed`: 8 pretraining chats
-    and 4 reading exercises per kind of `reading_kinds` (none when empty). Not the corpus itself (tens of
-    thousands of chats); enough to change whenever a generator does. Milliseconds; cached per argument."""
-    sample = {"chats": pretraining_chats(8, seed),
-              "reading": reading_chats(4 * len(reading_kinds), seed, kinds=reading_kinds) if reading_kinds else []}
+    and 4 reading exercises per kind of `reading_kinds` (none when empty; with `reading_vocab`, drawing from six
+    stand-in symbols, as the base's vocabulary is covered by its tokenizer's key). Not the corpus itself (tens
+    of thousands of chats); enough to change whenever a generator does. Milliseconds; cached per argument."""
+    symbols = _FINGERPRINT_SYMBOLS if reading_vocab else ()
+    reading = reading_chats(4 * len(reading_kinds), seed, kinds=reading_kinds, symbols=symbols) if reading_kinds else []
+    sample = {"chats": pretraining_chats(8, seed), "reading": reading}
+    if reading_vocab:
+        sample["reading_vocab"] = True
     return config_hash(sample)[:12]
 
 
@@ -419,8 +433,9 @@ def train_base(config: PretrainConfig, out_dir: str | Path, *, progress: bool = 
     model_config = config.model_config()
     tokenizer = _base_tokenizer(config, out)
     t_tok = time.perf_counter() - t_start
+    symbols = token_symbols(tokenizer) if config.reading_vocab else ()
     chats = pretraining_chats(config.n_chats, config.seed, reading_share=config.reading_share,
-                              reading_kinds=config.reading_kinds)
+                              reading_kinds=config.reading_kinds, reading_symbols=symbols)
     if config.pack:
         batches = pretraining_batches(chats, tokenizer, config)
     else:
@@ -439,7 +454,8 @@ def train_base(config: PretrainConfig, out_dir: str | Path, *, progress: bool = 
                                   dtype=COMPUTE_DTYPES[config.compute_dtype])
     reading = reading_exercise_figures(state.params, model_config, tokenizer,
                                        -(-config.probe_items // 4) if config.reading_share else 0,
-                                       config.reading_kinds, dtype=COMPUTE_DTYPES[config.compute_dtype])
+                                       config.reading_kinds, dtype=COMPUTE_DTYPES[config.compute_dtype],
+                                       symbols=symbols)
     rows = [r for r in read_metrics(out) if r.get("train/loss") is not None]
     rates = [r["train/tokens_per_s"] for r in rows if r.get("train/tokens_per_s")]
     step = int(jax.device_get(state.step))

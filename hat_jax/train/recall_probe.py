@@ -154,14 +154,16 @@ def _split(exact: list[bool], first: list[bool], labels: list, names: Sequence[s
 
 
 def reading_exercise_figures(params, model_config, tokenizer, chats_per_kind: int, kinds: Sequence[str], *,
-                             seed: int = 10_000 + PROBE_SEED, batch_size: int = 16, dtype=jnp.float32) -> dict:
+                             seed: int = 10_000 + PROBE_SEED, batch_size: int = 16, dtype=jnp.float32,
+                             symbols: Sequence[str] = ()) -> dict:
     """The reading exercises (`hat_jax.data.reading`) scored teacher-forced, per kind, on fresh chats (a seed the
     pretraining corpus does not use): every answer (a copied value or a called tool's name) is scored on its
     tokens, the tokens that overlap its characters.
 
     Args:
         params, model_config: the model. tokenizer: its tokenizer (with offsets). chats_per_kind: chats per kind
-        (0 = skip). kinds: kinds of `hat_jax.data.reading.KINDS`. batch_size: chats per forward.
+        (0 = skip). kinds: kinds of `hat_jax.data.reading.KINDS`. batch_size: chats per forward. symbols: the
+        exercises' vocabulary symbols (`hat_jax.data.reading.reading_chats`), as the base trained on them.
     Returns:
         {"chats_per_kind", "kinds": {kind: {"answers": count, "exact": share of answers whose every token is the
         argmax, "first_token": share whose first token is, "token_acc": share of answer tokens, and for kinds
@@ -176,7 +178,7 @@ def reading_exercise_figures(params, model_config, tokenizer, chats_per_kind: in
     out = {}
     for kind in kinds:
         rows = []  # (ids, [(token indices of an answer, its answer_order, its answer_role)])
-        for messages, tools in reading_chats(chats_per_kind, seed, kinds=[kind]):
+        for messages, tools in reading_chats(chats_per_kind, seed, kinds=[kind], symbols=symbols):
             text = render_chat(messages, tools)
             enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
             turns = [m for m in messages if m["role"] == "assistant"]

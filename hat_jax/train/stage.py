@@ -196,7 +196,10 @@ class StageRun:
         if is_primary():
             (self.out / "stage_config.json").write_text(json.dumps(self.cfg_json, indent=1, sort_keys=True) + "\n")
         checkpointer = ckpt.StageCheckpointer(self.out, self.cfg_json, self.model_config, max_to_keep=max_to_keep)
-        writer = MetricsWriter(self.out, resume_step=self.existing) if is_primary() else None
+        # From scratch (no checkpoint) counts as resuming at step 0: a run killed before its first checkpoint left
+        # metrics of steps that are now redone.
+        resume_step = 0 if self.existing is None else self.existing
+        writer = MetricsWriter(self.out, resume_step=resume_step) if is_primary() else None
         if writer is not None and self.existing is None:
             writer.text(f"config/{self.name}", "```\n" + json.dumps(self.cfg_json, indent=1, sort_keys=True) + "\n```")
         try:

@@ -11,8 +11,10 @@ import pytest
 from hat_jax.data.corpus import pretraining_chats, render_chat
 import numpy as np
 
+from hat_jax.data import reading
 from hat_jax.data.reading import (KINDS, NAME_STYLES, TASKS, answer_mask, answer_order, exercise_answer_spans,
-                               name_pieces, random_name, reading_chats, turn_answer)
+                               answer_role, name_pieces, random_name, reading_chats,
+                               token_symbols, turn_answer)
 
 
 def answers(messages):
@@ -90,36 +92,103 @@ def test_call_replies_copy_the_tool_result(kind):
                 assert messages[i + 1]["content"] in json.loads(m["content"]).values()
 
 
-def test_a_results_chat_searches_the_request_fetches_the_match_and_copies_its_field():
-    """Each round: the search's query is the request's short name verbatim, the fetched id is that of the listed
-    item whose name has the query's brand and object, the reply is the asked field's value in the fetched record;
-    the match is listed first in about 3 of 4 searches, and ids share their letter within a chat."""
-    first = rounds = 0
-    for messages, tools in reading_chats(40, 13, kinds=["results"]):
-        (search, query_key), (fetch, id_key) = re.findall(r"^- (\S+)\((\S+)\): ", messages[0]["content"], re.M)
-        assert query_key == "query" and not tools
+def _default_brand(query: str) -> str:
+    """The brand a built-in results query starts with: its first word and the space, or two characters."""
+    return query.split(" ", 1)[0] + " " if " " in query else query[:2]
+
+
+@pytest.mark.parametrize("symbols", [(), ("甲乙丙", "丁戊", "庚", "alpha", "beta", "a", "x y", "<b>")])
+def test_a_results_chat_searches_the_request_fetches_the_match_and_copies_its_field(symbols):
+    """Each round: the search's query is the request's item name verbatim (the short or the full name, wrapped in
+    the request), after a guide call whose result names both tools in the chats that list a guide; the fetched id
+    is that of the only listed item with the query's brand and object (the others share one of the two); the
+    reply is the asked field's value in the fetched record; the match is listed first in about 3 of 4 searches,
+    and ids share their letter within a chat. With vocabulary symbols, every brand is one of them (a CJK run in
+    a Chinese chat, a word of 2+ letters in an English one; "a", "x y" and "<b>" are never names) and every
+    symbol is used."""
+    first = rounds = wrapped = full = guided = 0
+    chats = reading_chats(60, 13, kinds=["results"], symbols=symbols)
+    names = {"甲乙丙", "丁戊", "庚", "alpha ", "beta "}
+    brands = set()
+
+    def brand_of(query: str) -> str:
+        if not symbols:
+            return _default_brand(query)
+        brand, = [b for b in names if query.startswith(b)]
+        brands.add(brand)
+        return brand
+
+    for messages, tools in chats:
+        listed = dict(re.findall(r"^- (\S+)\((\S*)\): ", messages[0]["content"], re.M))
+        (search, query_key), (fetch, id_key) = [(n, a) for n, a in listed.items() if a]
+        assert query_key == "query" and not tools and len(listed) in (2, 3)
+        guide = next((n for n, a in listed.items() if not a), None)
+        guided += guide is not None
         letters = set()
         for i, m in enumerate(messages):
-            if m["role"] != "user" or m["content"].startswith("<"):
+            if m["role"] != "user":
                 continue
-            query = messages[i + 1]["tool_calls"][0]["function"]["arguments"]["query"]
-            assert messages[i + 1]["tool_calls"][0]["function"]["name"] == search and query in m["content"]
-            found = json.loads(messages[i + 2]["content"])
-            call = messages[i + 3]["tool_calls"][0]["function"]
+            j = i + 1
+            if guide is not None:
+                assert messages[j]["tool_calls"][0]["function"] == {"name": guide, "arguments": {}}
+                assert answer_role(messages[j]) == "name" and turn_answer(messages[j]) == guide
+                assert search in messages[j + 1]["content"] and fetch in messages[j + 1]["content"]
+                j += 2
+            query = messages[j]["tool_calls"][0]["function"]["arguments"]["query"]
+            assert messages[j]["tool_calls"][0]["function"]["name"] == search and query in m["content"]
+            wrapped += not m["content"].startswith(query)
+            found = json.loads(messages[j + 1]["content"])
+            call = messages[j + 2]["tool_calls"][0]["function"]
             assert call["name"] == fetch and list(call["arguments"]) == [id_key]
-            cuts = [query.index(" ")] if " " in query else range(1, len(query))  # brand | object
-            matches = [x[id_key] for x in found["items"] if len(x["name"]) > len(query) and any(
-                x["name"].startswith(query[:k]) and x["name"].endswith(query[k:]) for k in cuts)]
+            brand = brand_of(query)
+            rest = query.rsplit(" ", 1)[1] if " " in query else query[len(brand):]
+            full += any(x["name"] == query for x in found["items"])
+            matches = [x[id_key] for x in found["items"] if x["name"].startswith(brand) and x["name"].endswith(rest)]
             assert matches == [call["arguments"][id_key]], (query, found)
+            name = next(x["name"] for x in found["items"] if x[id_key] == matches[0])
+            obj = max((o for pair in reading._OBJECTS for o in pair if name.endswith(o)), key=len)
+            assert all(x["name"].startswith(brand) != x["name"].endswith(obj) for x in found["items"]
+                       if x[id_key] != matches[0]), found  # each other item shares the brand or the object
             assert re.fullmatch(r"[A-Z]\d{4}", matches[0])
             letters |= {x[id_key][0] for x in found["items"]}
-            record = json.loads(messages[i + 4]["content"])
+            record = json.loads(messages[j + 3]["content"])
             assert record[id_key] == matches[0] and found["total"] >= len(found["items"]) >= 3
-            assert messages[i + 5]["content"] in {json.dumps(v) for k, v in record.items() if k not in (id_key, "name")}
+            assert messages[j + 4]["content"] in {json.dumps(v) for k, v in record.items() if k not in (id_key, "name")}
             first += found["items"][0][id_key] == matches[0]
             rounds += 1
         assert len(letters) == 1
-    assert 0.7 < first / rounds < 0.9, (first, rounds)
+    assert rounds == 2 * len(chats) and 0.7 < first / rounds < 0.9, (first, rounds)
+    assert 0.5 < wrapped / rounds < 0.9 and 0.15 < full / rounds < 0.45 and 0.3 < guided / len(chats) < 0.7
+    assert brands == (names if symbols else set())
+
+
+def test_copy_strings_draw_on_the_symbols_and_pretraining_passes_them_on():
+    symbols = ("甲乙丙", "丁戊", "alpha")
+    strings = [m["content"] for messages, _ in reading_chats(40, 2, kinds=["copy"], symbols=symbols)
+               for m in messages if m["role"] == "assistant"]
+    with_symbol = [x for x in strings if any(s in x for s in symbols)]
+    assert 0.3 < len(with_symbol) / len(strings) < 0.9
+    assert not any(s in x for x in (m["content"] for messages, _ in reading_chats(40, 2, kinds=["copy"])
+                                     for m in messages) for s in symbols)
+    chats = pretraining_chats(20, 3, reading_share=0.5, reading_kinds=("copy",), reading_symbols=symbols)
+    assert chats[10:] == reading_chats(10, 3, kinds=("copy",), symbols=symbols)
+
+
+class _Vocab:
+    """A tokenizer's vocabulary as `token_symbols` reads it."""
+
+    pieces = ["<|im_end|>", " price", "商品", "\n", "\ufffd", "a", "get_", "P0", "小满雪纺衬衫", " Shop", "商品", "x y"]
+    all_special_ids = [0]
+
+    def __len__(self):
+        return len(self.pieces)
+
+    def decode(self, ids):
+        return "".join(self.pieces[i] for i in ids)
+
+
+def test_token_symbols_keeps_the_tokens_that_stand_alone_as_names():
+    assert token_symbols(_Vocab()) == ("price", "商品", "小满雪纺衬衫", "Shop")
 
 
 def test_deterministic_every_style_and_renderable():

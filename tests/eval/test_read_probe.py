@@ -15,11 +15,12 @@ CORRECT = [False, True, True, True, True, True, True, False, True, False, True, 
 def test_span_hits_needs_every_overlapping_token():
     hits = span_hits(PIECES, CORRECT)
     # intent "价格": its one token right. argument "鹿角奶瓶": 奶瓶 wrong (the pattern's own
-    # "<parameter=query>" token does not count). product id "P0060" over two right tokens. price "29" wrong.
+    # "<parameter=query>" token does not count), and so is the query. product id "P0060" over two right tokens. price "29" wrong.
     # skill "price-promotion": both tokens right. tool "get_price": "_price" wrong.
-    assert hits == {"intent": [1, 1], "argument": [0, 1], "product_id": [1, 1], "price": [0, 1], "skill": [1, 1],
-                    "tool": [0, 1]}
-    assert span_hits([], []) == {k: [0, 0] for k in ("intent", "argument", "product_id", "price", "skill", "tool")}
+    assert hits == {"intent": [1, 1], "argument": [0, 1], "query": [0, 1], "product_id": [1, 1], "price": [0, 1],
+                    "skill": [1, 1], "tool": [0, 1]}
+    assert span_hits([], []) == {k: [0, 0] for k in ("intent", "argument", "query", "product_id", "price", "skill",
+                                                    "tool")}
     with pytest.raises(ValueError, match="2 pieces but 1 correctness flags"):
         span_hits(["a", "b"], [True])
 

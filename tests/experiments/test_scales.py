@@ -84,6 +84,7 @@ def test_small_is_tiny_in_the_compact_world_with_a_reading_base_and_longer_sft()
     assert (mix.steps, mix.reading_share, mix.reading_kinds) == (1200, 0.8, ("label", "copy", "call", "tools", "results"))
     assert (base.steps, base.reading_share, base.reading_kinds) == (1000, 1.0, ("copy", "label", "results"))
     assert mix.init is None and mix.tokenizer_split == base.tokenizer_split and mix.world == base.world
+    assert mix.reading_vocab and base.reading_vocab and not tiny.base.pretrain.reading_vocab
     assert base.model_config() == tiny.base.pretrain.model_config() and base.digest() != tiny.base.pretrain.digest()
     assert small.sft.steps == 400 and small.sft.data == tiny.sft.data
     assert base.tokenizer_split == small.sft.tokenizer_split == "scripts"

@@ -37,6 +37,11 @@ def test_events_and_jsonl_mirror_and_resume_purge(tmp_path):
         w.scalars(3, {"train/loss": 0.5})
     assert [(r["step"], r["train/loss"]) for r in read_metrics(tmp_path)] == [(1, 3.0), (2, 2.0), (3, 0.5)]
     assert read_event_scalars(tmp_path)["train/loss"] == [(1, 3.0), (2, 2.0), (3, 0.5)]
+    # Restarted from scratch (killed before its first checkpoint: StageRun resumes at step 0): every step is redone.
+    with MetricsWriter(tmp_path, resume_step=0) as w:
+        w.scalars(1, {"train/loss": 9.0})
+    assert [(r["step"], r["train/loss"]) for r in read_metrics(tmp_path)] == [(1, 9.0)]
+    assert read_event_scalars(tmp_path)["train/loss"] == [(1, 9.0)]
 
 
 def test_run_dir_layout(tmp_path):

@@ -157,12 +157,17 @@ def test_config_hash_and_bad_fields(monkeypatch):
     more = dataclasses.replace(micro, init=reading, steps=micro.steps + 1)
     digests = (micro.digest(), reading.digest(), more.digest())
     pretrain.corpus_fingerprint.cache_clear()
-    monkeypatch.setattr(pretrain, "reading_chats", lambda n, seed, kinds: [([{"role": "user", "content": "x"}], [])] * n)
+    monkeypatch.setattr(pretrain, "reading_chats",
+                        lambda n, seed, kinds, symbols=(): [([{"role": "user", "content": "x"}], [])] * n)
     assert micro.digest() == digests[0]  # no exercises in it
     assert reading.digest() != digests[1] and more.digest() != digests[2]
     monkeypatch.undo()
     pretrain.corpus_fingerprint.cache_clear()
     assert (micro.digest(), reading.digest(), more.digest()) == digests
+    # exercises drawing from the vocabulary are another corpus; a base without them keeps its name
+    vocab = dataclasses.replace(reading, reading_vocab=True)
+    assert "reading_vocab" not in reading.to_json() and vocab.to_json()["reading_vocab"] is True
+    assert len({vocab.digest(), reading.digest(), dataclasses.replace(more, init=vocab).digest()}) == 3
     tiny = stage_section("tiny", "base.pretrain")
     assert len({micro.digest(), apply_overrides(micro, ["seq_len=512"]).digest(),
                 apply_overrides(micro, ["optim.lr=0.001"]).digest(), tiny.digest()}) == 4
@@ -179,6 +184,7 @@ def test_config_hash_and_bad_fields(monkeypatch):
                                   ("reading_share", 1.5, r"reading_share = 1.5: expected a share in \[0, 1\]"),
                                   ("reading_kinds", ("label", "quiz"), r"reading_kinds = .*\(unknown: \['quiz'\]\)"),
                                   ("reading_kinds", (), r"reading_kinds = \(\): expected a non-empty tuple"),
+                                  ("reading_vocab", 1, "PretrainConfig.reading_vocab = 1: expected a bool"),
                                   ("tokenizer_split", "bytes", r"tokenizer_split = 'bytes': expected one of \['qwen', 'scripts', 'words'\]")):
         extra = {"accum_steps": 2} if field == "batch_size" else {}
         with pytest.raises(ValueError, match=message):
@@ -276,7 +282,7 @@ def test_reading_exercise_figures_equal_one_chat_at_a_time(base):
     """Batched, padded scoring equals an unpadded forward per chat, answer by answer, and so do its splits by
     order and by role."""
     from hat_jax.data.corpus import render_chat
-    from hat_jax.data.reading import answer_order, answer_role, exercise_answer_spans, reading_chats
+    from hat_jax.data.reading import answer_order, answer_role, exercise_answer_spans, reading_chats, token_symbols
     from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
     from hat_jax.tokenizer import load_tokenizer
     from hat_jax.train.recall_probe import reading_exercise_figures
@@ -284,7 +290,8 @@ def test_reading_exercise_figures_equal_one_chat_at_a_time(base):
     tok = load_tokenizer(base / "tokenizer")
     config, params = load_model_checkpoint(base)
     kinds = ("lookup", "label", "results")
-    figures = reading_exercise_figures(params, config, tok, 3, kinds, seed=5, batch_size=2)
+    symbols = token_symbols(tok)  # results brands from the vocabulary, as a base with reading_vocab trains them
+    figures = reading_exercise_figures(params, config, tok, 3, kinds, seed=5, batch_size=2, symbols=symbols)
     model = Qwen3_5MoeForCausalLM(config)
 
     def split(pairs):
@@ -293,7 +300,7 @@ def test_reading_exercise_figures_equal_one_chat_at_a_time(base):
 
     for kind in kinds:
         exact, first, right, total, by_order, by_role = [], [], 0, 0, {}, {}
-        for messages, tools in reading_chats(3, 5, kinds=[kind]):
+        for messages, tools in reading_chats(3, 5, kinds=[kind], symbols=symbols):
             text = render_chat(messages, tools)
             enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
             ids = jnp.asarray([enc["input_ids"]])
@@ -314,7 +321,7 @@ def test_reading_exercise_figures_equal_one_chat_at_a_time(base):
         assert got.get("by_order") == split(by_order)
         assert got.get("by_role") == (split(by_role) if len(by_role) > 1 else None)
     assert "by_order" not in figures["kinds"]["lookup"] and figures["kinds"]["label"]["by_order"]
-    assert set(figures["kinds"]["results"]["by_role"]) == {"query", "id", "reply"}
+    assert {"query", "id", "reply"} <= set(figures["kinds"]["results"]["by_role"])
     assert figures["kinds"]["results"]["by_role"]["id"]["answers"] == 6  # two rounds of 3 chats
     assert set(figures["kinds"]["label"]["by_role"]) == {"name", "reply"} and "by_role" not in figures["kinds"]["lookup"]
     assert reading_exercise_figures(params, config, tok, 0, ["lookup"]) == {"chats_per_kind": 0, "kinds": {}}
