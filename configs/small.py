@@ -11,7 +11,9 @@ The tiny model (5.1M parameters) and every tiny section, except:
   short reading exercises (`hat_jax.data.reading`: label, copy, call, tools and results; loss on their answers)
   and 20% the tool and general chats of tiny's base, then 1,000 steps of reading exercises only (copy, label,
   results), started from the first phase's parameters with a fresh optimizer (`PretrainConfig.init`). The mix
-  alone stays below the reading transition at step 1,200; the reading-only phase crosses it (copy 0.91 exact).
+  alone stays below the reading transition at step 1,200; the reading-only phase crosses it. In both phases the
+  exercises draw brands and copied strings from the tokenizer's own vocabulary (`reading_vocab`), so every
+  embedding trains: the tiny BPE merges the catalog's brands and names into tokens no other chat contains.
 - HSA-SFT: 400 steps (about two passes over its records instead of a fifth of one).
 - the tokenizer: the "scripts" split (`TOKENIZER_SPLIT`), so a name has one segmentation in every context.
 
@@ -31,7 +33,10 @@ from hat_jax.experiments.scales import with_world_harness
 from hat_jax.train.stage import load_config
 
 # The mix: short reading exercises (80% of the chats) beside tiny's tool and general chats. "results" is the
-# world's tool-result form (a search by a short name, a fetch by a letter-and-four-digit id, a field copied).
+# world's tool-result form (a search by the name a request wraps, a fetch by a letter-and-four-digit id, a field
+# copied). `reading_vocab`: of 4,096 tokens, 2,490 never occur in 3,000 chats of tiny's corpus, the catalog's
+# brands among them, and the HSA-SFT model's search query was never read, teacher-forced 0 of 61, its first token
+# one constant brand (docs/tuning.md, "The search query: embeddings the base never trained").
 MIX_KINDS = ("label", "copy", "call", "tools", "results")
 # Then reading exercises only, on the three kinds whose copies the world's chain needs: 1,000 steps took the base
 # from 0.00 / 0.13 / 0.01 to 0.91 / 0.56 / 0.24 exact (copy / label / results), and after HSA-SFT the product id

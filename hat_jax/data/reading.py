@@ -4,7 +4,7 @@ Variant implemented and why: reading a harness is associative recall (find the e
 the name written beside it), a skill a pretrained LLM brings and a from-scratch tiny base lacks (its recall
 probe stayed at 0 on tool chats of ~770 tokens with one copied name each). These chats are short (~60-350 tokens;
 `tools` ~700, most of it the chat template's tool block) and dense: every chat asks 2-5 questions whose answers
-are spans of the context, so most of their tokens after the listing are reading decisions. Eight kinds, none
+are spans of the context, so most of their tokens after the listing are reading decisions. Nine kinds, none
 with live-stream or shopping content:
 
 - "lookup": a table of keys and values (lines, `=` pairs, a JSON object or a markdown table); questions name a
@@ -31,6 +31,9 @@ with live-stream or shopping content:
   match by its id (a copy of digits among ids that share their first tokens) and replies with the field's value
   from the record (a copy from a JSON record). Items are generic objects (a fresh brand, an attribute, an
   object), so a query can be copied but not recalled.
+- "query": the search alone, dense: 4-6 requests of the "results" kind in a chat, each answered by the search
+  call with the item's name (the tool returns only a count), so that finding where a wrapped name starts is a
+  decision of every ~40 tokens instead of every ~400.
 
 Names are 1-3 word pieces from a broad pool (generic English, pinyin and the English words of HSA's tool and
 skill vocabulary, as a real base has seen them all) in every naming style, HSA's held-out ones included: a
@@ -52,7 +55,7 @@ import numpy as np
 from hat_jax.data.corpus_domains import BOOKS, CITIES, CONDITIONS, DISHES, DOMAINS, FOODS, STATIONS
 from hat_jax.harness import hsa_vocab
 
-KINDS: tuple[str, ...] = ("lookup", "record", "copy", "select", "call", "label", "tools", "results")
+KINDS: tuple[str, ...] = ("lookup", "record", "copy", "select", "call", "label", "tools", "results", "query")
 NAME_STYLES: tuple[str, ...] = hsa_vocab.TRAIN_TOOL_STYLES + hsa_vocab.HELDOUT_TOOL_STYLES
 _GENERIC_PIECES: tuple[str, ...] = (
     "get", "set", "find", "list", "load", "read", "show", "calc", "run", "send", "make", "open", "sync", "scan",
@@ -376,6 +379,23 @@ def _results_chat(rng, lang, pieces, pools) -> list[dict]:
     return messages
 
 
+def _query_chat(rng, lang, pieces, pools) -> list[dict]:
+    text = _RESULTS_TEXT[lang]
+    search = random_name(rng, pieces)
+    head = "Tools:" if lang == "en" else "工具列表："
+    system = "You are a helpful assistant." if lang == "en" else "你是一个有用的助手。"
+    messages = [{"role": "system", "content": f"{system}\n{head}\n- {search}(query): {text['search']}"}]
+    for _ in range(rng.randint(4, 6)):
+        name, short = _item(_brand(rng, lang, pools), rng.choice(_ATTRIBUTES), rng.choice(_OBJECTS), lang)
+        query = short if rng.random() < 0.7 else name
+        field = rng.choice(_FIELDS)
+        messages += [
+            {"role": "user", "content": rng.choice(text["ask"]).format(q=query, f=field[0 if lang == "en" else 1])},
+            _call(search, {"query": query}),
+            {"role": "tool", "name": search, "content": json.dumps({"query": query, "total": rng.randint(0, 30)})}]
+    return messages
+
+
 def _call(name: str, arguments: dict, reasoning: str | None = None) -> dict:
     """An assistant turn that calls `name` with `arguments` (after `reasoning` when given)."""
     call = {"role": "assistant", "content": "",
@@ -398,9 +418,10 @@ def check_kinds(field: str, kinds: Sequence[str]) -> None:
 
 
 _MAKERS = {"lookup": _lookup_chat, "record": _record_chat, "copy": _copy_chat, "select": _select_chat,
-           "call": _call_chat, "label": _label_chat, "tools": _tools_chat, "results": _results_chat}
+           "call": _call_chat, "label": _label_chat, "tools": _tools_chat, "results": _results_chat,
+           "query": _query_chat}
 _WITH_TOOLS = ("tools",)  # makers that return (messages, tools); the others return messages
-_WITH_SYMBOLS = ("copy", "results")  # makers that also take the vocabulary's symbols (`token_symbols`)
+_WITH_SYMBOLS = ("copy", "results", "query")  # makers that also take the vocabulary's symbols (`token_symbols`)
 _CJK = re.compile(r"[\u4e00-\u9fff]+")
 _LATIN = re.compile(r"[A-Za-z]{2,}")
 
@@ -420,7 +441,7 @@ def token_symbols(tokenizer) -> tuple[str, ...]:
         if i in special:
             continue
         text = tokenizer.decode([i])
-        word = text[1:] if text.startswith(" ") else text
+        word = text.removeprefix(" ")
         if _CJK.fullmatch(word) or _LATIN.fullmatch(word):
             out.append(word)
     return tuple(dict.fromkeys(out))
@@ -439,7 +460,7 @@ def reading_chats(n: int, seed: int, *, zh_share: float = 0.5, kinds: Sequence[s
       n: number of chats (>= 0). seed: sampling seed. zh_share: share written in Chinese, in [0, 1].
       kinds: a non-empty subset of `KINDS`.
       symbols: names from the tokenizer's vocabulary (`token_symbols`; CJK runs and ASCII words). When given,
-        every "results" brand is one of them (of the chat's language) and about half of the "copy" strings'
+        every "results" and "query" brand is one of them (of the chat's language) and about half of the "copy" strings'
         parts are 1-3 of them; () keeps the built-in pools.
     Returns:
       [(messages, tools)]: OpenAI-format messages (tool calls as `tool_calls`, results as "tool" messages) and

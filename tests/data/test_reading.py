@@ -162,6 +162,27 @@ def test_a_results_chat_searches_the_request_fetches_the_match_and_copies_its_fi
     assert brands == (names if symbols else set())
 
 
+@pytest.mark.parametrize("symbols", [(), ("甲乙丙", "丁戊", "alpha")])
+def test_a_query_chat_searches_each_wrapped_request_by_its_name(symbols):
+    """4-6 requests per chat, each answered by a call of the one listed search tool whose query is the request's
+    item name (a symbol's when given); the tool answers with the query and a count; most names are wrapped."""
+    rounds = wrapped = 0
+    for messages, tools in reading_chats(30, 4, kinds=["query"], symbols=symbols):
+        (search, key), = re.findall(r"^- (\S+)\((\S+)\): ", messages[0]["content"], re.M)
+        users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+        assert key == "query" and not tools and 4 <= len(users) <= 6 and len(messages) == 1 + 3 * len(users)
+        for i in users:
+            call, = messages[i + 1]["tool_calls"]
+            query = call["function"]["arguments"]["query"]
+            assert call["function"]["name"] == search and query in messages[i]["content"]
+            assert turn_answer(messages[i + 1]) == query and answer_role(messages[i + 1]) == "query"
+            assert json.loads(messages[i + 2]["content"])["query"] == query
+            assert not symbols or query.startswith(tuple(symbols))
+            wrapped += not messages[i]["content"].startswith(query)
+            rounds += 1
+    assert 0.5 < wrapped / rounds < 0.9
+
+
 def test_copy_strings_draw_on_the_symbols_and_pretraining_passes_them_on():
     symbols = ("甲乙丙", "丁戊", "alpha")
     strings = [m["content"] for messages, _ in reading_chats(40, 2, kinds=["copy"], symbols=symbols)
@@ -177,8 +198,8 @@ def test_copy_strings_draw_on_the_symbols_and_pretraining_passes_them_on():
 class _Vocab:
     """A tokenizer's vocabulary as `token_symbols` reads it."""
 
-    pieces = ["<|im_end|>", " price", "商品", "\n", "\ufffd", "a", "get_", "P0", "小满雪纺衬衫", " Shop", "商品", "x y"]
-    all_special_ids = [0]
+    pieces = ("<|im_end|>", " price", "商品", "\n", "\ufffd", "a", "get_", "P0", "小满雪纺衬衫", " Shop", "商品", "x y")
+    all_special_ids = (0,)
 
     def __len__(self):
         return len(self.pieces)
@@ -256,7 +277,7 @@ def test_answer_order_says_whether_the_listed_name_comes_before_its_description(
             for i, answer in answers(messages):
                 order = answer_order(messages, tools, answer)
                 seen.add((kind, order))
-                if kind in ("lookup", "record", "copy", "results") or (kind != "select" and not messages[i].get("tool_calls")):
+                if kind in ("lookup", "record", "copy", "results", "query") or (kind != "select" and not messages[i].get("tool_calls")):
                     assert order is None, (kind, answer)
                     continue
                 found = [(m, line) for line in system.splitlines()[1:]
