@@ -17,14 +17,15 @@ The tiny model (5.1M parameters) and every tiny section, except:
 - HSA-SFT: 400 steps (about two passes over its records instead of a fifth of one).
 - the tokenizer: the "scripts" split (`TOKENIZER_SPLIT`), so a name has one segmentation in every context.
 
-What it shows (`--exp table4_hsa_sft`, seed 0, 50 items per suite; docs/tuning.md "Reading that transfers"): after
-HSA-SFT, 16 of the 53 product ids the model passes in Live QA are copied from a search result (1 of 51 without the
-reading-only phase), the skill is right in 46% of episodes (26%), and teacher-forced the product id is read in
-24 of 62 held-out trajectories (1 of 62) and the viewer's intent in 39 of 55 (21). The search query is still
-never the viewer's product (0 of 53), so no episode completes the gold chain, and under renamed harnesses no call
-names a real tool (Variant QA validity 0). No target of the tiny-scale science is met yet. Cost on 2 idle cores:
-the base 46 minutes (1,505 s + 1,230 s; cached after the first run), SFT 17, the evaluation 5. IF-mini prompt
-strict 16.0 [9.0, 23.0] (22.0 after the mix alone).
+What it shows (`--exp table4_hsa_sft`, seed 0, 50 items per suite; docs/tuning.md "The search query: untrained
+tokens, then a first token without a key"): after HSA-SFT, 43 of the 49 product ids the model passes in Live QA are
+copied from the search result it got, and teacher-forced the product id is read in 58 of 62 held-out trajectories,
+the price in 27 of 33 and the viewer's intent in 55 of 55; the skill is right in 70% of episodes. The search query
+is never the viewer's product (teacher-forced 0 of 61: its first token is one constant brand), so no episode
+completes the gold chain (Live QA acc 54 [40, 68], eff 8 [2, 15]), and under renamed harnesses no call names a real
+tool (Variant QA validity 0). No target of the tiny-scale science is met yet. Cost on 2 cores: the base 44 minutes
+(1,475 s + about 1,190 s; cached after the first run), SFT 18, the evaluation 6; peak RSS 5.3 GB. IF-mini prompt
+strict 18.0 [11.0, 26.0].
 """
 
 import dataclasses
@@ -36,7 +37,7 @@ from hat_jax.train.stage import load_config
 # world's tool-result form (a search by the name a request wraps, a fetch by a letter-and-four-digit id, a field
 # copied). `reading_vocab`: of 4,096 tokens, 2,490 never occur in 3,000 chats of tiny's corpus, the catalog's
 # brands among them, and the HSA-SFT model's search query was never read, teacher-forced 0 of 61, its first token
-# one constant brand (docs/tuning.md, "The search query: embeddings the base never trained").
+# one constant brand (docs/tuning.md, "The search query: untrained tokens, then a first token without a key").
 MIX_KINDS = ("label", "copy", "call", "tools", "results")
 # Then reading exercises only, on the three kinds whose copies the world's chain needs: 1,000 steps took the base
 # from 0.00 / 0.13 / 0.01 to 0.91 / 0.56 / 0.24 exact (copy / label / results), and after HSA-SFT the product id

@@ -343,7 +343,8 @@ def _results_chat(rng, lang, pieces, pools) -> list[dict]:
     text = _RESULTS_TEXT[lang]
     search, fetch, guide = _distinct(3, lambda: random_name(rng, pieces))
     taken = {"name", "query", *(f[0] for f in _FIELDS)}  # the id's key is none of the record's other keys
-    id_key = next(k for k in iter(lambda: random_name(rng, pieces, hsa_vocab.TRAIN_ARG_STYLES), None) if k not in taken)
+    draw = iter(lambda: random_name(rng, pieces, hsa_vocab.TRAIN_ARG_STYLES), None)
+    id_key = next(k for k in draw if k not in taken)
     letter = rng.choice("ABCDEFGHJKMNPQRSTUVWXYZ")
     with_guide = rng.random() < 0.5  # a guide call between the request and the search, as a harness loads a skill
     head = "Tools:" if lang == "en" else "工具列表："
@@ -392,7 +393,8 @@ def _query_chat(rng, lang, pieces, pools) -> list[dict]:
         messages += [
             {"role": "user", "content": rng.choice(text["ask"]).format(q=query, f=field[0 if lang == "en" else 1])},
             _call(search, {"query": query}),
-            {"role": "tool", "name": search, "content": json.dumps({"query": query, "total": rng.randint(0, 30)})}]
+            {"role": "tool", "name": search,
+             "content": json.dumps({"query": query, "total": rng.randint(0, 30)}, ensure_ascii=False)}]
     return messages
 
 

@@ -204,7 +204,9 @@ class PretrainConfig:
 
     def to_json(self) -> dict:
         data = config_json(self)
-        if not self.reading_vocab:
+        if not self.reading_share:  # the exercise fields shape no chat, so they do not name the base
+            del data["reading_kinds"], data["reading_vocab"]
+        elif not self.reading_vocab:
             del data["reading_vocab"]  # a base without it keeps the name it had before the field existed
         if self.init is None:
             del data["init"]  # a base that continues none keeps the name it had before `init` existed
@@ -219,7 +221,7 @@ class PretrainConfig:
         phases, config = [], self
         while config is not None:
             kinds = tuple(config.reading_kinds) if config.reading_share > 0 else ()
-            phases.append(corpus_fingerprint(config.seed, kinds, config.reading_vocab))
+            phases.append(corpus_fingerprint(config.seed, kinds, config.reading_vocab and bool(kinds)))
             config = config.init
         return config_hash({**self.to_json(), "init_scheme": INIT_SCHEME, "corpus": phases})[:12]
 

@@ -167,6 +167,7 @@ def test_config_hash_and_bad_fields(monkeypatch):
     # exercises drawing from the vocabulary are another corpus; a base without them keeps its name
     vocab = dataclasses.replace(reading, reading_vocab=True)
     assert "reading_vocab" not in reading.to_json() and vocab.to_json()["reading_vocab"] is True
+    assert "reading_kinds" not in micro.to_json() and reading.to_json()["reading_kinds"] == ["label"]
     assert len({vocab.digest(), reading.digest(), dataclasses.replace(more, init=vocab).digest()}) == 3
     tiny = stage_section("tiny", "base.pretrain")
     assert len({micro.digest(), apply_overrides(micro, ["seq_len=512"]).digest(),
@@ -174,8 +175,10 @@ def test_config_hash_and_bad_fields(monkeypatch):
     # total_steps null hashes as the steps it stands for; other steps move the schedule and the digest
     assert apply_overrides(micro, [f"optim.total_steps={micro.steps}"]).digest() == micro.digest()
     assert apply_overrides(micro, ["steps=3"]).digest() != micro.digest()
-    kinds = apply_overrides(micro, ['reading_kinds=["label", "lookup"]'])
-    assert kinds.reading_kinds == ("label", "lookup") and kinds.digest() != micro.digest()
+    kinds = apply_overrides(reading, ['reading_kinds=["label", "lookup"]'])
+    assert kinds.reading_kinds == ("label", "lookup") and kinds.digest() != reading.digest()
+    # without exercises (reading_share 0) their kinds and source shape no chat and leave the name alone
+    assert apply_overrides(micro, ['reading_kinds=["label"]', "reading_vocab=true"]).digest() == micro.digest()
     for field, value, message in (("seq_len", 0, "PretrainConfig.seq_len = 0: expected an int >= 2"),
                                   ("batch_size", 3, r"batch_size \(3\) must be a multiple of accum_steps \(2\)"),
                                   ("compute_dtype", "fp8", "compute_dtype = 'fp8'; valid"),
