@@ -339,6 +339,12 @@ def _results_round(rng: random.Random, lang: str, letter: str,
     return (short if rng.random() < 0.7 else name), list(zip(listed, ids))
 
 
+def _tools_system(lang: str, listing: Sequence[str]) -> dict:
+    """The system message of the "results" and "query" kinds: a helpful-assistant line, then the tools listed."""
+    system = "You are a helpful assistant." if lang == "en" else "你是一个有用的助手。"
+    return {"role": "system", "content": "\n".join((system, "Tools:" if lang == "en" else "工具列表：", *listing))}
+
+
 def _results_chat(rng, lang, pieces, pools) -> list[dict]:
     text = _RESULTS_TEXT[lang]
     search, fetch, guide = _distinct(3, lambda: random_name(rng, pieces))
@@ -347,12 +353,10 @@ def _results_chat(rng, lang, pieces, pools) -> list[dict]:
     id_key = next(k for k in draw if k not in taken)
     letter = rng.choice("ABCDEFGHJKMNPQRSTUVWXYZ")
     with_guide = rng.random() < 0.5  # a guide call between the request and the search, as a harness loads a skill
-    head = "Tools:" if lang == "en" else "工具列表："
     listing = [f"- {search}(query): {text['search']}", f"- {fetch}({id_key}): {text['fetch']}"]
     if with_guide:
         listing.insert(rng.randint(0, 2), f"- {guide}(): {text['guide']}")
-    system = "You are a helpful assistant." if lang == "en" else "你是一个有用的助手。"
-    messages = [{"role": "system", "content": "\n".join((system, head, *listing))}]
+    messages = [_tools_system(lang, listing)]
     for _ in range(2):
         query, listed = _results_round(rng, lang, letter, pools)
         (name, item_id), shown = listed[0], listed[:]
@@ -383,9 +387,7 @@ def _results_chat(rng, lang, pieces, pools) -> list[dict]:
 def _query_chat(rng, lang, pieces, pools) -> list[dict]:
     text = _RESULTS_TEXT[lang]
     search = random_name(rng, pieces)
-    head = "Tools:" if lang == "en" else "工具列表："
-    system = "You are a helpful assistant." if lang == "en" else "你是一个有用的助手。"
-    messages = [{"role": "system", "content": f"{system}\n{head}\n- {search}(query): {text['search']}"}]
+    messages = [_tools_system(lang, [f"- {search}(query): {text['search']}"])]
     for _ in range(rng.randint(4, 6)):
         name, short = _item(_brand(rng, lang, pools), rng.choice(_ATTRIBUTES), rng.choice(_OBJECTS), lang)
         query = short if rng.random() < 0.7 else name
@@ -469,15 +471,19 @@ def reading_chats(n: int, seed: int, *, zh_share: float = 0.5, kinds: Sequence[s
       OpenAI tool dicts (the "tools" kind; [] for the others, whose tools are listed in the system message), as
       `hat_jax.data.corpus.render_chat(messages, tools)` renders them.
     Raises:
-      ValueError: negative n, zh_share outside [0, 1], unknown or no kinds.
+      ValueError: negative n, zh_share outside [0, 1], unknown or no kinds, or "results" among the kinds with
+        exactly one symbol of a language.
     """
     if n < 0:
         raise ValueError(f"reading_chats: n must be >= 0, got {n}")
     if not 0.0 <= zh_share <= 1.0:
         raise ValueError(f"reading_chats: zh_share must be in [0, 1], got {zh_share}")
     check_kinds("reading_chats: kinds", kinds)
-    rng = random.Random(f"reading-{seed}")
     pieces, pools = name_pieces(), _symbol_pools(symbols)
+    if "results" in kinds and (few := {lang: p for lang, p in pools.items() if len(p) == 1}):
+        raise ValueError(f"reading_chats: symbols = {tuple(symbols)!r}: a \"results\" search lists items of "
+                         f"another brand, so each language needs 0 or at least 2 symbols; {few} has one")
+    rng = random.Random(f"reading-{seed}")
     out = []
     for _ in range(n):
         lang = "zh" if rng.random() < zh_share else "en"

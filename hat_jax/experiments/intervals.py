@@ -309,8 +309,8 @@ def difference_interval(a: Mapping[str, Any], path_a: str, b: Mapping[str, Any] 
     mb = _item_matrix(b, path_b) if b is not None else None
     if ma is None or (b is not None and mb is None):
         missing = a["experiment"] if ma is None else b["experiment"]
-        return seeds_only_interval(list(seed_diffs), (lo_clip, hi_clip), f"no per-item scores for {missing}",
-                                   confidence)
+        return seeds_only_interval(list(seed_diffs), (lo_clip, hi_clip),
+                                   f"{missing} keeps no per-item scores of this metric", confidence)
     ids_a, va, wa = ma
     if mb is None:
         stat, sizes = (lambda i: _means(va, wa, i).mean(0)), (len(ids_a),)

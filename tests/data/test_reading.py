@@ -239,6 +239,8 @@ def test_reading_share_adds_exercises_after_the_same_other_chats():
     ({"zh_share": 2.0}, r"zh_share must be in \[0, 1\], got 2.0"),
     ({"kinds": ["lookup", "quiz"]}, r"kinds = .*\(unknown: \['quiz'\]\)"),
     ({"kinds": []}, r"kinds = \[\]: expected a non-empty tuple"),
+    ({"kinds": ["results"], "symbols": ("甲乙", "丙丁", "alpha")},
+     r"symbols = .*each language needs 0 or at least 2 symbols; \{'en': \['alpha'\]\} has one"),
 ])
 def test_bad_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):

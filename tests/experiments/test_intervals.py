@@ -105,10 +105,10 @@ def test_without_per_item_scores_the_t_over_seeds_or_no_interval():
     cell = iv.difference_interval(old, "live_qa.avg")
     # mean 63, s = 3.605551, half = 4.302652729911275 * 3.605551 / sqrt 3 = 8.956686 (test_results' numbers)
     assert (round(cell.low, 4), round(cell.high, 4)) == (54.0433, 71.9567)
-    assert cell.method == "t over 3 seeds (no per-item scores for t_a)"
+    assert cell.method == "t over 3 seeds (t_a keeps no per-item scores of this metric)"
     one = iv.difference_interval({**row("t_a", {"live_qa.avg": [A]}), "items": None}, "live_qa.avg")
     assert one.low is None and not one.excludes_zero
-    assert one.method == "no interval: 1 seed, and no per-item scores for t_a"
+    assert one.method == "no interval: 1 seed, and t_a keeps no per-item scores of this metric"
 
 
 def test_refusals_name_the_rows_the_suite_and_the_counts():
@@ -198,7 +198,7 @@ def test_results_md_says_how_the_intervals_were_computed():
     # a pooled reading metric (no per-item scores) beside them: each method names its keys
     res["per_seed"][0]["live_qa"]["name_valid"] = 40.0
     assert iv.reported_intervals(res)[1]["live_qa"] == ("percentile bootstrap over 22 items (1 seed) (acc, eff, avg); "
-                                                        "no interval: 1 seed, and no per-item scores for table6_both "
+                                                        "no interval: 1 seed, and table6_both keeps no per-item scores of this metric "
                                                         "(name_valid)")
 
 
