@@ -70,7 +70,12 @@ SCRIPT_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|\p{Han}+|[\p{L}&&[^\p{Han}]]+|\p{N}|[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
     r"|\s+(?!\S)|\s+"
 )
-SPLIT_PATTERNS = {"qwen": QWEN_SPLIT_PATTERN, "words": WORD_SPLIT_PATTERN, "scripts": SCRIPT_SPLIT_PATTERN}
+# As "scripts", and every Han character is its own piece: no merge spans two characters, so a product name is
+# the tokens of its characters, each trained wherever the character occurs, instead of one merged token that
+# only the world's texts hold (a from-scratch base cannot copy tokens it has barely seen; docs/tuning.md).
+CHAR_SPLIT_PATTERN = SCRIPT_SPLIT_PATTERN.replace(r"\p{Han}+", r"\p{Han}", 1)
+SPLIT_PATTERNS = {"qwen": QWEN_SPLIT_PATTERN, "words": WORD_SPLIT_PATTERN, "scripts": SCRIPT_SPLIT_PATTERN,
+                  "chars": CHAR_SPLIT_PATTERN}
 _PARAM_END = "</parameter>"
 _VALUE_FOLLOWERS = ("<parameter=", "</function>", "</tool_call>")  # what may follow a value's </parameter>
 _PYTHON_LITERALS = {"True": True, "False": False, "None": None}
@@ -124,7 +129,8 @@ def train_bpe_tokenizer(
       min_frequency: a pair is merged only if it occurs at least this often.
       split: the pre-tokenizer's split (`SPLIT_PATTERNS`): "qwen", Qwen's (a letter run takes the character
         before it, " get"), "words" (it never does) or "scripts" (neither, and Han runs are split from other
-        letters: a name has one segmentation in every context, Chinese text included).
+        letters: a name has one segmentation in every context, Chinese text included) or "chars" (as "scripts",
+        each Han character alone: no token spans two characters).
     Returns:
       the trained `PreTrainedTokenizerFast` (pad <|endoftext|>, eos <|im_end|>, chat template set).
     Raises:

@@ -1,6 +1,7 @@
 """Tests for hat_jax.tokenizer: the tiny byte-level BPE, the Qwen3.5-format chat template, tool-call parsing."""
 
 import random
+import re
 
 import pytest
 import transformers
@@ -148,7 +149,7 @@ def test_word_split_gives_a_name_one_segmentation_in_every_context(tmp_path):
         assert words.decode(words.encode("x " + name)) == "x " + name
     assert any(len({tuple(tail(qwen, prefix, name)) for prefix in ("- 查询价格: ", "tool ", "<function=", "\n")}) > 1
                for name in names)  # what the split fixes
-    with pytest.raises(ValueError, match=r"tokenizer split 'bytes': expected one of \['qwen', 'scripts', 'words'\]"):
+    with pytest.raises(ValueError, match=r"tokenizer split 'bytes': expected one of \['chars', 'qwen', 'scripts', 'words'\]"):
         tk.train_bpe_tokenizer(texts, VOCAB_SIZE, tmp_path / "x", split="bytes")
 
 
@@ -175,6 +176,20 @@ def test_script_split_keeps_a_name_whole_after_chinese_text(tmp_path):
 
     assert "先加载技能price" in pieces("words", "观众在问价格，先加载技能price-promotion。")
     assert pieces("scripts", "观众在问价格，先加载技能price-promotion。")[2:4] == ["先加载技能", "price"]
+
+
+def test_char_split_gives_every_han_character_its_own_token(tmp_path):
+    """split="chars": as "scripts", and no token spans two Han characters, however often a word recurs (the BPE
+    merges only the bytes of a character); names and text round-trip exactly."""
+    texts = _corpus(seed=7) + ["观众问青柠卸妆油多少钱，先加载技能price-promotion。"] * 200
+    chars = tk.train_bpe_tokenizer(texts, VOCAB_SIZE, tmp_path / "c", split="chars")
+    text = "观众问青柠卸妆油多少钱，先加载技能price-promotion。"
+    ids = chars.encode(text, add_special_tokens=False)
+    han = [chars.decode([i]) for i in ids if re.fullmatch(r"[\u4e00-\u9fff]+", chars.decode([i]))]
+    assert han == list("观众问青柠卸妆油多少钱先加载技能") and chars.decode(ids) == text
+    assert tk.SPLIT_PATTERNS["chars"] == tk.SPLIT_PATTERNS["scripts"].replace(r"\p{Han}+", r"\p{Han}")
+    scripts = tk.train_bpe_tokenizer(texts, VOCAB_SIZE, tmp_path / "s", split="scripts")
+    assert len(scripts.encode(text, add_special_tokens=False)) < len(ids)  # what the split gives up
 
 
 def test_vocab_size_too_small_raises(tmp_path):

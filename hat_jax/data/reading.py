@@ -305,9 +305,12 @@ _RESULTS_TEXT = {
 
 def _brand(rng: random.Random, lang: str, pools: dict[str, list[str]]) -> str:
     """A fresh brand: one token of the tokenizer's vocabulary (`pools`, `token_symbols`) when it has some in
-    `lang`, else two characters of `_BRAND_CHARS` (Chinese) or one or two capitalised generic pieces."""
+    `lang` (in Chinese, a one-character token is followed by a second token, as a brand has two characters or
+    more: a character-level vocabulary's brands are two characters), else two characters of `_BRAND_CHARS`
+    (Chinese) or one or two capitalised generic pieces."""
     if pools.get(lang):
-        return rng.choice(pools[lang])
+        brand = rng.choice(pools[lang])
+        return brand + rng.choice(pools[lang]) if lang == "zh" and len(brand) == 1 else brand
     if lang == "zh":
         return "".join(rng.sample(_BRAND_CHARS, 2))
     return "".join(rng.sample(_GENERIC_PIECES, rng.randint(1, 2))).capitalize()

@@ -104,8 +104,8 @@ def test_a_results_chat_searches_the_request_fetches_the_match_and_copies_its_fi
     is that of the only listed item with the query's brand and object (the others share one of the two); the
     reply is the asked field's value in the fetched record; the match is listed first in about 3 of 4 searches,
     and ids share their letter within a chat. With vocabulary symbols, every brand is one of them (a CJK run in
-    a Chinese chat, a word of 2+ letters in an English one; "a", "x y" and "<b>" are never names) and every
-    symbol is used."""
+    a Chinese chat, a word of 2+ letters in an English one; "a", "x y" and "<b>" are never names; a one-character
+    symbol is followed by a second symbol) and every symbol is used."""
     first = rounds = wrapped = full = guided = 0
     chats = reading_chats(60, 13, kinds=["results"], symbols=symbols)
     names = {"甲乙丙", "丁戊", "庚", "alpha ", "beta "}
@@ -114,8 +114,14 @@ def test_a_results_chat_searches_the_request_fetches_the_match_and_copies_its_fi
     def brand_of(query: str) -> str:
         if not symbols:
             return _default_brand(query)
-        brand, = [b for b in names if query.startswith(b)]
-        brands.add(brand)
+        if " " in query:  # English: one word of 2+ letters, then the attribute and the object
+            brand = query.split(" ", 1)[0] + " "
+        else:  # Chinese: the brand is what stands before the attribute and the object
+            core = query.removesuffix(max((o[1] for o in reading._OBJECTS if query.endswith(o[1])), key=len))
+            brand = next((core.removesuffix(a[1]) for a in reading._ATTRIBUTES if core.endswith(a[1])), core)
+        first = brand if brand in names else brand[0]  # a one-character symbol is followed by a second one
+        assert first in names and (brand == first or len(first) == 1 and brand[1:] in names), (query, brand)
+        brands.add(first)
         return brand
 
     for messages, tools in chats:

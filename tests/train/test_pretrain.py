@@ -188,7 +188,7 @@ def test_config_hash_and_bad_fields(monkeypatch):
                                   ("reading_kinds", ("label", "quiz"), r"reading_kinds = .*\(unknown: \['quiz'\]\)"),
                                   ("reading_kinds", (), r"reading_kinds = \(\): expected a non-empty tuple"),
                                   ("reading_vocab", 1, "PretrainConfig.reading_vocab = 1: expected a bool"),
-                                  ("tokenizer_split", "bytes", r"tokenizer_split = 'bytes': expected one of \['qwen', 'scripts', 'words'\]")):
+                                  ("tokenizer_split", "bytes", r"tokenizer_split = 'bytes': expected one of \['chars', 'qwen', 'scripts', 'words'\]")):
         extra = {"accum_steps": 2} if field == "batch_size" else {}
         with pytest.raises(ValueError, match=message):
             PretrainConfig(**{field: value, **extra})

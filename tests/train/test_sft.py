@@ -189,7 +189,7 @@ def test_tokenizer_split_is_checked_and_keys_the_cached_bpe(tmp_path, monkeypatc
     from hat_jax.data.world_data import WorldDataConfig
     from hat_jax.train import sft as sft_module
 
-    with pytest.raises(ValueError, match=r"SFTConfig.tokenizer_split = 'bytes': expected one of \['qwen', 'scripts', 'words'\]"):
+    with pytest.raises(ValueError, match=r"SFTConfig.tokenizer_split = 'bytes': expected one of \['chars', 'qwen', 'scripts', 'words'\]"):
         sft_module.SFTConfig(tokenizer_split="bytes")
     monkeypatch.setenv("HAT_JAX_CACHE", str(tmp_path))
     trained = []
