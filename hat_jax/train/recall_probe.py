@@ -107,7 +107,7 @@ def recall_probe_figures(params, model_config, tokenizer, n: int, *, seed: int =
 
 
 def reading_gauge_figures(params, model_config, tokenizer, rows: int, *, seed: int = PROBE_SEED, batch_size: int = 32,
-                          width: int = 160, dtype=jnp.float32) -> dict:
+                          width: int = 512, dtype=jnp.float32) -> dict:
     """The reading gauge scored zero-shot: `rows` gauge rows per family (`hat_jax.data.reading_gauge`: a tool
     list of the live-stream world's intents, a request, the call), exact = every token of the called name is the
     argmax under teacher forcing. The base never trains on these rows; they test whether its reading carries
@@ -116,7 +116,8 @@ def reading_gauge_figures(params, model_config, tokenizer, rows: int, *, seed: i
     Args:
         params, model_config: the model. tokenizer: its tokenizer. rows: rows per family (0 = skip).
         seed: row seed (family i draws from random.Random(f"gauge-{seed}-{i}")). batch_size: rows per forward.
-        width: tokens per row (right-padded).
+        width: the longest row allowed; rows are right-padded to the longest one, rounded up to 32 tokens (a
+          character-level tokenizer's rows run past 160).
     Returns:
         {"rows", "exact": {family: share in [0, 1]}}; {"rows": 0, "exact": {}} with rows = 0.
     Raises:
@@ -138,6 +139,8 @@ def reading_gauge_figures(params, model_config, tokenizer, rows: int, *, seed: i
     for i, family in enumerate(FAMILIES):
         batch = gauge_batch(tokenizer, random.Random(f"gauge-{seed}-{i}"), family, -(-rows // batch_size) * batch_size,
                             width)
+        used = -(-int(batch["attention_mask"].sum(1).max()) // 32) * 32
+        batch = {k: v[:, :used] for k, v in batch.items()}
         hits = [exact_names(np.asarray(argmax(params, batch["input_ids"][s:s + batch_size],
                                               batch["attention_mask"][s:s + batch_size])),
                             batch["input_ids"][s:s + batch_size], batch["name_mask"][s:s + batch_size])

@@ -364,6 +364,26 @@ def test_base_reading_script_scores_every_saved_step(base, tmp_path, capsys):
         assert message in capsys.readouterr().err
 
 
+def test_reading_gauge_pads_to_its_longest_row(base):
+    """Rows are padded to the longest one (rounded up to 32), so the figures do not depend on `width` once every row
+    fits; a row longer than `width` is refused with its length."""
+    import random
+
+    from hat_jax.data.reading_gauge import FAMILIES, gauge_batch
+    from hat_jax.tokenizer import load_tokenizer
+    from hat_jax.train.recall_probe import PROBE_SEED, reading_gauge_figures
+
+    tok = load_tokenizer(base / "tokenizer")
+    steps = sorted(int(d.name) for d in base.iterdir() if d.is_dir() and d.name.isdigit())
+    config, params = load_model_checkpoint(base / str(steps[-1]))
+    longest = max(int(gauge_batch(tok, random.Random(f"gauge-{PROBE_SEED}-{i}"), family, 32, 4096)["attention_mask"]
+                      .sum(1).max()) for i, family in enumerate(FAMILIES))
+    wide = reading_gauge_figures(params, config, tok, 1, width=4096)
+    assert reading_gauge_figures(params, config, tok, 1, width=longest) == wide and set(wide["exact"]) == set(FAMILIES)
+    with pytest.raises(ValueError, match=r"reading gauge row of \d+ tokens > width 8: raise --width"):
+        reading_gauge_figures(params, config, tok, 1, width=8)
+
+
 def test_sft_from_the_base_uses_its_tokenizer(base, tmp_path):
     from hat_jax.train.sft import SFTConfig, run_sft
 
