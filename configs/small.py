@@ -15,12 +15,9 @@ The tiny model (5.1M parameters) and every tiny section, except:
   exercises draw brands and copied strings from the tokenizer's own vocabulary (`reading_vocab`), so every
   embedding trains: the tiny BPE merges the catalog's brands and names into tokens no other chat contains.
 - HSA-SFT: 400 steps (about two passes over its records instead of a fifth of one).
-- the tokenizer: the "chars" split (`TOKENIZER_SPLIT`): a name has one segmentation in every context, and each
-  Han character is its own token, so a product name is tokens the base has trained (its merged names were tokens
-  only the world's texts hold, which the base could not copy); with it longer SFT rows (3,072), evaluation and RL
-  sequences (4,096) and replies (192 new tokens).
+- the tokenizer: the "scripts" split (`TOKENIZER_SPLIT`), so a name has one segmentation in every context.
 
-What it showed with the "scripts" split (`--exp table4_hsa_sft`, seed 0, 50 items per suite; docs/tuning.md "The search query: untrained
+What it shows (`--exp table4_hsa_sft`, seed 0, 50 items per suite; docs/tuning.md "The search query: untrained
 tokens, then a first token without a key"): after HSA-SFT, 43 of the 49 product ids the model passes in Live QA are
 copied from the search result it got, and teacher-forced the product id is read in 58 of 62 held-out trajectories,
 the price in 27 of 33 and the viewer's intent in 55 of 55; the skill is right in 70% of episodes. The search query
@@ -50,10 +47,7 @@ READING_KINDS = ("copy", "label", "results")
 # with Qwen's split the tiny BPE fuses "，先加载技能price" into one token. 400 HSA-SFT steps from tiny's base, teacher-
 # forced on HSA-renamed harnesses: skill names 27 of 47 read against 13-17 of 55, at 1.39x the tokens
 # (docs/tuning.md, "The compact world and one segmentation per name").
-TOKENIZER_SPLIT = "chars"
-# The "chars" split makes Chinese text about 1.2x as many tokens (SFT records: median 2,154, max 2,716 instead of
-# 1,768 / 2,253) and replies about 2.5x (reply and reasoning p95 105 tokens instead of 40), hence the longer rows.
-SFT_SEQ_LEN, EVAL_SEQ_LEN, EVAL_NEW_TOKENS = 3072, 4096, 192
+TOKENIZER_SPLIT = "scripts"
 
 
 def get_config():
@@ -65,9 +59,5 @@ def get_config():
     base = dataclasses.replace(mix, init=mix, steps=1000, reading_share=1.0, reading_kinds=READING_KINDS,
                                seed=mix.seed + 1, optim=dataclasses.replace(mix.optim, warmup_steps=20),
                                ckpt_every=250)
-    sft = dataclasses.replace(tiny.sft, steps=400, ckpt_every=100, tokenizer_split=TOKENIZER_SPLIT,
-                              data=dataclasses.replace(tiny.sft.data, seq_len=SFT_SEQ_LEN))
-    evaluation = dataclasses.replace(tiny.eval, seq_len=EVAL_SEQ_LEN, max_new_tokens=EVAL_NEW_TOKENS)
-    rl = dataclasses.replace(tiny.rl, seq_len=EVAL_SEQ_LEN, max_new_tokens=EVAL_NEW_TOKENS)
-    return dataclasses.replace(tiny, name="small", base=dataclasses.replace(tiny.base, pretrain=base), sft=sft,
-                               rl=rl, eval=evaluation)
+    sft = dataclasses.replace(tiny.sft, steps=400, ckpt_every=100, tokenizer_split=TOKENIZER_SPLIT)
+    return dataclasses.replace(tiny, name="small", base=dataclasses.replace(tiny.base, pretrain=base), sft=sft)

@@ -72,7 +72,8 @@ SCRIPT_SPLIT_PATTERN = (
 )
 # As "scripts", and every Han character is its own piece: no merge spans two characters, so a product name is
 # the tokens of its characters, each trained wherever the character occurs, instead of one merged token that
-# only the world's texts hold (a from-scratch base cannot copy tokens it has barely seen; docs/tuning.md).
+# only the world's texts hold. Tried for small's base, where it did not help (docs/tuning.md, "Copying rare
+# tokens"); Chinese text is about 1.2x the tokens.
 CHAR_SPLIT_PATTERN = SCRIPT_SPLIT_PATTERN.replace(r"\p{Han}+", r"\p{Han}", 1)
 SPLIT_PATTERNS = {"qwen": QWEN_SPLIT_PATTERN, "words": WORD_SPLIT_PATTERN, "scripts": SCRIPT_SPLIT_PATTERN,
                   "chars": CHAR_SPLIT_PATTERN}

@@ -305,12 +305,11 @@ _RESULTS_TEXT = {
 
 def _brand(rng: random.Random, lang: str, pools: dict[str, list[str]]) -> str:
     """A fresh brand: one token of the tokenizer's vocabulary (`pools`, `token_symbols`) when it has some in
-    `lang` (in Chinese, a one-character token is followed by a second token, as a brand has two characters or
-    more: a character-level vocabulary's brands are two characters), else two characters of `_BRAND_CHARS`
-    (Chinese) or one or two capitalised generic pieces."""
+    `lang` (two when the vocabulary is character-level in Chinese, `pools["zh_chars"]`: a brand has two characters
+    or more), else two characters of `_BRAND_CHARS` (Chinese) or one or two capitalised generic pieces."""
     if pools.get(lang):
         brand = rng.choice(pools[lang])
-        return brand + rng.choice(pools[lang]) if lang == "zh" and len(brand) == 1 else brand
+        return brand + rng.choice(pools[lang]) if lang == "zh" and pools.get("zh_chars") else brand
     if lang == "zh":
         return "".join(rng.sample(_BRAND_CHARS, 2))
     return "".join(rng.sample(_GENERIC_PIECES, rng.randint(1, 2))).capitalize()
@@ -455,8 +454,12 @@ def token_symbols(tokenizer) -> tuple[str, ...]:
 
 
 def _symbol_pools(symbols: Sequence[str]) -> dict[str, list[str]]:
-    """`symbols` by the language whose exercises use them: {"zh": CJK runs, "en": ASCII words}."""
-    return {"zh": [x for x in symbols if _CJK.fullmatch(x)], "en": [x for x in symbols if _LATIN.fullmatch(x)]}
+    """`symbols` by the language whose exercises use them: {"zh": CJK runs, "en": ASCII words}, and "zh_chars" (the
+    same list as "zh") when every CJK symbol is one character (a character-level vocabulary)."""
+    pools = {"zh": [x for x in symbols if _CJK.fullmatch(x)], "en": [x for x in symbols if _LATIN.fullmatch(x)]}
+    if pools["zh"] and all(len(x) == 1 for x in pools["zh"]):
+        pools["zh_chars"] = pools["zh"]
+    return pools
 
 
 def reading_chats(n: int, seed: int, *, zh_share: float = 0.5, kinds: Sequence[str] = KINDS,
@@ -483,7 +486,7 @@ def reading_chats(n: int, seed: int, *, zh_share: float = 0.5, kinds: Sequence[s
         raise ValueError(f"reading_chats: zh_share must be in [0, 1], got {zh_share}")
     check_kinds("reading_chats: kinds", kinds)
     pieces, pools = name_pieces(), _symbol_pools(symbols)
-    if "results" in kinds and (few := {lang: p for lang, p in pools.items() if len(p) == 1}):
+    if "results" in kinds and (few := {lang: pools[lang] for lang in ("zh", "en") if len(pools[lang]) == 1}):
         raise ValueError(f"reading_chats: symbols = {tuple(symbols)!r}: a \"results\" search lists items of "
                          f"another brand, so each language needs 0 or at least 2 symbols; {few} has one")
     rng = random.Random(f"reading-{seed}")

@@ -2,6 +2,7 @@
 of a select/call turn points to exactly the entry whose name is answered, names come in every style, and the
 corpus mixes them in at `reading_share` without changing the other chats."""
 
+import collections
 import json
 import random
 import re
@@ -104,8 +105,8 @@ def test_a_results_chat_searches_the_request_fetches_the_match_and_copies_its_fi
     is that of the only listed item with the query's brand and object (the others share one of the two); the
     reply is the asked field's value in the fetched record; the match is listed first in about 3 of 4 searches,
     and ids share their letter within a chat. With vocabulary symbols, every brand is one of them (a CJK run in
-    a Chinese chat, a word of 2+ letters in an English one; "a", "x y" and "<b>" are never names; a one-character
-    symbol is followed by a second symbol) and every symbol is used."""
+    a Chinese chat, a word of 2+ letters in an English one; "a", "x y" and "<b>" are never names) and every
+    symbol is used."""
     first = rounds = wrapped = full = guided = 0
     chats = reading_chats(60, 13, kinds=["results"], symbols=symbols)
     names = {"甲乙丙", "丁戊", "庚", "alpha ", "beta "}
@@ -114,14 +115,8 @@ def test_a_results_chat_searches_the_request_fetches_the_match_and_copies_its_fi
     def brand_of(query: str) -> str:
         if not symbols:
             return _default_brand(query)
-        if " " in query:  # English: one word of 2+ letters, then the attribute and the object
-            brand = query.split(" ", 1)[0] + " "
-        else:  # Chinese: the brand is what stands before the attribute and the object
-            core = query.removesuffix(max((o[1] for o in reading._OBJECTS if query.endswith(o[1])), key=len))
-            brand = next((core.removesuffix(a[1]) for a in reading._ATTRIBUTES if core.endswith(a[1])), core)
-        first = brand if brand in names else brand[0]  # a one-character symbol is followed by a second one
-        assert first in names and (brand == first or len(first) == 1 and brand[1:] in names), (query, brand)
-        brands.add(first)
+        brand, = [b for b in names if query.startswith(b)]
+        brands.add(brand)
         return brand
 
     for messages, tools in chats:
@@ -166,6 +161,25 @@ def test_a_results_chat_searches_the_request_fetches_the_match_and_copies_its_fi
     assert rounds == 2 * len(chats) and 0.7 < first / rounds < 0.9, (first, rounds)
     assert 0.5 < wrapped / rounds < 0.9 and 0.15 < full / rounds < 0.45 and 0.3 < guided / len(chats) < 0.7
     assert brands == (names if symbols else set())
+
+
+def test_a_character_level_vocabulary_gives_two_character_brands():
+    """When every CJK symbol is one character (the "chars" tokenizer split), a Chinese brand is two of them, drawn
+    independently; English brands stay one word."""
+    symbols = ("甲", "乙", "丙", "丁", "alpha", "beta")
+    brands = collections.Counter()
+    for messages, _ in reading_chats(40, 5, kinds=["results", "query"], symbols=symbols):
+        for m in messages:
+            for call in m.get("tool_calls") or ():
+                query = call["function"]["arguments"].get("query")
+                if query is None:
+                    continue
+                if " " in query:
+                    assert query.split(" ", 1)[0] in ("alpha", "beta")
+                else:
+                    assert query[0] in "甲乙丙丁" and query[1] in "甲乙丙丁" and query[2] not in "甲乙丙丁"
+                    brands[query[:2]] += 1
+    assert len(brands) >= 12 and any(b[0] == b[1] for b in brands)  # of the 16 pairs; a repeat is allowed
 
 
 @pytest.mark.parametrize("symbols", [(), ("甲乙丙", "丁戊", "alpha")])

@@ -86,10 +86,9 @@ def test_small_is_tiny_in_the_compact_world_with_a_reading_base_and_longer_sft()
     assert mix.init is None and mix.tokenizer_split == base.tokenizer_split and mix.world == base.world
     assert mix.reading_vocab and base.reading_vocab and not tiny.base.pretrain.reading_vocab
     assert base.model_config() == tiny.base.pretrain.model_config() and base.digest() != tiny.base.pretrain.digest()
-    assert small.sft.steps == 400 and small.sft.data == dataclasses.replace(tiny.sft.data, seq_len=3072)
-    assert base.tokenizer_split == small.sft.tokenizer_split == "chars"
+    assert small.sft.steps == 400 and small.sft.data == tiny.sft.data
+    assert base.tokenizer_split == small.sft.tokenizer_split == "scripts"
     assert set(small.world_harnesses().values()) == {"compact"} and set(tiny.world_harnesses().values()) == {"production"}
-    compact = with_world_harness(tiny, "compact")
-    assert (small.rl, small.opd, small.eval) == (
-        dataclasses.replace(compact.rl, seq_len=4096, max_new_tokens=192), compact.opd,
-        dataclasses.replace(compact.eval, seq_len=4096, max_new_tokens=192))
+    assert (small.rl, small.opd, small.eval) == (with_world_harness(tiny, "compact").rl,
+                                                 with_world_harness(tiny, "compact").opd,
+                                                 with_world_harness(tiny, "compact").eval)
