@@ -45,6 +45,7 @@ tasks of Zoology (Arora et al. 2023, arXiv 2312.04927).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -184,7 +185,7 @@ def _record_chat(rng, lang, pieces) -> list[dict]:
 
 def _copy_chat(rng, lang, pieces, pools) -> list[dict]:
     def part() -> str:
-        if pools.get(lang) and rng.random() < 0.5:  # 1-3 tokens of the vocabulary (`token_symbols`)
+        if pools[lang] and rng.random() < 0.5:  # 1-3 tokens of the vocabulary (`token_symbols`)
             return ("" if lang == "zh" else " ").join(rng.choices(pools[lang], k=rng.randint(1, 3)))
         return random_name(rng, pieces) if rng.random() < 0.7 else random_value(rng, pieces)
 
@@ -303,13 +304,13 @@ _RESULTS_TEXT = {
 }
 
 
-def _brand(rng: random.Random, lang: str, pools: dict[str, list[str]]) -> str:
+def _brand(rng: random.Random, lang: str, pools: _SymbolPools) -> str:
     """A fresh brand: one token of the tokenizer's vocabulary (`pools`, `token_symbols`) when it has some in
-    `lang` (two when the vocabulary is character-level in Chinese, `pools["zh_chars"]`: a brand has two characters
+    `lang` (two when the vocabulary is character-level in Chinese, `pools.zh_chars`: a brand has two characters
     or more), else two characters of `_BRAND_CHARS` (Chinese) or one or two capitalised generic pieces."""
-    if pools.get(lang):
+    if pools[lang]:
         brand = rng.choice(pools[lang])
-        return brand + rng.choice(pools[lang]) if lang == "zh" and pools.get("zh_chars") else brand
+        return brand + rng.choice(pools[lang]) if lang == "zh" and pools.zh_chars else brand
     if lang == "zh":
         return "".join(rng.sample(_BRAND_CHARS, 2))
     return "".join(rng.sample(_GENERIC_PIECES, rng.randint(1, 2))).capitalize()
@@ -324,7 +325,7 @@ def _item(brand: str, attribute: tuple[str, str], obj: tuple[str, str], lang: st
 
 
 def _results_round(rng: random.Random, lang: str, letter: str,
-                   pools: dict[str, list[str]]) -> tuple[str, list[tuple[str, str]]]:
+                   pools: _SymbolPools) -> tuple[str, list[tuple[str, str]]]:
     """One round's query and listed [(name, id)]: the asked item first, then 2-3 items that share only its brand
     or only its object, as a search by name ranks them. The query is the item's short name in 7 of 10 rounds,
     else its full name; the request names it verbatim."""
@@ -453,13 +454,23 @@ def token_symbols(tokenizer) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def _symbol_pools(symbols: Sequence[str]) -> dict[str, list[str]]:
-    """`symbols` by the language whose exercises use them: {"zh": CJK runs, "en": ASCII words}, and "zh_chars" (the
-    same list as "zh") when every CJK symbol is one character (a character-level vocabulary)."""
-    pools = {"zh": [x for x in symbols if _CJK.fullmatch(x)], "en": [x for x in symbols if _LATIN.fullmatch(x)]}
-    if pools["zh"] and all(len(x) == 1 for x in pools["zh"]):
-        pools["zh_chars"] = pools["zh"]
-    return pools
+@dataclasses.dataclass(frozen=True)
+class _SymbolPools:
+    """The tokenizer's symbols (`token_symbols`) by the language whose exercises use them: `zh` CJK runs, `en`
+    ASCII words. `zh_chars`: every CJK symbol is one character (a character-level vocabulary)."""
+
+    zh: tuple[str, ...]
+    en: tuple[str, ...]
+    zh_chars: bool
+
+    @classmethod
+    def of(cls, symbols: Sequence[str]) -> _SymbolPools:
+        zh = tuple(x for x in symbols if _CJK.fullmatch(x))
+        en = tuple(x for x in symbols if _LATIN.fullmatch(x))
+        return cls(zh, en, zh_chars=bool(zh) and all(len(x) == 1 for x in zh))
+
+    def __getitem__(self, lang: str) -> tuple[str, ...]:
+        return self.zh if lang == "zh" else self.en
 
 
 def reading_chats(n: int, seed: int, *, zh_share: float = 0.5, kinds: Sequence[str] = KINDS,
@@ -485,8 +496,8 @@ def reading_chats(n: int, seed: int, *, zh_share: float = 0.5, kinds: Sequence[s
     if not 0.0 <= zh_share <= 1.0:
         raise ValueError(f"reading_chats: zh_share must be in [0, 1], got {zh_share}")
     check_kinds("reading_chats: kinds", kinds)
-    pieces, pools = name_pieces(), _symbol_pools(symbols)
-    if "results" in kinds and (few := {lang: pools[lang] for lang in ("zh", "en") if len(pools[lang]) == 1}):
+    pieces, pools = name_pieces(), _SymbolPools.of(symbols)
+    if "results" in kinds and (few := {lang: list(pools[lang]) for lang in ("zh", "en") if len(pools[lang]) == 1}):
         raise ValueError(f"reading_chats: symbols = {tuple(symbols)!r}: a \"results\" search lists items of "
                          f"another brand, so each language needs 0 or at least 2 symbols; {few} has one")
     rng = random.Random(f"reading-{seed}")

@@ -76,7 +76,7 @@ from hat_jax.data.packing import PackedBatches, fit_document, pack_documents, re
 from hat_jax.data.world_data import WorldDataConfig, cache_root
 from hat_jax.model.checkpoint_io import load_model_checkpoint
 from hat_jax.model.config import get_config
-from hat_jax.model.params import COMPUTE_DTYPES, INIT_SCHEME, init_params
+from hat_jax.model.params import COMPUTE_DTYPES, INIT_SCHEME, LM_HEAD_INITS, init_params
 from hat_jax.train.checkpoints import config_hash
 from hat_jax.train.distributed import is_primary
 from hat_jax.train.metrics import MetricsWriter, read_metrics
@@ -119,6 +119,9 @@ class PretrainConfig:
       probe_items: recall-probe prompts, and reading-gauge rows per family, measured at the end (0 = skip).
       log_every, ckpt_every, max_to_keep: metrics / checkpoint intervals (steps) and checkpoints kept.
       seed: init, data order and corpus seed.
+      lm_head_init: how a base trained from scratch starts its lm_head (`hat_jax.model.params.LM_HEAD_INITS`):
+        "normal" (transformers' init) or "embedding" (the token embedding's transpose; a base continued from
+        `init` takes its parameters instead).
       init: None (parameters from `init_params`) or the PretrainConfig of a base to continue (module docstring,
         "Curriculum"): same model and tokenizer key, parameters from its last step, a fresh optimizer.
     """
@@ -148,6 +151,7 @@ class PretrainConfig:
     ckpt_every: int = 25
     max_to_keep: int = 2
     seed: int = 0
+    lm_head_init: str = "normal"
     init: PretrainConfig | None = None
 
     def __post_init__(self):
@@ -173,6 +177,8 @@ class PretrainConfig:
         check_reading_kinds("PretrainConfig.reading_kinds", self.reading_kinds)
         if not isinstance(self.reading_vocab, bool):
             raise ValueError(f"PretrainConfig.reading_vocab = {self.reading_vocab!r}: expected a bool")
+        if self.lm_head_init not in LM_HEAD_INITS:
+            raise ValueError(f"PretrainConfig.lm_head_init = {self.lm_head_init!r}; expected one of {LM_HEAD_INITS}")
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"PretrainConfig.compute_dtype = {self.compute_dtype!r}; valid: {sorted(COMPUTE_DTYPES)}")
         for name, kind in (("world", WorldDataConfig), ("optim", OptimConfig)):
@@ -208,6 +214,8 @@ class PretrainConfig:
             del data["reading_kinds"], data["reading_vocab"]
         elif not self.reading_vocab:
             del data["reading_vocab"]  # a base without it keeps the name it had before the field existed
+        if self.lm_head_init == "normal":
+            del data["lm_head_init"]  # a base without it keeps the name it had before the field existed
         if self.init is None:
             del data["init"]  # a base that continues none keeps the name it had before `init` existed
         else:
@@ -444,7 +452,8 @@ def train_base(config: PretrainConfig, out_dir: str | Path, *, progress: bool = 
         batches = PretrainBatches(chats, tokenizer, config.seq_len, config.batch_size, config.seed)
     params = None
     if run.existing is None:
-        params = (init_params(model_config, jax.random.key(config.seed)) if config.init is None
+        params = (init_params(model_config, jax.random.key(config.seed), lm_head_init=config.lm_head_init)
+                  if config.init is None
                   else _continued_params(config.init, cache_dir, progress=progress))
     t_train = time.perf_counter()
     state = run_masked_ce(run, config, model_config, params, batches, desc="pretrain", progress=progress)

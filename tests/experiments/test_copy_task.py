@@ -28,12 +28,13 @@ def test_span_rows_copy_the_wrapped_name_after_sep():
     assert heads == {1, 2, 3, 4, 5}  # the name starts after a head of 0-4 filler tokens
 
 
-@pytest.mark.parametrize("task", ["copy", "span"])
-def test_both_tasks_train_on_micro(task, capsys):
+@pytest.mark.parametrize("task, lm_head_init", [("copy", "normal"), ("span", "embedding")])
+def test_both_tasks_train_on_micro(task, lm_head_init, capsys):
     assert main(["--preset", "micro", "--steps", "2", "--alphabet", "20", "--length", "4", "--batch", "2",
-                 "--gdn-out-std", "0.0", "--task", task]) == 0
+                 "--gdn-out-std", "0.0", "--task", task, "--lm-head-init", lm_head_init]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith(f"{task} task: preset micro") and len(lines) == 3
+    assert f"lm_head init {lm_head_init}," in lines[0]
     metric = "copy accuracy" if task == "copy" else "first token"
     assert all(f"  {metric} " in line for line in lines[1:]), lines
 

@@ -1,4 +1,4 @@
-"""Whole-model behaviour of the micro preset: padding, remat, bf16, MTP, routing replay."""
+"""Whole-model behaviour of the micro preset: padding, remat, bf16, MTP, routing replay, the lm_head init."""
 
 import jax
 import jax.numpy as jnp
@@ -93,3 +93,20 @@ def test_mtp_free_config_has_no_mtp_params():
     with pytest.raises(ValueError, match="no MTP block"):
         Qwen3_5MoeForCausalLM(config).apply({"params": params}, jnp.zeros((1, 2, 64)), jnp.zeros((1, 2), jnp.int32),
                                             method="mtp_logits")
+
+
+def test_an_lm_head_started_from_the_embedding_scores_each_token_highest_for_itself(micro):
+    config, normal = micro
+    tied = init_params(config, jax.random.key(0), lm_head_init="embedding")
+    embedding, kernel = tied["model"]["embed_tokens"]["embedding"], tied["lm_head"]["kernel"]
+    assert kernel.shape == (config.hidden_size, config.vocab_size)
+    np.testing.assert_array_equal(kernel, embedding.T)
+    # the rest of the init is unchanged: same draws for every other parameter
+    rest = lambda p: {k: v for k, v in p.items() if k != "lm_head"}
+    jax.tree_util.tree_map(np.testing.assert_array_equal, rest(tied), rest(normal))
+    # an embedding read back through the lm_head scores its own token highest; transformers' init does not
+    ids = np.arange(config.vocab_size)
+    assert (np.argmax(embedding @ kernel, -1) == ids).all()
+    assert (np.argmax(embedding @ normal["lm_head"]["kernel"], -1) == ids).mean() < 0.05
+    with pytest.raises(ValueError, match=r"init_params: lm_head_init = 'tied'; expected one of \('normal', 'embedding'\)"):
+        init_params(config, jax.random.key(0), lm_head_init="tied")

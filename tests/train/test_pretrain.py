@@ -168,6 +168,10 @@ def test_config_hash_and_bad_fields(monkeypatch):
     vocab = dataclasses.replace(reading, reading_vocab=True)
     assert "reading_vocab" not in reading.to_json() and vocab.to_json()["reading_vocab"] is True
     assert "reading_kinds" not in micro.to_json() and reading.to_json()["reading_kinds"] == ["label"]
+    # an lm_head started from the embedding is another base; the default keeps every earlier name
+    tied = dataclasses.replace(micro, lm_head_init="embedding")
+    assert "lm_head_init" not in micro.to_json() and tied.to_json()["lm_head_init"] == "embedding"
+    assert tied.digest() != micro.digest()
     assert len({vocab.digest(), reading.digest(), dataclasses.replace(more, init=vocab).digest()}) == 3
     tiny = stage_section("tiny", "base.pretrain")
     assert len({micro.digest(), apply_overrides(micro, ["seq_len=512"]).digest(),
@@ -188,6 +192,8 @@ def test_config_hash_and_bad_fields(monkeypatch):
                                   ("reading_kinds", ("label", "quiz"), r"reading_kinds = .*\(unknown: \['quiz'\]\)"),
                                   ("reading_kinds", (), r"reading_kinds = \(\): expected a non-empty tuple"),
                                   ("reading_vocab", 1, "PretrainConfig.reading_vocab = 1: expected a bool"),
+                                  ("lm_head_init", "tied", r"PretrainConfig.lm_head_init = 'tied'; expected one of "
+                                                           r"\('normal', 'embedding'\)"),
                                   ("tokenizer_split", "bytes", r"tokenizer_split = 'bytes': expected one of \['chars', 'qwen', 'scripts', 'words'\]")):
         extra = {"accum_steps": 2} if field == "batch_size" else {}
         with pytest.raises(ValueError, match=message):
