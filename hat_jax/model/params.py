@@ -1,5 +1,5 @@
-"""Pure parameter creation, inspection and placement: `init_params`, `params_logical_axes`, `param_counts`,
-`params_shardings`, `cast_params`, and the dtype names configs use (`COMPUTE_DTYPES`)."""
+"""Pure parameter creation, inspection and placement: `init_params`, `tied_lm_head`, `params_logical_axes`,
+`param_counts`, `params_shardings`, `cast_params`, and the dtype names configs use (`COMPUTE_DTYPES`)."""
 
 from __future__ import annotations
 
@@ -33,9 +33,7 @@ LM_HEAD_INITS = ("normal", "embedding")
 
 def _init(config: Qwen3_5MoeTextConfig, rng: jax.Array, param_dtype, lm_head_init: str) -> dict:
     params = nn.unbox(_boxed_init(config, rng, param_dtype))
-    if lm_head_init == "embedding":
-        params["lm_head"]["kernel"] = params["model"]["embed_tokens"]["embedding"].T
-    return params
+    return tied_lm_head(params) if lm_head_init == "embedding" else params
 
 
 def init_params(config: Qwen3_5MoeTextConfig, rng: jax.Array, param_dtype=jnp.float32, shardings=None,
@@ -72,6 +70,14 @@ def init_params(config: Qwen3_5MoeTextConfig, rng: jax.Array, param_dtype=jnp.fl
     if shardings is None:
         return jax.jit(_init, static_argnums=(0, 2, 3))(config, rng, param_dtype, lm_head_init)
     return jax.jit(lambda r: _init(config, r, param_dtype, lm_head_init), out_shardings=shardings)(rng)
+
+
+def tied_lm_head(params: dict) -> dict:
+    """`params` with the lm_head kernel [H, V] replaced by the token embedding [V, H] transposed (same dtype): the
+    two weights as one matrix (weight tying, Press & Wolf 2017), for training a from-scratch base whose lm_head is
+    the embedding's transpose at every step (`hat_jax.train.trainer.make_train_step(tie_lm_head=True)`). The
+    architecture keeps both arrays; a model trained tied has them equal."""
+    return {**params, "lm_head": {**params["lm_head"], "kernel": params["model"]["embed_tokens"]["embedding"].T}}
 
 
 def params_logical_axes(config: Qwen3_5MoeTextConfig) -> dict:

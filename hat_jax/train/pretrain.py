@@ -121,7 +121,9 @@ class PretrainConfig:
       seed: init, data order and corpus seed.
       lm_head_init: how a base trained from scratch starts its lm_head (`hat_jax.model.params.LM_HEAD_INITS`):
         "normal" (transformers' init) or "embedding" (the token embedding's transpose; a base continued from
-        `init` takes its parameters instead).
+        `init` takes its parameters instead). tie_lm_head: train the lm_head as the embedding's transpose at every
+        step (weight tying; needs lm_head_init "embedding"); the base's checkpoint holds both arrays, equal, and
+        the later stages train them apart, as the architecture's lm_head is untied.
       init: None (parameters from `init_params`) or the PretrainConfig of a base to continue (module docstring,
         "Curriculum"): same model and tokenizer key, parameters from its last step, a fresh optimizer.
     """
@@ -152,6 +154,7 @@ class PretrainConfig:
     max_to_keep: int = 2
     seed: int = 0
     lm_head_init: str = "normal"
+    tie_lm_head: bool = False
     init: PretrainConfig | None = None
 
     def __post_init__(self):
@@ -179,6 +182,11 @@ class PretrainConfig:
             raise ValueError(f"PretrainConfig.reading_vocab = {self.reading_vocab!r}: expected a bool")
         if self.lm_head_init not in LM_HEAD_INITS:
             raise ValueError(f"PretrainConfig.lm_head_init = {self.lm_head_init!r}; expected one of {LM_HEAD_INITS}")
+        if not isinstance(self.tie_lm_head, bool):
+            raise ValueError(f"PretrainConfig.tie_lm_head = {self.tie_lm_head!r}: expected a bool")
+        if self.tie_lm_head and self.lm_head_init != "embedding":
+            raise ValueError(f"PretrainConfig.tie_lm_head = True needs lm_head_init = 'embedding' (a tied lm_head "
+                             f"starts as the embedding's transpose), got {self.lm_head_init!r}")
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"PretrainConfig.compute_dtype = {self.compute_dtype!r}; valid: {sorted(COMPUTE_DTYPES)}")
         for name, kind in (("world", WorldDataConfig), ("optim", OptimConfig)):
@@ -214,8 +222,9 @@ class PretrainConfig:
             del data["reading_kinds"], data["reading_vocab"]
         elif not self.reading_vocab:
             del data["reading_vocab"]  # a base without it keeps the name it had before the field existed
-        if self.lm_head_init == "normal":
-            del data["lm_head_init"]  # a base without it keeps the name it had before the field existed
+        for name, default in (("lm_head_init", "normal"), ("tie_lm_head", False)):
+            if data[name] == default:
+                del data[name]  # a base without it keeps the name it had before the field existed
         if self.init is None:
             del data["init"]  # a base that continues none keeps the name it had before `init` existed
         else:

@@ -384,6 +384,8 @@ def run_masked_ce(run: StageRun, config, model_config, params, batches, *, desc:
       param_dtype, mu_dtype, vocab_chunk: as `SFTConfig`; the model options (`model_options`) come from config.
       global_batch: the host batches hold only this process's rows (`host_rows`) of global batches of this many
         rows; None: whole batches, of which each process places its rows (`place_batch`).
+      A config with `tie_lm_head` true (the base's `PretrainConfig`) trains the lm_head tied to the embedding
+      (`make_train_step`).
     Returns:
       the final TrainState.
     Raises:
@@ -402,7 +404,7 @@ def run_masked_ce(run: StageRun, config, model_config, params, batches, *, desc:
     check_mtp_model(type(config).__name__, config.mtp_coef, model_config)
     step_fn = make_train_step(sft_loss_fn(model, vocab_chunk, mtp=config.mtp_coef > 0), optimizer,
                               lb_coef=config.lb_coef, mtp_coef=config.mtp_coef, schedule=lr_schedule(optim),
-                              shardings=run.shardings)
+                              shardings=run.shardings, tie_lm_head=getattr(config, "tie_lm_head", False))
 
     def prepare(host):
         keys = PACKED_DEVICE_KEYS if "segment_ids" in host else DEVICE_KEYS

@@ -56,7 +56,7 @@ from tqdm.auto import tqdm
 
 from hat_jax.model.process_sync import start_together
 from hat_jax.model.router_stats import RouterStats, expert_load_cv, load_balancing_loss_from_stats, router_stats
-from hat_jax.model.params import params_logical_axes
+from hat_jax.model.params import params_logical_axes, tied_lm_head
 from hat_jax.model.sharding import fitted_spec, logical_to_mesh, spec_for
 
 log = logging.getLogger(__name__)
@@ -207,7 +207,8 @@ def accumulate_gradients(loss_fn: LossFn, params, batch: Mapping[str, jax.Array]
 
 def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *, lb_coef: float = 0.0,
                     mtp_coef: float = 0.0, schedule: optax.Schedule | None = None, shardings: TrainState | None = None,
-                    donate: bool = True) -> Callable[[TrainState, Mapping[str, jax.Array]], tuple[TrainState, dict]]:
+                    donate: bool = True, tie_lm_head: bool = False
+                    ) -> Callable[[TrainState, Mapping[str, jax.Array]], tuple[TrainState, dict]]:
     """The jitted `train_step(state, batch) -> (state, metrics)`.
 
     Args:
@@ -218,17 +219,23 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
         schedule: step -> lr, only to report `lr` in the metrics (omitted when None).
         shardings: `state_shardings(...)` to keep the new state on (multi-device), or None.
         donate: donate the input state's buffers (the caller must not reuse `state`).
+        tie_lm_head: train the lm_head as the embedding's transpose (`hat_jax.model.params.tied_lm_head`): the loss
+            sees the tied params, so the embedding gets both gradients and the lm_head none, and the new params
+            are tied again after the update (the state's lm_head always equals the embedding's transpose).
     Returns:
         train_step; `batch` leaves have leading dims [accum, micro, ...] (`split_micro_batches`). Metrics
         (float32 scalars): those of `accumulate_gradients`, grad_norm (before clipping), finite (`finite_flag`
         of the updated params) and lr.
     """
 
+    tie = tied_lm_head if tie_lm_head else (lambda p: p)
+    objective = (lambda p, *args: loss_fn(tied_lm_head(p), *args)) if tie_lm_head else loss_fn
+
     def step(state: TrainState, batch: Mapping[str, jax.Array]):
         rng, step_rng = jax.random.split(state.rng)
-        grads, metrics = accumulate_gradients(loss_fn, state.params, batch, step_rng, lb_coef, mtp_coef)
+        grads, metrics = accumulate_gradients(objective, state.params, batch, step_rng, lb_coef, mtp_coef)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        new = TrainState(optax.apply_updates(state.params, updates), opt_state, state.step + 1, rng)
+        new = TrainState(tie(optax.apply_updates(state.params, updates)), opt_state, state.step + 1, rng)
         if shardings is not None:
             new = jax.lax.with_sharding_constraint(new, shardings)
         metrics["grad_norm"] = optax.tree.norm(grads)

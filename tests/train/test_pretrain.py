@@ -172,6 +172,8 @@ def test_config_hash_and_bad_fields(monkeypatch):
     tied = dataclasses.replace(micro, lm_head_init="embedding")
     assert "lm_head_init" not in micro.to_json() and tied.to_json()["lm_head_init"] == "embedding"
     assert tied.digest() != micro.digest()
+    trained_tied = dataclasses.replace(tied, tie_lm_head=True)
+    assert "tie_lm_head" not in tied.to_json() and trained_tied.digest() != tied.digest()
     assert len({vocab.digest(), reading.digest(), dataclasses.replace(more, init=vocab).digest()}) == 3
     tiny = stage_section("tiny", "base.pretrain")
     assert len({micro.digest(), apply_overrides(micro, ["seq_len=512"]).digest(),
@@ -194,6 +196,10 @@ def test_config_hash_and_bad_fields(monkeypatch):
                                   ("reading_vocab", 1, "PretrainConfig.reading_vocab = 1: expected a bool"),
                                   ("lm_head_init", "tied", r"PretrainConfig.lm_head_init = 'tied'; expected one of "
                                                            r"\('normal', 'embedding'\)"),
+                                  ("tie_lm_head", True, r"PretrainConfig.tie_lm_head = True needs lm_head_init = "
+                                                        r"'embedding' \(a tied lm_head starts as the embedding's "
+                                                        r"transpose\), got 'normal'"),
+                                  ("tie_lm_head", 1, "PretrainConfig.tie_lm_head = 1: expected a bool"),
                                   ("tokenizer_split", "bytes", r"tokenizer_split = 'bytes': expected one of \['chars', 'qwen', 'scripts', 'words'\]")):
         extra = {"accum_steps": 2} if field == "batch_size" else {}
         with pytest.raises(ValueError, match=message):
@@ -264,8 +270,9 @@ def test_base_layout_report_and_cache(base, monkeypatch):
     assert base_checkpoint(micro_base(), cache_dir=base.parent) == base
 
 
-def test_a_continued_base_builds_its_init_first_and_starts_from_its_last_step(cache, tmp_path, monkeypatch):
-    first = dataclasses.replace(micro_base(), steps=2, ckpt_every=2)
+def test_a_continued_tied_base_builds_its_init_first_and_starts_from_its_last_step(cache, tmp_path, monkeypatch):
+    # both phases train the lm_head tied to the embedding (the second inherits the fields with `replace`)
+    first = dataclasses.replace(micro_base(), steps=2, ckpt_every=2, lm_head_init="embedding", tie_lm_head=True)
     second = dataclasses.replace(first, init=first, steps=2, reading_share=0.5, reading_kinds=("tools",))
     started = []
     run_masked_ce = pretrain.run_masked_ce
@@ -285,6 +292,10 @@ def test_a_continued_base_builds_its_init_first_and_starts_from_its_last_step(ca
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=str(where))
     report = json.loads((path / "base_report.json").read_text())
     assert report["steps"] == 2 and report["reading"]["kinds"].keys() == {"tools"}
+    for trained in (init_params, load_model_checkpoint(path)[1]):
+        embedding = np.asarray(trained["model"]["embed_tokens"]["embedding"])
+        np.testing.assert_array_equal(np.asarray(trained["lm_head"]["kernel"]), embedding.T)
+    assert not np.array_equal(embedding, np.asarray(started[0][1]["model"]["embed_tokens"]["embedding"]))
 
 
 def test_reading_exercise_figures_equal_one_chat_at_a_time(base):

@@ -102,6 +102,30 @@ def test_train_step_donates_and_reports(tmp_path):
     assert float(metrics["lr"]) == pytest.approx(0.05)
 
 
+def test_a_tied_lm_head_trains_as_the_embeddings_transpose():
+    # loss_sum = sum(E) + sum(W^2), W the lm_head [H, V] and E the embedding [V, H]. Tied, W = E^T, so the
+    # embedding's gradient is 1 + 2E (both uses) and the lm_head's is 0; after an SGD step W is the new E^T.
+    def loss(params, micro, rng):
+        e, w = params["model"]["embed_tokens"]["embedding"], params["lm_head"]["kernel"]
+        return jnp.sum(e) + jnp.sum(w ** 2), jnp.asarray(1.0), {}
+
+    e = jnp.asarray([[1.0, -2.0], [0.5, 3.0], [0.0, 1.0]])
+    params = {"model": {"embed_tokens": {"embedding": e}}, "lm_head": {"kernel": jnp.zeros((2, 3))}}
+    tx = optax.sgd(0.1)
+    step_fn = make_train_step(loss, tx, tie_lm_head=True, donate=False)
+    state, metrics = step_fn(init_train_state(params, tx, jax.random.key(0)), {"x": jnp.zeros((1, 1))})
+    want = e - 0.1 * (1.0 + 2.0 * e)
+    np.testing.assert_allclose(state.params["model"]["embed_tokens"]["embedding"], want, rtol=1e-6)
+    np.testing.assert_array_equal(state.params["lm_head"]["kernel"], state.params["model"]["embed_tokens"]["embedding"].T)
+    assert float(metrics["loss"]) == pytest.approx(float(jnp.sum(e) + jnp.sum(e ** 2)))
+    assert float(metrics["grad_norm"]) == pytest.approx(float(jnp.linalg.norm(1.0 + 2.0 * e)), rel=1e-6)
+    # untied, the same step moves each by its own gradient
+    untied, _ = make_train_step(loss, tx, donate=False)(init_train_state(params, tx, jax.random.key(0)),
+                                                        {"x": jnp.zeros((1, 1))})
+    np.testing.assert_allclose(untied.params["model"]["embed_tokens"]["embedding"], e - 0.1, rtol=1e-6)
+    np.testing.assert_array_equal(untied.params["lm_head"]["kernel"], jnp.zeros((2, 3)))
+
+
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     tx = make_optimizer(OptimConfig(lr=0.1, warmup_steps=0, total_steps=10))
     step_fn = make_train_step(toy_loss, tx)
