@@ -465,7 +465,8 @@ def train_base(config: PretrainConfig, out_dir: str | Path, *, progress: bool = 
                   if config.init is None
                   else _continued_params(config.init, cache_dir, progress=progress))
     t_train = time.perf_counter()
-    state = run_masked_ce(run, config, model_config, params, batches, desc="pretrain", progress=progress)
+    state = run_masked_ce(run, config, model_config, params, batches, desc="pretrain", progress=progress,
+                          tie_lm_head=config.tie_lm_head)
     train_s = time.perf_counter() - t_train
     t_probe = time.perf_counter()
     probe = recall_probe_figures(state.params, model_config, tokenizer, config.probe_items,

@@ -369,7 +369,8 @@ def host_rows(mesh, batch_size: int, accum_steps: int):
 
 def run_masked_ce(run: StageRun, config, model_config, params, batches, *, desc: str, mesh_shape=None,
                   progress: bool = True, batch_metrics=None, param_dtype: str = "float32", mu_dtype: str | None = None,
-                  vocab_chunk: int | None = None, global_batch: int | None = None) -> TrainState:
+                  vocab_chunk: int | None = None, global_batch: int | None = None,
+                  tie_lm_head: bool = False) -> TrainState:
     """The masked token-CE training loop shared by SFT and the base pretraining (`hat_jax.train.pretrain`): the
     state from `run.start` (restored with the iterator's data state on resume), `sft_loss_fn` + lb_coef x the MoE
     load-balancing loss, `accum_steps` micro-batches of `DEVICE_KEYS`, `run.run` with the config's intervals.
@@ -384,8 +385,8 @@ def run_masked_ce(run: StageRun, config, model_config, params, batches, *, desc:
       param_dtype, mu_dtype, vocab_chunk: as `SFTConfig`; the model options (`model_options`) come from config.
       global_batch: the host batches hold only this process's rows (`host_rows`) of global batches of this many
         rows; None: whole batches, of which each process places its rows (`place_batch`).
-      A config with `tie_lm_head` true (the base's `PretrainConfig`) trains the lm_head tied to the embedding
-      (`make_train_step`).
+      tie_lm_head: train the lm_head tied to the embedding (`make_train_step`; the base's
+        `PretrainConfig.tie_lm_head`).
     Returns:
       the final TrainState.
     Raises:
@@ -404,7 +405,7 @@ def run_masked_ce(run: StageRun, config, model_config, params, batches, *, desc:
     check_mtp_model(type(config).__name__, config.mtp_coef, model_config)
     step_fn = make_train_step(sft_loss_fn(model, vocab_chunk, mtp=config.mtp_coef > 0), optimizer,
                               lb_coef=config.lb_coef, mtp_coef=config.mtp_coef, schedule=lr_schedule(optim),
-                              shardings=run.shardings, tie_lm_head=getattr(config, "tie_lm_head", False))
+                              shardings=run.shardings, tie_lm_head=tie_lm_head)
 
     def prepare(host):
         keys = PACKED_DEVICE_KEYS if "segment_ids" in host else DEVICE_KEYS

@@ -229,7 +229,7 @@ def make_train_step(loss_fn: LossFn, optimizer: optax.GradientTransformation, *,
     """
 
     tie = tied_lm_head if tie_lm_head else (lambda p: p)
-    objective = (lambda p, *args: loss_fn(tied_lm_head(p), *args)) if tie_lm_head else loss_fn
+    objective = (lambda p, *args: loss_fn(tie(p), *args)) if tie_lm_head else loss_fn
 
     def step(state: TrainState, batch: Mapping[str, jax.Array]):
         rng, step_rng = jax.random.split(state.rng)
