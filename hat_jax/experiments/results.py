@@ -218,8 +218,8 @@ def _time_line(results: Mapping[str, Any]) -> str:
     report = base.get("report") or {}
     if base.get("trained"):
         base_text = f"base {report.get('wall_s', base.get('wall_s', 0.0)):.0f} s (pretrained here)"
-    elif report.get("wall_s") is not None:
-        base_text = f"base cached (pretrained once in {report['wall_s']:.0f} s)"
+    elif report.get("wall_s") is not None:  # every phase of a continued base (`chain_wall_s`)
+        base_text = f"base cached (pretrained once in {report.get('chain_wall_s', report['wall_s']):.0f} s)"
     else:
         base_text = f"base {base.get('source', 'cached')}"
     stages = sum(s["wall_s"] for s in results["stages"] if not s.get("cached"))

@@ -436,7 +436,10 @@ def train_base(config: PretrainConfig, out_dir: str | Path, *, progress: bool = 
     Returns:
         the report: {"config_hash", "steps", "resumed_from" (step or None), "loss_first" / "loss_final" (the
         first / last logged window's mean loss) and their steps, "loss_curve" [[step, loss]], "wall_s" (this
-        call: tokenizer, data, training, probe), "tokenizer_s", "train_s" (compilation included), "probe_s",
+        call: tokenizer, data, training, probe; building `config.init`'s base here included), "init_wall_s" (the
+        seconds `config.init`'s base took, all its phases, as its report gives them; None when it continues
+        none), "chain_wall_s" (the base's phases in all: this call less any time building `config.init`'s base,
+        plus init_wall_s), "tokenizer_s", "train_s" (compilation included), "probe_s",
         "tokens" (real tokens trained, all calls),
         "tokens_per_s" (real tokens per second, steady state of this call, compilation excluded), "truncated_rows"
         (chats cut to seq_len), "rows" (rows trained), "documents" (chats trained; > rows when packed), "probe",
@@ -460,10 +463,13 @@ def train_base(config: PretrainConfig, out_dir: str | Path, *, progress: bool = 
     else:
         batches = PretrainBatches(chats, tokenizer, config.seq_len, config.batch_size, config.seed)
     params = None
+    t_init = time.perf_counter()
     if run.existing is None:
         params = (init_params(model_config, jax.random.key(config.seed), lm_head_init=config.lm_head_init)
                   if config.init is None
                   else _continued_params(config.init, cache_dir, progress=progress))
+    init_s = time.perf_counter() - t_init if config.init is not None else 0.0
+    init_wall = _chain_wall_s(config.init, cache_dir)
     t_train = time.perf_counter()
     state = run_masked_ce(run, config, model_config, params, batches, desc="pretrain", progress=progress,
                           tie_lm_head=config.tie_lm_head)
@@ -485,7 +491,9 @@ def train_base(config: PretrainConfig, out_dir: str | Path, *, progress: bool = 
         "loss_first": rows[0]["train/loss"] if rows else None, "loss_first_step": rows[0]["step"] if rows else None,
         "loss_final": rows[-1]["train/loss"] if rows else None, "loss_final_step": rows[-1]["step"] if rows else None,
         "loss_curve": [[r["step"], round(r["train/loss"], 4)] for r in rows],
-        "wall_s": round(time.perf_counter() - t_start, 2), "tokenizer_s": round(t_tok, 2),
+        "wall_s": round(time.perf_counter() - t_start, 2), "init_wall_s": init_wall,
+        "chain_wall_s": round(time.perf_counter() - t_start - init_s + (init_wall or 0.0), 2),
+        "tokenizer_s": round(t_tok, 2),
         "train_s": round(train_s, 2), "probe_s": round(time.perf_counter() - t_probe, 2), "tokens": batches.tokens,
         "tokens_per_s": round(float(np.mean(rates)), 1) if rates else None,
         "truncated_rows": batches.truncated, "rows": batches.batches * config.batch_size,
@@ -520,6 +528,19 @@ def _finished(final: Path) -> bool:
         raise FileExistsError(f"{str(final)!r} exists but holds no {REPORT}, so it is not a finished base; "
                               "remove it to rebuild")
     return True
+
+
+def _chain_wall_s(init: PretrainConfig | None, cache_dir: str | Path | None) -> float | None:
+    """The seconds `init`'s cached base took, every phase of it (its report's "chain_wall_s", or "wall_s" for a
+    report written before that field); None when `init` is None or its report is not there."""
+    if init is None:
+        return None
+    root = Path(cache_dir) if cache_dir is not None else cache_root() / "bases"
+    report = root.resolve() / f"base-{init.digest()}" / REPORT
+    if not report.is_file():
+        return None
+    data = json.loads(report.read_text())
+    return data.get("chain_wall_s", data.get("wall_s"))
 
 
 def _continued_params(init: PretrainConfig, cache_dir: str | Path | None, *, progress: bool) -> dict:

@@ -115,6 +115,8 @@ def test_results_md_splits_the_time_and_says_why_ifeval_was_skipped():
     assert "| rl | hsa | 4 | 200 | here |" in md
     assert "IFEval skipped: no IFEval data: pass --ifeval-data FILE." in md
     assert "| IFEval prompt strict | skipped |" in md
+    res["base"] = {"trained": False, "wall_s": 0.01, "report": {"wall_s": 307.4, "chain_wall_s": 912.6}}
+    assert "base cached (pretrained once in 913 s)" in experiment_markdown(res, experiment)  # every phase
     res["base"] = {"trained": True, "wall_s": 310.0, "report": {"wall_s": 307.4}}
     assert "base 307 s (pretrained here)" in experiment_markdown(res, experiment)
     table = group_markdown(load_all()["table6"], {"table6_both": res}, "micro")

@@ -80,11 +80,16 @@ def test_a_config_file_by_path_and_bad_ones(tmp_path: Path):
 
 def test_small_is_tiny_in_the_compact_world_with_a_reading_base_and_longer_sft():
     tiny, small = get_scale("tiny"), get_scale("small")
-    base, mix = small.base.pretrain, small.base.pretrain.init  # reading exercises only, after a mixed base
+    # twice 1,000 steps of reading exercises only (a fresh seed each), after a mixed base; tied throughout
+    base, reading = small.base.pretrain, small.base.pretrain.init
+    mix = reading.init
     assert (mix.steps, mix.reading_share, mix.reading_kinds) == (1200, 0.8, ("label", "copy", "call", "tools", "results"))
-    assert (base.steps, base.reading_share, base.reading_kinds) == (1000, 1.0, ("copy", "label", "results"))
+    assert base == dataclasses.replace(reading, init=reading, seed=reading.seed + 1)
+    assert (reading.steps, reading.reading_share, reading.reading_kinds) == (1000, 1.0, ("copy", "label", "results", "query"))
     assert mix.init is None and mix.tokenizer_split == base.tokenizer_split and mix.world == base.world
     assert mix.reading_vocab and base.reading_vocab and not tiny.base.pretrain.reading_vocab
+    assert all((p.lm_head_init, p.tie_lm_head) == ("embedding", True) for p in (mix, reading, base))
+    assert (tiny.base.pretrain.lm_head_init, tiny.base.pretrain.tie_lm_head) == ("normal", False)
     assert base.model_config() == tiny.base.pretrain.model_config() and base.digest() != tiny.base.pretrain.digest()
     assert small.sft.steps == 400 and small.sft.data == tiny.sft.data
     assert base.tokenizer_split == small.sft.tokenizer_split == "scripts"

@@ -292,6 +292,11 @@ def test_a_continued_tied_base_builds_its_init_first_and_starts_from_its_last_st
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=str(where))
     report = json.loads((path / "base_report.json").read_text())
     assert report["steps"] == 2 and report["reading"]["kinds"].keys() == {"tools"}
+    # the time of both phases: the first's from its report, the second's less the time it spent building the first
+    first_report = json.loads((init_path / "base_report.json").read_text())
+    assert first_report["init_wall_s"] is None and first_report["chain_wall_s"] == first_report["wall_s"]
+    assert report["init_wall_s"] == first_report["chain_wall_s"]
+    assert report["init_wall_s"] < report["chain_wall_s"] < report["wall_s"] + report["init_wall_s"]
     for trained in (init_params, load_model_checkpoint(path)[1]):
         embedding = np.asarray(trained["model"]["embed_tokens"]["embedding"])
         np.testing.assert_array_equal(np.asarray(trained["lm_head"]["kernel"]), embedding.T)
