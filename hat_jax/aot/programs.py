@@ -153,7 +153,7 @@ def sft_programs(scale, model_config, mesh: Mesh, flops_check: bool = False) -> 
     options = {**_sft_loss_options(c), **({"block_rows": None} if flops_check else {})}
     step = make_train_step(sft_loss_fn(_model(c, model_config), **options), optimizer,
                            lb_coef=c.lb_coef, mtp_coef=c.mtp_coef, schedule=lr_schedule(resolved_optim(c)),
-                           shardings=shardings)
+                           shardings=shardings, tie_lm_head=c.tie_lm_head)
     return [Program("train_step", step, (state, batch), analytic_flops(model_config, rows, t, True, _trains_mtp(c)),
                     rows * t)]
 

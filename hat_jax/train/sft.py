@@ -41,9 +41,10 @@ import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from hat_jax.cache import atomic_dir
@@ -100,7 +101,14 @@ class SFTConfig:
       tokenizer_split: the BPE's pre-tokenizer split (`hat_jax.tokenizer.SPLIT_PATTERNS`), with tokenizer_texts.
       mesh: (data, fsdp, expert, tensor[, context]) or None (fsdp x expert over every device when there are several);
         not part of the config hash, so a run resumes on another mesh.
+      tie_lm_head: train the lm_head as the embedding's transpose (`hat_jax.train.trainer.make_train_step`), from
+        a base whose two arrays are equal (one trained with `PretrainConfig.tie_lm_head`); the checkpoint keeps
+        both, equal, in the architecture's untied layout. Untied, AdamW moves the output column of every token,
+        and those of tokens the SFT records never contain drift from their embeddings (docs/tuning.md). Left
+        out of the config's JSON and hash while False.
     """
+
+    OMITTED_AT_DEFAULT: ClassVar[tuple[str, ...]] = ("tie_lm_head",)
 
     preset: str = "micro"
     model_overrides: tuple[tuple[str, Any], ...] = ()
@@ -128,6 +136,7 @@ class SFTConfig:
     tokenizer_texts: int = 200
     tokenizer_split: str = "qwen"
     mesh: tuple[int, ...] | None = None
+    tie_lm_head: bool = False
 
     def __post_init__(self):
         check_run_fields(self)
@@ -317,6 +326,16 @@ def _initial_params(config: SFTConfig, model_config, mesh=None):
     return load_init_params(config.init, model_config, "SFT init", mesh)
 
 
+def _check_tied_init(config: SFTConfig, params: dict) -> None:
+    """Raises ValueError unless the init's lm_head kernel [H, V] equals its embedding [V, H] transposed: tied
+    training replaces the lm_head by that transpose, so an init trained apart would lose its lm_head."""
+    embedding, kernel = params["model"]["embed_tokens"]["embedding"], params["lm_head"]["kernel"]
+    if not bool(jnp.array_equal(kernel, embedding.T)):
+        raise ValueError(f"SFTConfig.tie_lm_head = True needs an init whose lm_head equals the embedding's "
+                         f"transpose (a base trained with PretrainConfig.tie_lm_head); init {config.init!r} has them "
+                         f"apart, and tying would discard its lm_head")
+
+
 def run_sft(config: SFTConfig, out_dir: str | Path, *, resume: bool = False, force: bool = False,
             progress: bool = True) -> TrainState:
     """Runs the SFT stage into `out_dir` (module docstring); returns the final state.
@@ -328,6 +347,7 @@ def run_sft(config: SFTConfig, out_dir: str | Path, *, resume: bool = False, for
         FileExistsError: out_dir already holds checkpoints and resume is False.
         ckpt.ConfigMismatchError / IncompatibleCheckpointError: see `hat_jax.train.checkpoints`.
         NonFiniteLossError: a NaN/inf loss (the last good checkpoint stays on disk).
+        ValueError: tie_lm_head with an init whose lm_head is not the embedding's transpose.
     """
     run = StageRun("sft", out_dir, config.to_json(), resume=resume, force=force, logger=log)
     out = run.out
@@ -337,6 +357,8 @@ def run_sft(config: SFTConfig, out_dir: str | Path, *, resume: bool = False, for
 
     mesh = default_mesh(config.mesh, model_config.num_experts)
     params = _initial_params(config, model_config, mesh) if run.existing is None else None  # fail fast on a bad --init
+    if params is not None and config.tie_lm_head:
+        _check_tied_init(config, params)
     records, _ = sft_records(config.world)
     tokenizer = sft_tokenizer(config, records, out)
     from hat_jax.sim.world_harness import world_harness
@@ -355,7 +377,7 @@ def run_sft(config: SFTConfig, out_dir: str | Path, *, resume: bool = False, for
     return run_masked_ce(run, config, model_config, params, batches, desc=f"sft[{config.harness_mode}]",
                          mesh_shape=config.mesh, progress=progress, batch_metrics=hsa_share,
                          param_dtype=config.param_dtype, mu_dtype=config.mu_dtype,
-                         vocab_chunk=config.vocab_chunk,
+                         vocab_chunk=config.vocab_chunk, tie_lm_head=config.tie_lm_head,
                          global_batch=None if rows is None else config.data.batch_size)
 
 

@@ -114,8 +114,13 @@ def resolved_optim(config) -> OptimConfig:
 
 def config_json(config) -> dict:
     """A config (a frozen dataclass) as plain JSON data (what is hashed and written); a stage config's `optim` is
-    written resolved (`resolved_optim`), so total_steps null and the number it stands for hash alike."""
+    written resolved (`resolved_optim`), so total_steps null and the number it stands for hash alike. The fields
+    a config class lists in `OMITTED_AT_DEFAULT` are left out while they hold their default, so a field added
+    later does not rename the stages and runs that predate it."""
     data = json.loads(json.dumps(dataclasses.asdict(config), default=str))
+    for field in dataclasses.fields(config):
+        if field.name in getattr(config, "OMITTED_AT_DEFAULT", ()) and getattr(config, field.name) == field.default:
+            del data[field.name]
     if isinstance(getattr(config, "optim", None), OptimConfig):
         data["optim"] = json.loads(json.dumps(dataclasses.asdict(resolved_optim(config))))
     return data

@@ -10,6 +10,7 @@ compilation cache (tests/conftest.py) is inherited by the subprocesses.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -197,3 +198,28 @@ def test_tokenizer_split_is_checked_and_keys_the_cached_bpe(tmp_path, monkeypatc
                         lambda texts, vocab, out, split: trained.append(split) or (out / "tokenizer.json").write_text("{}"))
     folders = {split: sft_module.bpe_tokenizer_dir(512, 0, WorldDataConfig(), [], split) for split in ("qwen", "words")}
     assert folders["qwen"] != folders["words"] and trained == ["qwen", "words"]
+
+
+def test_tied_sft_trains_the_lm_head_as_the_embeddings_transpose_and_refuses_an_untied_init(tmp_path, monkeypatch):
+    monkeypatch.setenv("HAT_JAX_CACHE", str(tmp_path / "cache"))
+    untied = apply_overrides(stage_section("micro", "sft"), ["steps=2", "ckpt_every=2", "data.seq_len=1280",
+                                                             "model.vocab_size=4096", "optim.lr=0.005"])
+    # the field names a config only when set: stages and runs from before it keep their hashes
+    assert "tie_lm_head" not in untied.to_json() and apply_overrides(untied, ["tie_lm_head=true"]).to_json()["tie_lm_head"]
+    with pytest.raises(ValueError, match=r"SFTConfig.tie_lm_head = 'yes': expected true or false"):
+        dataclasses.replace(untied, tie_lm_head="yes")
+    with pytest.raises(ValueError, match=r"--set tie_lm_head: expected a value of type bool"):
+        apply_overrides(untied, ["tie_lm_head=yes"])
+    model_config = untied.model_config()
+    tied_base = init_params(model_config, jax.random.key(0), lm_head_init="embedding")
+    save_model_checkpoint(tmp_path / "tied", tied_base, model_config)
+    save_model_checkpoint(tmp_path / "untied", init_params(model_config, jax.random.key(0)), model_config)
+    config = apply_overrides(untied, ["tie_lm_head=true", f"init={tmp_path / 'untied'}"])
+    with pytest.raises(ValueError, match=r"tie_lm_head = True needs an init whose lm_head equals the embedding's "
+                                         r"transpose .* tying would discard its lm_head"):
+        run_sft(config, tmp_path / "refused", progress=False)
+    run_sft(apply_overrides(config, [f"init={tmp_path / 'tied'}"]), tmp_path / "out", progress=False)
+    _, trained = load_model_checkpoint(tmp_path / "out")
+    embedding = np.asarray(trained["model"]["embed_tokens"]["embedding"])
+    np.testing.assert_array_equal(np.asarray(trained["lm_head"]["kernel"]), embedding.T)
+    assert not np.array_equal(embedding, np.asarray(tied_base["model"]["embed_tokens"]["embedding"]))
