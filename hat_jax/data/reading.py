@@ -4,7 +4,7 @@ Variant implemented and why: reading a harness is associative recall (find the e
 the name written beside it), a skill a pretrained LLM brings and a from-scratch tiny base lacks (its recall
 probe stayed at 0 on tool chats of ~770 tokens with one copied name each). These chats are short (~60-350 tokens;
 `tools` ~700, most of it the chat template's tool block) and dense: every chat asks 2-5 questions whose answers
-are spans of the context, so most of their tokens after the listing are reading decisions. Nine kinds, none
+are spans of the context, so most of their tokens after the listing are reading decisions. Ten kinds, none
 with live-stream or shopping content:
 
 - "lookup": a table of keys and values (lines, `=` pairs, a JSON object or a markdown table); questions name a
@@ -31,6 +31,10 @@ with live-stream or shopping content:
   match by its id (a copy of digits among ids that share their first tokens) and replies with the field's value
   from the record (a copy from a JSON record). Items are generic objects (a fresh brand, an attribute, an
   object), so a query can be copied but not recalled.
+- "arguments": as "tools" (the tools only in the chat template's tool block), each tool with one parameter whose
+  key is a fresh name in any argument style (snake_case, camelCase, PascalCase); a request gives the task and the
+  value to pass, and the call writes the value under the key that the chosen tool's schema declares (the answer
+  scored is the key: a renamed harness renames its tools' arguments too);
 - "query": the search alone, dense: 4-6 requests of the "results" kind in a chat, each answered by the search
   call with the item's name (the tool returns only a count), so that finding where a wrapped name starts is a
   decision of every ~40 tokens instead of every ~400.
@@ -56,8 +60,10 @@ import numpy as np
 from hat_jax.data.corpus_domains import BOOKS, CITIES, CONDITIONS, DISHES, DOMAINS, FOODS, STATIONS
 from hat_jax.harness import hsa_vocab
 
-KINDS: tuple[str, ...] = ("lookup", "record", "copy", "select", "call", "label", "tools", "results", "query")
+KINDS: tuple[str, ...] = ("lookup", "record", "copy", "select", "call", "label", "tools", "results", "query",
+                          "arguments")
 NAME_STYLES: tuple[str, ...] = hsa_vocab.TRAIN_TOOL_STYLES + hsa_vocab.HELDOUT_TOOL_STYLES
+ARG_STYLES: tuple[str, ...] = hsa_vocab.TRAIN_ARG_STYLES + hsa_vocab.HELDOUT_ARG_STYLES
 _GENERIC_PIECES: tuple[str, ...] = (
     "get", "set", "find", "list", "load", "read", "show", "calc", "run", "send", "make", "open", "sync", "scan",
     "info", "data", "item", "record", "entry", "status", "report", "detail", "meta", "value", "index", "table",
@@ -270,6 +276,38 @@ def _tools_chat(rng, lang, pieces) -> tuple[list[dict], list[dict]]:
     return messages, tools
 
 
+_ARGUMENT_TEXT = {
+    "en": {"param": "The input of the task.", "ask": ("{r}: {v}", "{r}, for {v}", "{r} ({v})", "{v}: {r}")},
+    "zh": {"param": "任务的输入。", "ask": ("{r}：{v}", "{r}，对象是 {v}", "{r}（{v}）", "{v}：{r}")},
+}
+
+
+def _arguments_chat(rng, lang, pieces) -> tuple[list[dict], list[dict]]:
+    named, entries = _pick_tasks(rng, pieces, lang)
+    names = [n for n, _ in named]
+
+    def key() -> str:  # never one of the chat's tool names: the key is read from the schema, not the name
+        return next(k for k in iter(lambda: random_name(rng, pieces, ARG_STYLES), None) if k not in names)
+
+    keys = dict(zip(names, _distinct(len(names), key)))
+    text = _ARGUMENT_TEXT[lang]
+    tools = [{"type": "function", "function": {
+        "name": n, "description": d, "parameters": {
+            "type": "object", "properties": {keys[n]: {"type": "string", "description": text["param"]}},
+            "required": [keys[n]]}}} for n, d in entries]
+    messages = [{"role": "system", "content": "You are a helpful assistant." if lang == "en" else "你是一个有用的助手。"}]
+    for name, task in rng.sample(named, rng.randint(2, 3)):
+        value, field = random_value(rng, pieces), random_name(rng, pieces, hsa_vocab.TRAIN_ARG_STYLES)
+        gist, desc = task["gist"][lang], task["desc"][lang]
+        think = (f'The user asks for {gist}. The tool described as "{desc}" fits.' if lang == "en"
+                 else f"用户想知道:{gist}。描述为「{desc}」的工具正合适。")
+        call = {**_call(name, {keys[name]: value}, think), KEY_ANSWER: True}
+        messages += [{"role": "user", "content": rng.choice(text["ask"]).format(r=_request(rng, task, lang), v=value)},
+                     call, {"role": "tool", "name": name, "content": json.dumps({field: value}, ensure_ascii=False)},
+                     {"role": "assistant", "content": value}]
+    return messages, tools
+
+
 # The "results" kind's registry: an item is a brand, an attribute and an object (`_item`). Brands are drawn fresh
 # (two characters of `_BRAND_CHARS`, or one or two capitalised word pieces) so that a query can only be copied,
 # not recalled; a request wraps the item's name in a greeting or a purchase (`ask`), as a viewer's message does.
@@ -426,8 +464,11 @@ def check_kinds(field: str, kinds: Sequence[str]) -> None:
 
 _MAKERS = {"lookup": _lookup_chat, "record": _record_chat, "copy": _copy_chat, "select": _select_chat,
            "call": _call_chat, "label": _label_chat, "tools": _tools_chat, "results": _results_chat,
-           "query": _query_chat}
-_WITH_TOOLS = ("tools",)  # makers that return (messages, tools); the others return messages
+           "query": _query_chat, "arguments": _arguments_chat}
+_WITH_TOOLS = ("tools", "arguments")  # makers that return (messages, tools); the others return messages
+# An "arguments" call turn carries this key, True: its answer is its argument's key, not the value (`turn_answer`).
+# The chat template reads only the fields it knows, so the key never reaches the rendered text.
+KEY_ANSWER = "reading_answer_is_key"
 _WITH_SYMBOLS = ("copy", "results", "query")  # makers that also take the vocabulary's symbols (`token_symbols`)
 _CJK = re.compile(r"[\u4e00-\u9fff]+")
 _LATIN = re.compile(r"[A-Za-z]{2,}")
@@ -561,25 +602,31 @@ def answer_order(messages: Sequence[dict], tools: Sequence[dict], answer: str) -
 
 
 def turn_answer(message: dict) -> str:
-    """The answer of one assistant turn of `reading_chats`: the value of its call's single argument (the query
-    or id that a "results" call copies), else the called tool's name, else the turn's content."""
+    """The answer of one assistant turn of `reading_chats`: an "arguments" call's argument key (`KEY_ANSWER`),
+    else the value of its call's single argument (the query or id that a "results" call copies), else the called
+    tool's name, else the turn's content."""
     calls = message.get("tool_calls")
     if not calls:
         return message["content"]
     arguments = calls[0]["function"]["arguments"]
+    if message.get(KEY_ANSWER):
+        return next(iter(arguments))
     return str(next(iter(arguments.values()))) if len(arguments) == 1 else calls[0]["function"]["name"]
 
 
-ANSWER_ROLES: tuple[str, ...] = ("name", "query", "id", "reply")
+ANSWER_ROLES: tuple[str, ...] = ("name", "query", "id", "key", "reply")
 
 
 def answer_role(message: dict) -> str:
     """What one assistant turn's answer (`turn_answer`) copies: "name" (a called tool's name), "query" (a search
     query, copied from the request), "id" (another call argument: a "results" chat's id, copied from a result
-    list) or "reply" (the turn's content: a value, a listed name or a copied string)."""
+    list), "key" (an argument's key, copied from the tool's schema) or "reply" (the turn's content: a value, a
+    listed name or a copied string)."""
     calls = message.get("tool_calls")
     if not calls:
         return "reply"
+    if message.get(KEY_ANSWER):
+        return "key"
     arguments = calls[0]["function"]["arguments"]
     if len(arguments) != 1:
         return "name"
@@ -598,7 +645,10 @@ def exercise_answer_spans(text: str, messages: Sequence[dict]) -> list[tuple[int
     for message, (start, end) in zip(turns, _assistant_turns(text)):
         answer = turn_answer(message)
         think_end = text.find("</think>", start, end)
-        found = text.find(answer, think_end + 1 if think_end >= 0 else start, end)
+        # a key is found as the template writes it (`<parameter=KEY>`), not inside the tool's name
+        marker = "<parameter=" if message.get(KEY_ANSWER) else ""
+        found = text.find(marker + answer, think_end + 1 if think_end >= 0 else start, end)
+        found = found + len(marker) if found >= 0 else found
         if found < 0:
             raise ValueError(f"reading exercise answer {answer!r} not rendered in its turn {text[start:end]!r}")
         spans.append((found, found + len(answer)))

@@ -29,7 +29,7 @@ def test_every_answer_is_written_before_it(kind):
     for messages, tools in reading_chats(40, 3, kinds=[kind]):
         found = answers(messages)
         assert len(found) >= 2, messages  # several reading decisions per chat
-        assert bool(tools) == (kind == "tools")
+        assert bool(tools) == (kind in ("tools", "arguments"))
         for i, answer in found:
             before = "\n".join([json.dumps(tools)] + [str(m.get("content", "")) for m in messages[:i]])
             assert answer and answer in before, (answer, before)
@@ -71,6 +71,36 @@ def test_a_tools_chat_is_a_harness_surface_and_its_reasoning_names_the_matched_d
             assert desc_of[name] in messages[i]["reasoning_content"]
             assert render_chat(messages, tools).count(f"<function={name}>") >= 1
     assert 5 < listed < 35  # about half list them again
+
+
+def test_an_arguments_call_writes_its_value_under_the_key_its_tool_declares():
+    """The scored answer of each call is its argument's key: the one the called tool's schema declares (required),
+    distinct from the chat's other tools' keys, in every argument style (PascalCase, held out of HSA training,
+    too); the request carries the value; the span is the key inside `<parameter=...>`, never the marker field."""
+    from hat_jax.harness.hsa_vocab import name_style
+
+    styles, calls = collections.Counter(), 0
+    for messages, tools in reading_chats(40, 13, kinds=["arguments"]):
+        schema = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+        keys = [next(iter(p["properties"])) for p in schema.values()]
+        assert len(set(keys)) == len(keys) and all(p["required"] == list(p["properties"]) for p in schema.values())
+        assert not set(keys) & set(schema)  # no key is also a tool's name
+        styles.update(name_style(k) for k in keys)
+        text = render_chat(messages, tools)
+        assert reading.KEY_ANSWER not in text
+        turns = [m for m in messages if m["role"] == "assistant"]
+        for message, (a, b) in zip(turns, exercise_answer_spans(text, messages), strict=True):
+            if not message.get("tool_calls"):
+                assert answer_role(message) == "reply"
+                continue
+            calls += 1
+            call = message["tool_calls"][0]["function"]
+            (key, value), = call["arguments"].items()
+            assert key == next(iter(schema[call["name"]]["properties"])) and turn_answer(message) == key
+            assert answer_role(message) == "key" and text[a:b] == key and text[a - len("<parameter="):a] == "<parameter="
+            request = messages[messages.index(message) - 1]["content"]
+            assert value in request
+    assert calls >= 80 and {"snake", "camel", "pascal"} <= set(styles), styles
 
 
 def test_a_label_request_is_its_listed_label_verbatim():
@@ -299,7 +329,7 @@ def test_answer_order_says_whether_the_listed_name_comes_before_its_description(
             for i, answer in answers(messages):
                 order = answer_order(messages, tools, answer)
                 seen.add((kind, order))
-                not_listed = kind in ("lookup", "record", "copy", "results", "query")
+                not_listed = kind in ("lookup", "record", "copy", "results", "query", "arguments")
                 if not_listed or (kind != "select" and not messages[i].get("tool_calls")):
                     assert order is None, (kind, answer)
                     continue
