@@ -11,7 +11,7 @@ gauge exact per family on --items rows, exercises exact answers / first answer t
 --items / 4 fresh chats per kind; for kinds whose answers are listed names, a second line splits them by where
 the name stands beside its description (desc_first: `- description: name`; name_first: a harness's order), and
 for kinds whose answers copy different things, a third line splits them by what they copy (name, query, id,
-reply).
+key, reply).
 """
 
 from __future__ import annotations

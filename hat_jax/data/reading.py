@@ -526,7 +526,8 @@ def reading_chats(n: int, seed: int, *, zh_share: float = 0.5, kinds: Sequence[s
         parts are 1-3 of them; () keeps the built-in pools.
     Returns:
       [(messages, tools)]: OpenAI-format messages (tool calls as `tool_calls`, results as "tool" messages) and
-      OpenAI tool dicts (the "tools" kind; [] for the others, whose tools are listed in the system message), as
+      OpenAI tool dicts (the "tools" and "arguments" kinds; [] for the others, whose tools are listed in the
+      system message), as
       `hat_jax.data.corpus.render_chat(messages, tools)` renders them.
     Raises:
       ValueError: negative n, zh_share outside [0, 1], unknown or no kinds, or "results" among the kinds with

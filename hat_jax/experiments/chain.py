@@ -63,11 +63,12 @@ def _config_identity(config) -> dict:
 
 
 def base_key(scale: Scale) -> str:
-    """The base's identity: its pretraining config and init scheme, or the imported folder's absolute path."""
+    """The base's identity: the pretrained base's own name (`PretrainConfig.digest`: its config with every phase
+    it continues, their seeds, the corpus each phase's generators make and the init scheme), or the imported
+    folder's absolute path. A stage's `init` and `seed` are not part of its key (`_NOT_HASHED`), so a base's are
+    named here through its digest."""
     if scale.base.pretrain is not None:
-        from hat_jax.model.params import INIT_SCHEME
-
-        return digest({"pretrain": _config_identity(scale.base.pretrain), "init_scheme": INIT_SCHEME})
+        return digest({"pretrain": scale.base.pretrain.digest()})
     return digest({"hf_path": str(Path(scale.base.hf_path).resolve())})
 
 

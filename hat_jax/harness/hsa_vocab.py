@@ -7,7 +7,8 @@ is a combination of word pieces from fixed pools (English and pinyin), written i
 styles. The held-out families for Harness-Variant QA are new *combinations and styles* of those same
 pieces:
 - naming styles `HELDOUT_TOOL_STYLES` (dotted.namespace, PascalCase) are never sampled for HSA-SFT or RL (the
-  tiny base's generic reading exercises, `hat_jax.data.reading`, write names in every style, as a real base has read);
+  tiny base's generic reading exercises, `hat_jax.data.reading`, write names in every style, and their "arguments"
+  kind argument keys in `HELDOUT_ARG_STYLES` too, as a real base has read);
   training uses `TRAIN_TOOL_STYLES` (snake_case, camelCase, kebab-case). Their pieces (incl. the
   `live`/`shop` namespaces, which training uses as prefixes) all occur in training names;
 - a fixed fifth of the (verb, noun) combinations (`reserved_combo`, a stable CRC32 rule) is held out;

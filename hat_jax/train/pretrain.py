@@ -122,8 +122,9 @@ class PretrainConfig:
       lm_head_init: how a base trained from scratch starts its lm_head (`hat_jax.model.params.LM_HEAD_INITS`):
         "normal" (transformers' init) or "embedding" (the token embedding's transpose; a base continued from
         `init` takes its parameters instead). tie_lm_head: train the lm_head as the embedding's transpose at every
-        step (weight tying; needs lm_head_init "embedding"); the base's checkpoint holds both arrays, equal, and
-        the later stages train them apart, as the architecture's lm_head is untied.
+        step (weight tying; needs lm_head_init "embedding"); the base's checkpoint holds both arrays, equal, as the
+        architecture's lm_head is untied: SFT may keep them tied (`SFTConfig.tie_lm_head`), OPD and RL train
+        them apart.
       init: None (parameters from `init_params`) or the PretrainConfig of a base to continue (module docstring,
         "Curriculum"): same model and tokenizer key, parameters from its last step, a fresh optimizer.
     """
@@ -439,7 +440,8 @@ def train_base(config: PretrainConfig, out_dir: str | Path, *, progress: bool = 
         call: tokenizer, data, training, probe; building `config.init`'s base here included), "init_wall_s" (the
         seconds `config.init`'s base took, all its phases, as its report gives them; None when it continues
         none), "chain_wall_s" (the base's phases in all: this call less any time building `config.init`'s base,
-        plus init_wall_s), "tokenizer_s", "train_s" (compilation included), "probe_s",
+        plus init_wall_s; a lower bound when this phase was resumed, or when an init's report predates the
+        field and gives only its last phase), "tokenizer_s", "train_s" (compilation included), "probe_s",
         "tokens" (real tokens trained, all calls),
         "tokens_per_s" (real tokens per second, steady state of this call, compilation excluded), "truncated_rows"
         (chats cut to seq_len), "rows" (rows trained), "documents" (chats trained; > rows when packed), "probe",

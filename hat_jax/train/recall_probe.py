@@ -160,7 +160,7 @@ def reading_exercise_figures(params, model_config, tokenizer, chats_per_kind: in
                              seed: int = 10_000 + PROBE_SEED, batch_size: int = 16, dtype=jnp.float32,
                              symbols: Sequence[str] = ()) -> dict:
     """The reading exercises (`hat_jax.data.reading`) scored teacher-forced, per kind, on fresh chats (a seed the
-    pretraining corpus does not use): every answer (a copied value or a called tool's name) is scored on its
+    pretraining corpus does not use): every answer (a copied value, a called tool's name or an argument's key) is scored on its
     tokens, the tokens that overlap its characters.
 
     Args:
@@ -173,7 +173,7 @@ def reading_exercise_figures(params, model_config, tokenizer, chats_per_kind: in
         whose answers are listed names, "by_order": {order: {"answers", "exact", "first_token"}} split by where
         the name stands beside its description (`hat_jax.data.reading.answer_order`), and for kinds whose answers
         copy more than one thing, "by_role": {role: {"answers", "exact", "first_token"}} split by what the answer
-        copies (`hat_jax.data.reading.answer_role`: name, query, id, reply)}}}.
+        copies (`hat_jax.data.reading.answer_role`: name, query, id, key, reply)}}}.
     """
     if chats_per_kind == 0:
         return {"chats_per_kind": 0, "kinds": {}}

@@ -330,6 +330,9 @@ def _check_tied_init(config: SFTConfig, params: dict) -> None:
     """Raises ValueError unless the init's lm_head kernel [H, V] equals its embedding [V, H] transposed: tied
     training replaces the lm_head by that transpose, so an init trained apart would lose its lm_head."""
     embedding, kernel = params["model"]["embed_tokens"]["embedding"], params["lm_head"]["kernel"]
+    if config.init is None:
+        raise ValueError("SFTConfig.tie_lm_head = True needs init: a base trained with PretrainConfig.tie_lm_head "
+                         "(a fresh init draws the lm_head apart from the embedding)")
     if not bool(jnp.array_equal(kernel, embedding.T)):
         raise ValueError(f"SFTConfig.tie_lm_head = True needs an init whose lm_head equals the embedding's "
                          f"transpose (a base trained with PretrainConfig.tie_lm_head); init {config.init!r} has them "

@@ -119,8 +119,10 @@ def config_json(config) -> dict:
     later does not rename the stages and runs that predate it."""
     data = json.loads(json.dumps(dataclasses.asdict(config), default=str))
     for field in dataclasses.fields(config):
-        if field.name in getattr(config, "OMITTED_AT_DEFAULT", ()) and getattr(config, field.name) == field.default:
-            del data[field.name]
+        if field.name in getattr(config, "OMITTED_AT_DEFAULT", ()):
+            default = field.default_factory() if field.default is dataclasses.MISSING else field.default
+            if getattr(config, field.name) == default:
+                del data[field.name]
     if isinstance(getattr(config, "optim", None), OptimConfig):
         data["optim"] = json.loads(json.dumps(dataclasses.asdict(resolved_optim(config))))
     return data

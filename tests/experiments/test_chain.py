@@ -37,6 +37,21 @@ def test_any_override_changes_the_keys_from_its_stage_on():
     assert teacher_key(based) != teacher_key(scale)
 
 
+def test_the_base_key_is_the_bases_own_name():
+    """It changes with the base's seed and with the phase it continues (neither is part of a stage's own key), and
+    not with fields that shape no chat (the reading kinds of a base without reading exercises)."""
+    scale = get_scale("micro")
+
+    def with_base(**fields):
+        pretrain = dataclasses.replace(scale.base.pretrain, **fields)
+        return dataclasses.replace(scale, base=dataclasses.replace(scale.base, pretrain=pretrain))
+
+    assert scale.base.pretrain.reading_share == 0
+    assert base_key(with_base(seed=scale.base.pretrain.seed + 1)) != base_key(scale)
+    assert base_key(with_base(init=scale.base.pretrain)) != base_key(scale)
+    assert base_key(with_base(reading_kinds=("copy",))) == base_key(scale)
+
+
 def test_stage_configs_follow_the_chain(tmp_path):
     scale = get_scale("micro")
     sft_hsa, rl_hsa = _chain("table6_both")

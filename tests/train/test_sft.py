@@ -218,6 +218,8 @@ def test_tied_sft_trains_the_lm_head_as_the_embeddings_transpose_and_refuses_an_
     with pytest.raises(ValueError, match=r"tie_lm_head = True needs an init whose lm_head equals the embedding's "
                                          r"transpose .* tying would discard its lm_head"):
         run_sft(config, tmp_path / "refused", progress=False)
+    with pytest.raises(ValueError, match=r"tie_lm_head = True needs init: a base trained with"):
+        run_sft(apply_overrides(untied, ["tie_lm_head=true"]), tmp_path / "fresh", progress=False)
     run_sft(apply_overrides(config, [f"init={tmp_path / 'tied'}"]), tmp_path / "out", progress=False)
     _, trained = load_model_checkpoint(tmp_path / "out")
     embedding = np.asarray(trained["model"]["embed_tokens"]["embedding"])
