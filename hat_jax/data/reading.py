@@ -258,6 +258,13 @@ def _label_chat(rng, lang, pieces) -> list[dict]:
     return _call_chat(rng, lang, pieces, by_label=True)
 
 
+def _match_reasoning(task: dict, lang: str) -> str:
+    """A call's reasoning: the request's gist and the tool description it matched."""
+    gist, desc = task["gist"][lang], task["desc"][lang]
+    return (f'The user asks for {gist}. The tool described as "{desc}" fits.' if lang == "en"
+            else f"用户想知道:{gist}。描述为「{desc}」的工具正合适。")
+
+
 def _tools_chat(rng, lang, pieces) -> tuple[list[dict], list[dict]]:
     named, entries = _pick_tasks(rng, pieces, lang)
     tools = [{"type": "function", "function": {"name": n, "description": d,
@@ -269,9 +276,7 @@ def _tools_chat(rng, lang, pieces) -> tuple[list[dict], list[dict]]:
     messages = [{"role": "system", "content": system}]
     for name, task in rng.sample(named, rng.randint(2, 3)):
         field, value = random_name(rng, pieces, hsa_vocab.TRAIN_ARG_STYLES), random_value(rng, pieces)
-        gist, desc = task["gist"][lang], task["desc"][lang]
-        think = (f'The user asks for {gist}. The tool described as "{desc}" fits.' if lang == "en"
-                 else f"用户想知道:{gist}。描述为「{desc}」的工具正合适。")
+        think = _match_reasoning(task, lang)
         messages += _call_turns(_request(rng, task, lang), name, field, value, think)
     return messages, tools
 
@@ -298,9 +303,7 @@ def _arguments_chat(rng, lang, pieces) -> tuple[list[dict], list[dict]]:
     messages = [{"role": "system", "content": "You are a helpful assistant." if lang == "en" else "你是一个有用的助手。"}]
     for name, task in rng.sample(named, rng.randint(2, 3)):
         value, field = random_value(rng, pieces), random_name(rng, pieces, hsa_vocab.TRAIN_ARG_STYLES)
-        gist, desc = task["gist"][lang], task["desc"][lang]
-        think = (f'The user asks for {gist}. The tool described as "{desc}" fits.' if lang == "en"
-                 else f"用户想知道:{gist}。描述为「{desc}」的工具正合适。")
+        think = _match_reasoning(task, lang)
         call = {**_call(name, {keys[name]: value}, think), KEY_ANSWER: True}
         messages += [{"role": "user", "content": rng.choice(text["ask"]).format(r=_request(rng, task, lang), v=value)},
                      call, {"role": "tool", "name": name, "content": json.dumps({field: value}, ensure_ascii=False)},
@@ -527,8 +530,7 @@ def reading_chats(n: int, seed: int, *, zh_share: float = 0.5, kinds: Sequence[s
     Returns:
       [(messages, tools)]: OpenAI-format messages (tool calls as `tool_calls`, results as "tool" messages) and
       OpenAI tool dicts (the "tools" and "arguments" kinds; [] for the others, whose tools are listed in the
-      system message), as
-      `hat_jax.data.corpus.render_chat(messages, tools)` renders them.
+      system message), as `hat_jax.data.corpus.render_chat(messages, tools)` renders them.
     Raises:
       ValueError: negative n, zh_share outside [0, 1], unknown or no kinds, or "results" among the kinds with
         exactly one symbol of a language.

@@ -532,13 +532,18 @@ def _finished(final: Path) -> bool:
     return True
 
 
+def _base_folder(config: PretrainConfig, cache_dir: str | Path | None) -> Path:
+    """`<cache_dir>/base-<hash12>` (default cache_dir `<cache root>/bases`), resolved: where `config`'s base is."""
+    root = Path(cache_dir) if cache_dir is not None else cache_root() / "bases"
+    return root.resolve() / f"base-{config.digest()}"
+
+
 def _chain_wall_s(init: PretrainConfig | None, cache_dir: str | Path | None) -> float | None:
     """The seconds `init`'s cached base took, every phase of it (its report's "chain_wall_s", or "wall_s" for a
     report written before that field); None when `init` is None or its report is not there."""
     if init is None:
         return None
-    root = Path(cache_dir) if cache_dir is not None else cache_root() / "bases"
-    report = root.resolve() / f"base-{init.digest()}" / REPORT
+    report = _base_folder(init, cache_dir) / REPORT
     if not report.is_file():
         return None
     data = json.loads(report.read_text())
@@ -563,8 +568,7 @@ def base_checkpoint(config: PretrainConfig, *, cache_dir: str | Path | None = No
         FileExistsError: the final folder exists without a report (not made by this function).
         NonFiniteLossError: training diverged (the partial folder keeps the last good checkpoint).
     """
-    root = Path(cache_dir) if cache_dir is not None else cache_root() / "bases"
-    final = root.resolve() / f"base-{config.digest()}"
+    final = _base_folder(config, cache_dir)
     if _finished(final):
         log.info("cached base %s", final)
         return final
@@ -574,7 +578,7 @@ def base_checkpoint(config: PretrainConfig, *, cache_dir: str | Path | None = No
             log.info("cached base %s (built by another process)", final)
             return final
         partial = final.with_name(final.name + ".partial")
-        train_base(config, partial, progress=progress, cache_dir=root)
+        train_base(config, partial, progress=progress, cache_dir=final.parent)
         os.rename(partial, final)
     return final
 

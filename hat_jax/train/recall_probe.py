@@ -160,8 +160,8 @@ def reading_exercise_figures(params, model_config, tokenizer, chats_per_kind: in
                              seed: int = 10_000 + PROBE_SEED, batch_size: int = 16, dtype=jnp.float32,
                              symbols: Sequence[str] = ()) -> dict:
     """The reading exercises (`hat_jax.data.reading`) scored teacher-forced, per kind, on fresh chats (a seed the
-    pretraining corpus does not use): every answer (a copied value, a called tool's name or an argument's key) is scored on its
-    tokens, the tokens that overlap its characters.
+    pretraining corpus does not use): every answer (a copied value, a called tool's name or an argument's key) is
+    scored on its tokens, the tokens that overlap its characters.
 
     Args:
         params, model_config: the model. tokenizer: its tokenizer (with offsets). chats_per_kind: chats per kind
