@@ -34,15 +34,17 @@ import logging
 import random
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import grain
 import numpy as np
 
 from hat_jax.data.host_rows import HostRows, TakeRows
 from hat_jax.data.packing import PackedBatches, fit_document, pack_documents
+from hat_jax.data.recovery import insert_misread
 from hat_jax.harness import hsa
 from hat_jax.harness.state import HarnessState
+from hat_jax.sim.env import EnvConfig
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +70,13 @@ class SFTDataConfig:
       pack: pack several trajectories per row (module docstring); False = one per row, right-padded.
       pack_bins: rows the first-fit packer keeps open (more fill rows better).
       truncate: cut trajectories longer than seq_len (counted); False = such a trajectory is an error.
+      p_recovery: probability that an HSA-augmented record gets a misread call of the original harness, its
+        refusal and the retry (`hat_jax.data.recovery.insert_misread`; the misread turn is out of the loss), where
+        one of its calls is written differently under the variant. 0 in every preset: at 0.5 small's model
+        learns the retry's wording but not to copy the key from the refusal (docs/tuning.md, "Recovery turns").
     """
+
+    OMITTED_AT_DEFAULT: ClassVar[tuple[str, ...]] = ("p_recovery",)
 
     seq_len: int = 2048
     batch_size: int = 8
@@ -83,13 +91,15 @@ class SFTDataConfig:
     pack: bool = True
     pack_bins: int = 16
     truncate: bool = True
+    p_recovery: float = 0.0
 
     def __post_init__(self):
         if self.seq_len < 1 or self.batch_size < 1 or self.pack_bins < 1:
             raise ValueError(f"SFTDataConfig: seq_len ({self.seq_len}), batch_size ({self.batch_size}) and pack_bins "
                              f"({self.pack_bins}) must be >= 1")
-        if not 0.0 <= self.p_hsa <= 1.0:
-            raise ValueError(f"SFTDataConfig.p_hsa = {self.p_hsa}: expected a probability in [0, 1]")
+        for name in ("p_hsa", "p_recovery"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"SFTDataConfig.{name} = {getattr(self, name)}: expected a probability in [0, 1]")
         if self.split not in ("train", "heldout"):
             raise ValueError(f"SFTDataConfig.split = {self.split!r}: expected 'train' or 'heldout'")
         if self.num_epochs is not None and self.num_epochs < 1:
@@ -126,6 +136,11 @@ class HSAStep(grain.transforms.RandomMap):
                     )
             if name_map is not None and applied:
                 messages = hsa.rewrite_messages(messages, old, new, name_map)
+            rng_recovery = random.Random(seed + 2)
+            if applied and rng_recovery.random() < self.config.p_recovery:
+                limits = EnvConfig()
+                messages = insert_misread(messages, old, new, rng_recovery, max_tool_rounds=limits.max_tool_rounds,
+                                          max_skill_turns=limits.max_skill_turns) or messages
         flags = np.asarray([t in applied for t in hsa.transform_names()], dtype=np.int8)
         return {**element, "messages": messages, "harness": new, "hsa_applied": flags}
 

@@ -407,6 +407,13 @@ def run_hooks(harness: HarnessState, event: str, context: HookContext) -> list[H
     return out
 
 
+def tool_feedback(decisions: Sequence[HookDecision]) -> str:
+    """The feedback a tool result carries (its "hook" field): the first acting decision's, else the first given."""
+    return next((d.feedback for d in decisions if d.action != "continue" and d.feedback), "") or next(
+        (d.feedback for d in decisions if d.feedback), ""
+    )
+
+
 def first_action(decisions: Sequence[HookDecision]) -> HookDecision | None:
     """The first decision whose action is "block" or "retry", or None when every hook continues."""
     return next((d for d in decisions if d.action != "continue"), None)

@@ -17,7 +17,8 @@ Variant implemented and why:
   generation prompt `<|im_start|>assistant\\n<think>\\n`, so for each assistant turn rendered with its
   reasoning block the mask is 1 on every token after `<|im_start|>assistant\\n<think>\\n` up to and
   including `<|im_end|>`, and 0 on the newline after it and everywhere else. Assistant turns the
-  template renders without reasoning (before the last user query, Qwen's rule) are context: mask 0.
+  template renders without reasoning (before the last user query, Qwen's rule) and turns with `"weight": 0` are
+  context: mask 0.
   Spans are found in the text by walking the messages in order (each message's header and content are
   matched after the previous one, so message text that looks like a header cannot shift a span), then
   mapped to tokens with the fast tokenizer's offset mapping: a token is 1 iff it starts inside a
@@ -139,7 +140,8 @@ def generated_spans(text: str, messages: Sequence[Mapping[str, Any]]) -> list[tu
       messages: the messages it was rendered from.
     Returns:
       one span per assistant turn rendered with a `<think>` block: from after
-      `<|im_start|>assistant\\n<think>\\n` to the end of its `<|im_end|>`.
+      `<|im_start|>assistant\\n<think>\\n` to the end of its `<|im_end|>`; a turn with `"weight": 0` (OpenAI's
+      fine-tuning format: a misread call kept as context, `hat_jax.data.recovery`) gets none.
     Raises:
       ValueError: a message's header or content is not found where expected (the text does not come
         from these messages with a Qwen-format template).
@@ -155,7 +157,7 @@ def generated_spans(text: str, messages: Sequence[Mapping[str, Any]]) -> list[tu
             end = text.find(_TURN_END, body)
             if end < 0:
                 raise ValueError(f"messages[{i}]: assistant turn has no {_TURN_END}")
-            if text.startswith(_THINK_OPEN, body):
+            if text.startswith(_THINK_OPEN, body) and m.get("weight", 1) != 0:
                 spans.append((body + len(_THINK_OPEN), end + len(_TURN_END)))
             pos = end + len(_TURN_END)
             continue

@@ -40,7 +40,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from hat_jax.harness.hooks import FAILURE_STATUSES, HookContext, first_action, hook_message, run_hooks
+from hat_jax.harness.hooks import FAILURE_STATUSES, HookContext, first_action, hook_message, run_hooks, tool_feedback
 from hat_jax.harness.state import SKILL_TOOL_IMPL, HarnessState
 from hat_jax.sim.catalog import World
 from hat_jax.sim.executor import (
@@ -341,9 +341,7 @@ class LiveStreamEnv:
         )
         decisions = run_hooks(h, event, ctx)
         self._events.extend((event, d.handler, d.outcome) for d in decisions)
-        feedback = next((d.feedback for d in decisions if d.action != "continue" and d.feedback), "") or next(
-            (d.feedback for d in decisions if d.feedback), ""
-        )
+        feedback = tool_feedback(decisions)
         if feedback:
             result["hook"] = feedback
         if ex.impl == SKILL_TOOL_IMPL and ex.status == "ok":

@@ -194,25 +194,20 @@ def skill_argument(tool: Tool, arguments: Mapping[str, Any]) -> Any:
     return values[0] if len(values) == 1 else None
 
 
-def execute_tool_call(
-    world: World, harness: HarnessState, name: str, arguments: Any, *, fault: str | None = None
-) -> ToolExecution:
-    """Executes the model's call `name(arguments)` under `harness` (see the module docstring).
+def validate_tool_call(harness: HarnessState, name: Any, arguments: Any) -> ToolExecution | None:
+    """The failed execution of a call the harness refuses before any world work, else None.
+
+    The checks `execute_tool_call` makes first, in its order: the surface name must name a tool of `harness`
+    ("unknown_tool", details list the available tools), the arguments must be a JSON object (a JSON string is
+    parsed) that passes the tool's `input_schema` ("invalid_arguments", details.errors), and the schema must be
+    evaluable ("error", type "invalid_schema"). Needs no world, so a data pipeline can write the exact result a
+    misread call gets (`hat_jax.data.recovery`).
 
     Args:
-      world: the catalog.
-      harness: the harness in force (surface names, schemas, bindings).
-      name: the surface tool name the model wrote.
-      arguments: the surface arguments (a dict; a JSON object string is accepted; anything else is
-        reported as invalid arguments).
-      fault: an injected fault ("error", "timeout", "empty") or None.
+      harness: the harness in force. name: the surface tool name written. arguments: a dict, a JSON string or None.
     Returns:
-      ToolExecution(status, result, canonical_args, impl).
-    Raises:
-      ValueError: `fault` is not None and not one of FAULTS (a caller bug, not a model mistake).
+      ToolExecution of the refusal (result as the model sees it), or None when the call passes every check.
     """
-    if fault is not None and fault not in FAULTS:
-        raise ValueError(f"fault must be one of {FAULTS} or None, got {fault!r}")
     tool = harness.tool(name) if isinstance(name, str) else None
     if tool is None:
         names = [t.name for t in harness.tools]
@@ -236,6 +231,33 @@ def execute_tool_call(
     if not isinstance(arguments, Mapping):  # a schema without "type": "object" let a non-object through
         errors = [{"path": "(root)", "message": f"{arguments!r} is not of type 'object'"}]
         return _invalid(name, errors, {}, tool.impl)
+    return None
+
+
+def execute_tool_call(
+    world: World, harness: HarnessState, name: str, arguments: Any, *, fault: str | None = None
+) -> ToolExecution:
+    """Executes the model's call `name(arguments)` under `harness` (see the module docstring).
+
+    Args:
+      world: the catalog.
+      harness: the harness in force (surface names, schemas, bindings).
+      name: the surface tool name the model wrote.
+      arguments: the surface arguments (a dict; a JSON object string is accepted; anything else is
+        reported as invalid arguments).
+      fault: an injected fault ("error", "timeout", "empty") or None.
+    Returns:
+      ToolExecution(status, result, canonical_args, impl).
+    Raises:
+      ValueError: `fault` is not None and not one of FAULTS (a caller bug, not a model mistake).
+    """
+    if fault is not None and fault not in FAULTS:
+        raise ValueError(f"fault must be one of {FAULTS} or None, got {fault!r}")
+    rejected = validate_tool_call(harness, name, arguments)
+    if rejected is not None:
+        return rejected
+    tool = harness.tool(name)
+    arguments = (json.loads(arguments) if arguments.strip() else {}) if isinstance(arguments, str) else arguments
     arguments = arguments or {}
 
     if tool.impl == SKILL_TOOL_IMPL:

@@ -118,14 +118,23 @@ def config_json(config) -> dict:
     a config class lists in `OMITTED_AT_DEFAULT` are left out while they hold their default, so a field added
     later does not rename the stages and runs that predate it."""
     data = json.loads(json.dumps(dataclasses.asdict(config), default=str))
-    for field in dataclasses.fields(config):
-        if field.name in getattr(config, "OMITTED_AT_DEFAULT", ()):
-            default = field.default_factory() if field.default is dataclasses.MISSING else field.default
-            if getattr(config, field.name) == default:
-                del data[field.name]
+    _omit_defaults(config, data)
     if isinstance(getattr(config, "optim", None), OptimConfig):
         data["optim"] = json.loads(json.dumps(dataclasses.asdict(resolved_optim(config))))
     return data
+
+
+def _omit_defaults(config, data: dict) -> None:
+    """Deletes from `data` (`config` as JSON) the `OMITTED_AT_DEFAULT` fields at their default, in nested configs too."""
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if field.name in getattr(config, "OMITTED_AT_DEFAULT", ()):
+            default = field.default_factory() if field.default is dataclasses.MISSING else field.default
+            if value == default:
+                del data[field.name]
+                continue
+        if dataclasses.is_dataclass(value) and not isinstance(value, type) and isinstance(data.get(field.name), dict):
+            _omit_defaults(value, data[field.name])
 
 
 # ---------------------------------------------------------------------------------------------- the run
