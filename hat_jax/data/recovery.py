@@ -36,6 +36,16 @@ def _world_turn(message: Mapping[str, Any], skill_tool: str) -> bool:
     return any(c["name"] != skill_tool for c in _calls(message))
 
 
+def _failed(after: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the tool message answering the turn before `after` holds an error or hook feedback."""
+    reply = next((m for m in after if m.get("role") == "tool"), None)
+    try:
+        result = json.loads(reply["content"]) if reply is not None else {}
+    except (TypeError, ValueError):
+        return True
+    return not isinstance(result, Mapping) or "error" in result or "hook" in result
+
+
 def _keys(arguments: Any) -> set[str]:
     return set(arguments) if isinstance(arguments, Mapping) else set()
 
@@ -112,6 +122,8 @@ def insert_misread(
     for i, m in enumerate(out):
         calls = _calls(m) if m.get("role") == "assistant" else []
         if len(calls) != 1 or names.count(calls[0]["name"]) != 1:
+            continue
+        if _failed(out[i + 1 :]):  # its recorded failure feedback was written for attempt 1
             continue
         if _world_turn(m, skill_tool) and world_rounds >= max_tool_rounds:
             continue
