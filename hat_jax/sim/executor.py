@@ -194,6 +194,11 @@ def skill_argument(tool: Tool, arguments: Mapping[str, Any]) -> Any:
     return values[0] if len(values) == 1 else None
 
 
+def _parsed(arguments: Any) -> Any:
+    """A JSON string's value ({} for a blank one), anything else as given. Raises json.JSONDecodeError."""
+    return (json.loads(arguments) if arguments.strip() else {}) if isinstance(arguments, str) else arguments
+
+
 def validate_tool_call(harness: HarnessState, name: Any, arguments: Any) -> ToolExecution | None:
     """The failed execution of a call the harness refuses before any world work, else None.
 
@@ -215,7 +220,7 @@ def validate_tool_call(harness: HarnessState, name: Any, arguments: Any) -> Tool
         return _failed("unknown_tool", "unknown_tool", message, {"available_tools": names}, {}, "")
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
+            arguments = _parsed(arguments)
         except json.JSONDecodeError as err:
             errors = [{"path": "(root)", "message": str(err)}]
             message = f"参数不是合法的JSON（arguments）：{err.msg}"
@@ -257,8 +262,7 @@ def execute_tool_call(
     if rejected is not None:
         return rejected
     tool = harness.tool(name)
-    arguments = (json.loads(arguments) if arguments.strip() else {}) if isinstance(arguments, str) else arguments
-    arguments = arguments or {}
+    arguments = _parsed(arguments) or {}
 
     if tool.impl == SKILL_TOOL_IMPL:
         skill_name = skill_argument(tool, arguments)
