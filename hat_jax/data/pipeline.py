@@ -98,8 +98,12 @@ class SFTDataConfig:
             raise ValueError(f"SFTDataConfig: seq_len ({self.seq_len}), batch_size ({self.batch_size}) and pack_bins "
                              f"({self.pack_bins}) must be >= 1")
         for name in ("p_hsa", "p_recovery"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"SFTDataConfig.{name} = {getattr(self, name)}: expected a probability in [0, 1]")
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise ValueError(f"SFTDataConfig.{name} = {value!r}: expected a probability, a number in [0, 1]")
+        if self.p_recovery > 0 and self.p_hsa == 0:
+            raise ValueError(f"SFTDataConfig.p_recovery = {self.p_recovery} needs p_hsa > 0: recovery turns are written "
+                             f"into HSA-rewritten records only, and p_hsa = 0 rewrites none")
         if self.split not in ("train", "heldout"):
             raise ValueError(f"SFTDataConfig.split = {self.split!r}: expected 'train' or 'heldout'")
         if self.num_epochs is not None and self.num_epochs < 1:
@@ -107,12 +111,18 @@ class SFTDataConfig:
 
 
 class HSAStep(grain.transforms.RandomMap):
-    """Grain random map: record -> record with "harness", rewritten "messages" and "hsa_applied"."""
+    """Grain random map: record -> record with "harness", rewritten "messages" and "hsa_applied".
 
-    def __init__(self, harnesses: Mapping[str, HarnessState], config: SFTDataConfig, reroll: Reroll | None = None):
+    `env_config` is the `hat_jax.sim.env.EnvConfig` the records were rolled out under (None = its defaults): a
+    recovery turn (config.p_recovery) is only written where the retry stays inside its turn limits.
+    """
+
+    def __init__(self, harnesses: Mapping[str, HarnessState], config: SFTDataConfig, reroll: Reroll | None = None,
+                 env_config: EnvConfig | None = None):
         self.harnesses = dict(harnesses)
         self.config = config
         self.reroll = reroll
+        self.env_config = EnvConfig() if env_config is None else env_config
 
     def random_map(self, element: Record, rng: np.random.Generator) -> dict:
         missing = [k for k in RECORD_KEYS if k not in element]
@@ -138,7 +148,7 @@ class HSAStep(grain.transforms.RandomMap):
                 messages = hsa.rewrite_messages(messages, old, new, name_map)
             rng_recovery = random.Random(seed + 2)
             if applied and rng_recovery.random() < self.config.p_recovery:
-                limits = EnvConfig()
+                limits = self.env_config
                 messages = insert_misread(messages, old, new, rng_recovery, max_tool_rounds=limits.max_tool_rounds,
                                           max_skill_turns=limits.max_skill_turns) or messages
         flags = np.asarray([t in applied for t in hsa.transform_names()], dtype=np.int8)
@@ -263,6 +273,7 @@ def hsa_dataset(
     harnesses: Mapping[str, HarnessState],
     config: SFTDataConfig = SFTDataConfig(),
     reroll: Reroll | None = None,
+    env_config: EnvConfig | None = None,
 ) -> grain.MapDataset:
     """The pipeline up to HSA: source -> shuffle -> `HSAStep` (-> repeat for num_epochs != 1).
 
@@ -272,7 +283,8 @@ def hsa_dataset(
       harnesses: harness_id -> HarnessState.
       config: pipeline settings. reroll: (record, new harness, seed) -> messages, the oracle
         re-rolling a trajectory whose behaviour a hook change altered; None recomposes without
-        "hook_params" instead.
+        "hook_params" instead. env_config: the `EnvConfig` the records were rolled out under, whose turn limits
+        bound a recovery turn (`HSAStep`); None = the defaults.
     Returns:
       a `grain.MapDataset` of dicts (the record plus "harness" and "hsa_applied").
     Raises:
@@ -283,7 +295,7 @@ def hsa_dataset(
     ds = grain.MapDataset.source(list(records))
     if config.shuffle:
         ds = ds.shuffle(seed=config.seed)
-    ds = ds.random_map(HSAStep(harnesses, config, reroll), seed=config.seed)
+    ds = ds.random_map(HSAStep(harnesses, config, reroll, env_config), seed=config.seed)
     if config.num_epochs != 1:
         ds = ds.repeat(config.num_epochs)
     return ds
@@ -298,12 +310,13 @@ def sft_dataset(
     reroll: Reroll | None = None,
     render_tokens: Callable | None = None,
     rows: Sequence[int] | None = None,
+    env_config: EnvConfig | None = None,
 ) -> grain.IterDataset:
     """The SFT pipeline: `hsa_dataset` -> `TokenizeDocument` -> packed rows (or `TokenizeAndPad`, unpacked) ->
     batch(drop_remainder) -> IterDataset.
 
     Args:
-      records, harnesses, config, reroll: as in `hsa_dataset`.
+      records, harnesses, config, reroll, env_config: as in `hsa_dataset`.
       tokenizer: a fast Hugging Face tokenizer with the Qwen-format chat template.
       render_tokens: (tokenizer, harness, messages) -> (ids, loss_mask); default
         `hat_jax.harness.render.render_tokens`.
@@ -324,7 +337,7 @@ def sft_dataset(
       ValueError: no records, or fewer records than one batch (unpacked). When iterated: a trajectory longer
         than seq_len with truncate=False (names its task id).
     """
-    ds = hsa_dataset(records, harnesses, config, reroll)
+    ds = hsa_dataset(records, harnesses, config, reroll, env_config)
     if config.num_epochs is not None and len(records) * config.num_epochs < config.batch_size and not config.pack:
         raise ValueError(
             f"sft_dataset: {len(records)} records x {config.num_epochs} epochs < one batch of {config.batch_size}"

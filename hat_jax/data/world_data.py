@@ -260,6 +260,11 @@ def cached(
     return records, {**json.loads(json.dumps(meta, ensure_ascii=False)), "from_cache": False}
 
 
+def sft_env_config(config: WorldDataConfig) -> EnvConfig:
+    """The environment the SFT records are rolled out in: `config.sft_fault_rates`, the default turn limits."""
+    return EnvConfig(fault_rates=dict(config.sft_fault_rates))
+
+
 def oracle_records(config: WorldDataConfig, tasks: Sequence[Task], prefix: str = "sft") -> tuple[list[dict], dict]:
     """The oracle's rejection-sampled trajectories of `tasks` under the world's harness (`config.harness`), as SFT
     records.
@@ -272,7 +277,7 @@ def oracle_records(config: WorldDataConfig, tasks: Sequence[Task], prefix: str =
     """
     world, harness = world_for(config.world_seed, config.n_products), world_harness(config.harness)
     oracle = OracleTeacher(world, config.oracle)
-    env = LiveStreamEnv(world, EnvConfig(fault_rates=dict(config.sft_fault_rates)))
+    env = LiveStreamEnv(world, sft_env_config(config))
     judge = functools.partial(judge_episode, harness=harness)
     kept, stats = rejection_sample(env, oracle, tasks, harness, judge, attempts=config.sft_attempts)
     records = []

@@ -51,6 +51,7 @@ from hat_jax.sim.executor import (
     error_payload,
     execute_tool_call,
     limit_result_size,
+    parse_arguments,
 )
 from hat_jax.sim.types import Episode, Task, ToolCallRecord
 from hat_jax.tokenizer import parse_tool_calls, split_reasoning
@@ -284,11 +285,10 @@ class LiveStreamEnv:
         """{"type": "function", "function": {"name", "arguments"}} from an OpenAI call (arguments may be JSON text)."""
         fn = call.get("function", call) if isinstance(call, Mapping) else {}
         arguments = fn.get("arguments", {}) if isinstance(fn, Mapping) else {}
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments) if arguments.strip() else {}
-            except json.JSONDecodeError:
-                pass  # the executor reports it as invalid arguments
+        try:
+            arguments = parse_arguments(arguments)
+        except json.JSONDecodeError:
+            pass  # the executor reports it as invalid arguments
         name = fn.get("name", "") if isinstance(fn, Mapping) else ""
         return {"type": "function", "function": {"name": str(name or ""), "arguments": arguments}}
 

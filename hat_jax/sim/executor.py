@@ -194,8 +194,12 @@ def skill_argument(tool: Tool, arguments: Mapping[str, Any]) -> Any:
     return values[0] if len(values) == 1 else None
 
 
-def _parsed(arguments: Any) -> Any:
-    """A JSON string's value ({} for a blank one), anything else as given. Raises json.JSONDecodeError."""
+def parse_arguments(arguments: Any) -> Any:
+    """A call's arguments as written: a JSON string's value ({} for a blank string), anything else as given.
+
+    Raises:
+      json.JSONDecodeError: a string that is not JSON (the executor reports it as "invalid_arguments").
+    """
     return (json.loads(arguments) if arguments.strip() else {}) if isinstance(arguments, str) else arguments
 
 
@@ -220,7 +224,7 @@ def validate_tool_call(harness: HarnessState, name: Any, arguments: Any) -> Tool
         return _failed("unknown_tool", "unknown_tool", message, {"available_tools": names}, {}, "")
     if isinstance(arguments, str):
         try:
-            arguments = _parsed(arguments)
+            arguments = parse_arguments(arguments)
         except json.JSONDecodeError as err:
             errors = [{"path": "(root)", "message": str(err)}]
             message = f"参数不是合法的JSON（arguments）：{err.msg}"
@@ -262,7 +266,7 @@ def execute_tool_call(
     if rejected is not None:
         return rejected
     tool = harness.tool(name)
-    arguments = _parsed(arguments) or {}
+    arguments = parse_arguments(arguments) or {}
 
     if tool.impl == SKILL_TOOL_IMPL:
         skill_name = skill_argument(tool, arguments)

@@ -50,7 +50,7 @@ import numpy as np
 from hat_jax.cache import atomic_dir
 from hat_jax.data.packing import PackedBatches, refuse_packed_state
 from hat_jax.data.pipeline import SFTDataConfig, sft_batches, sft_dataset
-from hat_jax.data.world_data import WorldDataConfig, cache_root, sft_records
+from hat_jax.data.world_data import WorldDataConfig, cache_root, sft_env_config, sft_records
 from hat_jax.model.config import get_config
 from hat_jax.model.params import COMPUTE_DTYPES
 from hat_jax.model.sharding import default_mesh
@@ -171,9 +171,11 @@ class SFTConfig:
 
 
 def with_hsa(config: SFTConfig, on: bool) -> SFTConfig:
-    """The stage switch: 'off' -> p_hsa 0 (original harness); 'on' -> the config's p_hsa (0.5 if it had 0)."""
-    p = (config.data.p_hsa or 0.5) if on else 0.0
-    return dataclasses.replace(config, data=dataclasses.replace(config.data, p_hsa=p))
+    """The stage switch: 'off' -> p_hsa 0 (original harness) and p_recovery 0 (recovery turns are written into
+    HSA-rewritten records only); 'on' -> the config's p_hsa (0.5 if it had 0) and p_recovery."""
+    if on:
+        return dataclasses.replace(config, data=dataclasses.replace(config.data, p_hsa=config.data.p_hsa or 0.5))
+    return dataclasses.replace(config, data=dataclasses.replace(config.data, p_hsa=0.0, p_recovery=0.0))
 
 
 # ---------------------------------------------------------------------------------------------- tokenizer
@@ -368,7 +370,8 @@ def run_sft(config: SFTConfig, out_dir: str | Path, *, resume: bool = False, for
 
     rows = host_rows(mesh, config.data.batch_size, config.accum_steps)
     harness = config.world.harness
-    dataset = sft_dataset(records, {harness: world_harness(harness)}, tokenizer, config.data, rows=rows)
+    dataset = sft_dataset(records, {harness: world_harness(harness)}, tokenizer, config.data, rows=rows,
+                          env_config=sft_env_config(config.world))
     batches = sft_batches(dataset, config.data)
 
     def hsa_share(host):

@@ -85,6 +85,13 @@ def test_insert_misread_refuses_what_the_environment_would_not_allow(harness):
     no_retry = new.replace(hooks=tuple(dataclasses.replace(s, params={"max_attempts": 1})
                                        if s.handler == "retry_on_tool_error" else s for s in new.hooks))
     assert insert_misread([*base, turn, tool_msg], harness, no_retry, random.Random(0), **LIMITS) is None
+    # the recorded call itself failed (a fault, then its hook feedback): that feedback was written for attempt 1
+    failed = {"role": "tool", "name": "load_skill", "content": json.dumps(
+        {"error": {"type": "timeout", "message": "超时"}, "hook": "请重试"}, ensure_ascii=False)}
+    assert insert_misread([*base, turn, failed], harness, new, random.Random(0), **LIMITS) is None
+    assert insert_misread([*base, turn, {**tool_msg, "content": "not json"}], harness, new, random.Random(0),
+                          **LIMITS) is None
+    assert insert_misread([*base, turn, tool_msg], harness, new, random.Random(0), **LIMITS) is not None
 
 
 def test_inserted_turns_replay_exactly_in_the_environment(world, harness):
@@ -146,8 +153,6 @@ def test_pipeline_p_recovery(harness):
     from test_pipeline import RECORDS  # the pipeline tests' production-harness records
 
     assert P.SFTDataConfig().p_recovery == 0.0
-    with pytest.raises(ValueError, match="p_recovery"):
-        P.SFTDataConfig(p_recovery=1.5)
     cfg = dict(seq_len=4096, batch_size=4, seed=3, read_threads=1, prefetch=2, pack=False, p_hsa=1.0)
     plain = P.hsa_dataset(RECORDS, {"production": harness}, P.SFTDataConfig(**cfg))
     rec = P.hsa_dataset(RECORDS, {"production": harness}, P.SFTDataConfig(**cfg, p_recovery=1.0))
@@ -163,6 +168,26 @@ def test_pipeline_p_recovery(harness):
         else:
             assert b["messages"] == a["messages"]
     assert n_misread > 0
+    # the records' environment bounds the extra turn: one world-tool round and no skill-only turn leave none to spare
+    tight = EnvConfig(max_tool_rounds=1, max_skill_turns=0)
+    bounded = P.hsa_dataset(RECORDS, {"production": harness}, P.SFTDataConfig(**cfg, p_recovery=1.0), env_config=tight)
+    assert all(0 not in [m.get("weight") for m in bounded[i]["messages"]] for i in range(len(RECORDS)))
+
+
+@pytest.mark.parametrize("bad", [1.5, -0.1, True, "0.5", None])
+def test_p_recovery_must_be_a_probability(bad):
+    with pytest.raises(ValueError, match=r"SFTDataConfig\.p_recovery = .*expected a probability"):
+        P.SFTDataConfig(p_recovery=bad)
+
+
+def test_p_recovery_needs_hsa_and_the_original_switch_drops_it():
+    from hat_jax.train.sft import SFTConfig, with_hsa
+
+    with pytest.raises(ValueError, match="p_recovery = 0.5 needs p_hsa > 0"):
+        P.SFTDataConfig(p_hsa=0.0, p_recovery=0.5)
+    cfg = dataclasses.replace(SFTConfig(), data=dataclasses.replace(SFTConfig().data, p_recovery=0.5))
+    assert (with_hsa(cfg, False).data.p_hsa, with_hsa(cfg, False).data.p_recovery) == (0.0, 0.0)
+    assert (with_hsa(cfg, True).data.p_hsa, with_hsa(cfg, True).data.p_recovery) == (cfg.data.p_hsa, 0.5)
 
 
 def test_config_json_omits_p_recovery_at_its_default():
