@@ -15,23 +15,23 @@ The tiny model (5.1M parameters) and every tiny section, except:
   exercises draw brands and copied strings from the tokenizer's own vocabulary (`reading_vocab`), so every
   embedding trains: the tiny BPE merges the catalog's brands and names into tokens no other chat contains. Tied,
   a rare token's output row is its embedding; untied, the base never copied a brand from the vocabulary.
-- HSA-SFT: 400 steps (about two passes over its records instead of a fifth of one), the lm_head tied to the
+- HSA-SFT: 800 steps (about four passes over its records; tiny's 100 steps see a fifth of them), the lm_head tied to the
   embedding as in the base (`SFTConfig.tie_lm_head`): trained apart, the output columns of the tokens its records
   lack drift from their embeddings (mean cosine 1.00 -> 0.17; the median rank of a token's own logit 2 -> 480), and
-  the copies of rare tokens fall.
+  the copies of rare tokens fall. 800 steps against 400: Live QA eff 40 against 21, gold chain 51% against 22%.
 - the tokenizer: the "scripts" split (`TOKENIZER_SPLIT`), so a name has one segmentation in every context.
 
-What it shows (`--exp table4_hsa_sft`, seed 0, 50 items per suite; docs/tuning.md "The lm_head started as the
-embedding's transpose"): after HSA-SFT the model copies the viewer's product into the search (teacher-forced, the
-whole query right in 49 of 61 held-out trajectories; in Live QA 30 of its 60 searches are the viewer's product),
-the product id from the search result (62 of 62), the price (30 of 33) and the intent (55 of 55); in Live QA the
-skill is right in 92% of episodes and 22% complete the gold call chain (acc 46 [32, 60], eff 21 [12, 31]); Tool
-robustness TC 12 [4, 22]. Under held-out renamed harnesses no call is valid (Variant QA validity 0, acc 20 [10, 32],
-eff 0): the skill loader's name is copied in 16 of 46 episodes, but its renamed parameter (`SkillId`, a held-out
-style) is not read, and replies after the failed calls are malformed. No target of the tiny-scale science is met
-yet. Cost on 2 cores: the base about 91 minutes (2,033 s + 1,790 s + 1,637 s, the first two on cores shared with
-other work; cached after the first run), SFT 16 (957 s untied on idle cores; 1,678 s tied, beside the test suite),
-the evaluation 6. IF-mini prompt strict 14.0 [8.0, 21.0].
+What it shows (`--exp table4_hsa_sft`, seed 0, 50 items per suite; docs/tuning.md "800 HSA-SFT steps instead of
+400"): in Live QA the skill is right in 98% of episodes, 51% complete the gold call chain and 98.8% of calls name a
+tool or skill of the harness (acc 56 [42, 70], eff 40 [28, 52]); Tool robustness TC 30 [18, 42]. After 400 steps
+the model already copied the viewer's product into the search (teacher-forced, the whole query right in 49 of 61
+held-out trajectories), the product id from the search result (62 of 62), the price (30 of 33) and the intent (55
+of 55). Under held-out renamed harnesses no call is valid (Variant QA validity 0, acc 26, eff 2): the skill
+loader's name is often copied, but its renamed parameter (`SkillId`, a held-out style) is not read. Of the
+tiny-scale targets two are met on this one seed: Live QA name validity >= 90% and TC >= 30 (its point estimate). Cost on 2 cores: the base about 91
+minutes (2,033 s + 1,790 s + 1,637 s, the first two on cores shared with other work; cached after the first run),
+SFT about 35-70 (400 steps took 957 s untied on idle cores and 1,678 s tied beside the test suite; 800 steps 4,137 s
+beside a 3-seed group run), the evaluation 6-9. IF-mini prompt strict 15.0 [8.0, 22.0].
 """
 
 import dataclasses
@@ -69,5 +69,5 @@ def get_config():
                                   seed=mix.seed + 1, optim=dataclasses.replace(mix.optim, warmup_steps=20),
                                   ckpt_every=250)
     base = dataclasses.replace(reading, init=reading, seed=reading.seed + 1)
-    sft = dataclasses.replace(tiny.sft, steps=400, ckpt_every=100, tokenizer_split=TOKENIZER_SPLIT, tie_lm_head=True)
+    sft = dataclasses.replace(tiny.sft, steps=800, ckpt_every=100, tokenizer_split=TOKENIZER_SPLIT, tie_lm_head=True)
     return dataclasses.replace(tiny, name="small", base=dataclasses.replace(tiny.base, pretrain=base), sft=sft)
