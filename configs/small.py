@@ -28,10 +28,11 @@ the model already copied the viewer's product into the search (teacher-forced, t
 held-out trajectories), the product id from the search result (62 of 62), the price (30 of 33) and the intent (55
 of 55). Under held-out renamed harnesses no call is valid (Variant QA validity 0, acc 26, eff 2): the skill
 loader's name is often copied, but its renamed parameter (`SkillId`, a held-out style) is not read. Of the
-tiny-scale targets two are met on this one seed: Live QA name validity >= 90% and TC >= 30 (its point estimate). Cost on 2 cores: the base about 91
-minutes (2,033 s + 1,790 s + 1,637 s, the first two on cores shared with other work; cached after the first run),
-SFT about 35-70 (400 steps took 957 s untied on idle cores and 1,678 s tied beside the test suite; 800 steps 4,137 s
-beside a 3-seed group run), the evaluation 6-9. IF-mini prompt strict 15.0 [8.0, 22.0].
+tiny-scale targets two are met on this one seed: Live QA name validity >= 90% and TC >= 30 (its point estimate).
+Cost on 2 cores: the base about 91 minutes (2,033 s + 1,790 s + 1,637 s, the first two on cores shared with other
+work; cached after the first run), SFT about 35-70 (400 steps took 957 s untied on idle cores and 1,678 s tied
+beside the test suite; 800 steps 4,137 s beside a 3-seed group run), the evaluation 6-9. IF-mini prompt strict
+15.0 [8.0, 22.0].
 """
 
 import dataclasses
