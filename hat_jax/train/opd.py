@@ -54,6 +54,7 @@ from hat_jax.train.opd_batches import EXACT_KEYS, SAMPLED_KEYS, OPDBatches, live
 from hat_jax.train.opd_config import OPDConfig
 from hat_jax.train.opd_loss import opd_loss_fn
 from hat_jax.train.rl_loss import PACKED_KEYS
+from hat_jax.train.rl_rewards import SHOWN
 from hat_jax.train.optim import lr_schedule, make_optimizer
 from hat_jax.train.stage import (StageRun, copy_tokenizer, add_out_steps, add_resume_force, add_set_progress,
                                  apply_overrides, cli, finish_main, model_options, parse_stage_args, resolved_optim,
@@ -191,7 +192,8 @@ def run_opd(config: OPDConfig, out_dir: str | Path, *, resume: bool = False, for
         return state, metrics
 
     desc = f"opd[{config.loss}]" if config.prompts != "live" else f"opd-live[{config.loss}, {config.harness_mode}]"
-    loop = LoopConfig(config.steps, config.log_every, config.ckpt_every, desc=desc, progress=progress)
+    loop = LoopConfig(config.steps, config.log_every, config.ckpt_every, desc=desc, progress=progress,
+                      shown=SHOWN if config.prompts == "live" else ())
     return run.run(loop, state, batches, step_fn, max_to_keep=config.max_to_keep, prepare=prepare,
                    batch_metrics=lambda host: host["stats"])
 

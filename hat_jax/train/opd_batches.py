@@ -53,7 +53,7 @@ from hat_jax.tokenizer import chat_encoding
 from hat_jax.train.opd_loss import make_teacher_fn
 from hat_jax.train.policy_packing import packed_update
 from hat_jax.train.rl import draw_harnesses, draw_task_indices
-from hat_jax.train.rl_rewards import OUTCOMES, judge_rewards
+from hat_jax.train.rl_rewards import OUTCOMES, judge_rewards, rollout_reading
 from hat_jax.train.stage import stage_sampler
 from hat_jax.train.trainer import TrainState
 
@@ -237,6 +237,7 @@ class OPDBatches:
         t1 = time.perf_counter()
         components, counts = judge_rewards(rollout, harnesses, self.tokenizer, c.reward)
         stats = live_metrics(rollout, components, counts, c.reward)
+        stats.update(rollout_reading(rollout, harnesses))
         stats.update({"time/generation_s": rollout.stats["generation_s"],
                       "time/env_s": rollout.stats["env_s"] + time.perf_counter() - t1,
                       "time/tokenize_s": rollout.stats["tokenizer_s"], "time/rollout_s": t1 - t0})

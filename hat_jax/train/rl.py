@@ -78,7 +78,7 @@ from hat_jax.train.mtp import DEFAULT_MTP_COEF, check_mtp_coef, check_mtp_model
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
 from hat_jax.train.policy_packing import packed_update
 from hat_jax.train.rl_loss import BATCH_KEYS, PACKED_KEYS, make_ref_logprobs, make_rl_train_step, rl_loss_fn
-from hat_jax.train.rl_rewards import host_batch, judge_rewards
+from hat_jax.train.rl_rewards import SHOWN, host_batch, judge_rewards, rollout_reading
 from hat_jax.train.sft import load_init_params
 from hat_jax.train.stage import (StageRun, copy_tokenizer, add_out_steps, add_resume_force, add_set_progress,
                                  apply_overrides, check_dtypes, check_model_options, check_run_fields, cli, config_json,
@@ -319,6 +319,7 @@ class RLBatches:
                                     minibatches=c.ppo_minibatches, rows_multiple=self.rows_multiple,
                                     top_k=self.model_config.num_experts_per_tok)
         metrics.update(rows)
+        metrics.update(rollout_reading(rollout, harnesses))
         stats = rollout.stats
         metrics.update({"time/generation_s": stats["generation_s"], "time/env_s": stats["env_s"] + t_env,
                         "time/tokenize_s": stats["tokenizer_s"], "time/rollout_s": t1 - t0})
@@ -427,7 +428,7 @@ def run_rl(config: RLConfig, out_dir: str | Path, *, resume: bool = False, force
         return place_batch(split_micro_batches({k: v for k, v in host.items() if k in keys}, split), mesh)
 
     loop = LoopConfig(config.steps, config.log_every, config.ckpt_every, desc=f"rl[{config.harness_mode}]",
-                      progress=progress)
+                      progress=progress, shown=SHOWN)
     return run.run(loop, state, batches, step_fn, max_to_keep=config.max_to_keep, prepare=prepare,
                    data_state=lambda: {"rl_step": batches.last_step}, batch_metrics=lambda host: host["_metrics"])
 

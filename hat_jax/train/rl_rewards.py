@@ -14,6 +14,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from hat_jax.judges.reading import episode_reading, reading_scores
 from hat_jax.judges.rewards import COMPONENTS, RewardConfig, reward_components
 from hat_jax.judges.rules import judge_episode
 from hat_jax.model.sharding import host_values
@@ -23,6 +24,9 @@ from hat_jax.rollout.turns import reasoning_tokens
 from hat_jax.train.advantages import get_advantage_estimator, group_normalise
 
 OUTCOMES = ("replied", "no_reply", "round_limit", "malformed", "truncated")  # `hat_jax.sim.types.Episode.outcome`
+# What an RL or live OPD step's progress bar and log line show beside the loss (`LoopConfig.shown`): the reward, the
+# two judge rewards whose split tells abstaining (accuracy up, effectiveness flat) from learning, and the calls.
+SHOWN = ("reward/total", "reward/accuracy", "reward/effectiveness", "rollout/calls_per_ep", "rollout/name_valid")
 
 
 def judge_rewards(rollout, harnesses: Sequence[Any], tokenizer: Any,
@@ -45,6 +49,26 @@ def judge_rewards(rollout, harnesses: Sequence[Any], tokenizer: Any,
             comps[k][n] = values[k]
         counts.append(turns)
     return comps, counts
+
+
+def rollout_reading(rollout, harnesses: Sequence[Any]) -> dict[str, float]:
+    """The step's reading metrics (`hat_jax.judges.reading`), each episode judged under its task's harness.
+
+    A policy that stops calling tools, or calls names its harness lacks, shows here at the step it happens,
+    while its Accuracy reward may still rise (short replies that state no fact).
+
+    Args:
+        rollout: a `RolloutBatch` (group_ids index `harnesses`). harnesses: one per task.
+    Returns:
+        {"rollout/calls_per_ep": tool calls per episode (a count), "rollout/name_valid": % of the calls whose
+        name the harness has, "rollout/skill_acc": % of the episodes with Skill Selection 1,
+        "rollout/chain_done": % of the episodes with gold calls that made them in order}; NaN where
+        `reading_scores` is undefined (no calls, no skill or gold calls to judge).
+    Raises:
+        ValueError: no episodes.
+    """
+    readings = [episode_reading(e, harnesses[int(rollout.group_ids[n])]) for n, e in enumerate(rollout.episodes)]
+    return {f"rollout/{k}": float("nan") if v is None else float(v) for k, v in reading_scores(readings).items()}
 
 
 def _pad(x: np.ndarray, t: int, value) -> np.ndarray:

@@ -43,7 +43,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import flax.struct
@@ -352,18 +352,26 @@ def process_rows(mesh: Mesh, accum: int, micro: int) -> np.ndarray:
 @dataclasses.dataclass(frozen=True)
 class LoopConfig:
     """steps: final step number; log_every / ckpt_every: intervals in steps (a checkpoint is also written at
-    the end); desc: progress-bar label; progress: show the bar."""
+    the end); desc: progress-bar label; progress: show the bar; shown: metric keys the bar and the log line show
+    beside the loss (RL: the reward and the calls per episode), each by its name after the last "/"."""
 
     steps: int
     log_every: int = 10
     ckpt_every: int = 100
     desc: str = "train"
     progress: bool = True
+    shown: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.steps < 0 or self.log_every < 1 or self.ckpt_every < 1:
             raise ValueError(f"LoopConfig: steps ({self.steps}) >= 0, log_every ({self.log_every}) and ckpt_every "
                              f"({self.ckpt_every}) >= 1 required")
+
+
+def shown_values(keys: Sequence[str], values: Mapping[str, float]) -> dict[str, str]:
+    """{name after the last "/": value to 3 significant digits} for the `keys` that `values` holds, in order
+    (`LoopConfig.shown`)."""
+    return {k.rsplit("/", 1)[-1]: f"{values[k]:.3g}" for k in keys if k in values}
 
 
 def real_tokens(batch: Mapping[str, Any]) -> int:
@@ -423,6 +431,7 @@ class _LogWindow:
             done = step - self.start
             per_step = (now - self.first_done) / (done - 1) if done > 1 else now - self.began
             loss = f"loss {values['loss']:.4f}" if "loss" in values else "no loss tokens in these steps"
+            loss += "".join(f", {name} {value}" for name, value in shown_values(loop.shown, values).items())
             log.info("%s step %d/%d %s, %.2f s/step, ETA %.0f s", loop.desc, step, loop.steps, loss, per_step,
                      per_step * (loop.steps - step))
         self.values, self.tokens, self.t0 = {}, 0, now
@@ -483,7 +492,8 @@ def run_stage(loop: LoopConfig, state: TrainState,
             if step % loop.log_every == 0 or step == loop.steps:
                 window.emit(loop, step, now, writer)
             rate = window.rate
-            bar.set_postfix(loss=f"{metrics['loss']:.4f}", **({"tok_s": f"{rate:.0f}"} if rate else {}), refresh=False)
+            bar.set_postfix(loss=f"{metrics['loss']:.4f}", **shown_values(loop.shown, {**metrics, **extra}),
+                            **({"tok_s": f"{rate:.0f}"} if rate else {}), refresh=False)
             bar.update(1)
             if checkpointer is not None and (step % loop.ckpt_every == 0 or step == loop.steps):
                 checkpointer.save(step, state, data_state())

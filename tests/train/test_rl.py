@@ -101,7 +101,8 @@ DOCUMENTED = (
        "rollout/seq_len", "time/generation_s", "time/env_s", "time/train_s", "time/rollout_s", "time/ref_s",
        "moe/expert_load_cv", "data/invalid_samples", "policy/clip_frac", "policy/clip_frac_low",
        "policy/clip_frac_high", "policy/ratio_mean", "policy/entropy", "kl/approx", "train/loss", "train/lb_loss",
-       "train/grad_norm", "train/lr"]
+       "train/grad_norm", "train/lr", "rollout/calls_per_ep", "rollout/name_valid", "rollout/skill_acc",
+       "rollout/chain_done"]
     + [f"rollout/outcome_{o}" for o in OUTCOMES])
 
 
@@ -125,6 +126,7 @@ def test_one_step_per_estimator(init_dir, tmp_path, estimator, sets):
     if "routing_replay=true" in sets:
         assert row["policy/ratio_max"] < 1 + 1e-4
     assert sum(row[f"rollout/outcome_{o}"] for o in OUTCOMES) == pytest.approx(1.0)
+    assert row["rollout/calls_per_ep"] >= 0 and 0 <= row["rollout/skill_acc"] <= 100
     if "beta=0.05" in sets:  # the reference is the init: k3 = 0 at the first update
         assert abs(row["kl/k3"]) < 1e-5 and row["time/ref_s"] > 0
 

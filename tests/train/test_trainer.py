@@ -318,3 +318,18 @@ def test_log_window_means_leave_out_steps_without_loss_tokens():
     window.add({"loss": 0.0, "loss_tokens": 0, "grad_norm": 2.0}, 100, 4.0)
     window.emit(LoopConfig(steps=4, progress=False), 4, 5.0, writer)
     assert "train/loss" not in writer.values and writer.values["train/grad_norm"] == 2.0
+
+
+def test_log_line_shows_the_loops_chosen_metrics(caplog):
+    """`LoopConfig.shown`: the window's means of those keys follow the loss in the log line, by their last name;
+    a key the window lacks is left out."""
+    from hat_jax.train.trainer import _LogWindow, shown_values
+
+    window = _LogWindow(0)
+    for i, (reward, calls) in enumerate([(0.5, 2.0), (1.0, 0.0)]):
+        window.add({"loss": 0.25, "reward/total": reward, "rollout/calls_per_ep": calls}, 10, float(i))
+    loop = LoopConfig(steps=2, progress=False, shown=("reward/total", "rollout/calls_per_ep", "rollout/name_valid"))
+    with caplog.at_level("INFO", logger="hat_jax.train.trainer"):
+        window.emit(loop, 2, 2.0, None)
+    assert "step 2/2 loss 0.2500, total 0.75, calls_per_ep 1, 2.00 s/step" in caplog.text
+    assert shown_values(("a/b", "c"), {"a/b": 2 / 3, "c": 1234.5}) == {"b": "0.667", "c": "1.23e+03"}
