@@ -353,7 +353,8 @@ def process_rows(mesh: Mesh, accum: int, micro: int) -> np.ndarray:
 class LoopConfig:
     """steps: final step number; log_every / ckpt_every: intervals in steps (a checkpoint is also written at
     the end); desc: progress-bar label; progress: show the bar; shown: metric keys the bar and the log line show
-    beside the loss (RL: the reward and the calls per episode), each by its name after the last "/"."""
+    beside the loss (RL: the reward and the calls per episode), each by its name after the last "/" (distinct,
+    and neither "loss" nor "tok_s", which the bar shows already)."""
 
     steps: int
     log_every: int = 10
@@ -366,12 +367,17 @@ class LoopConfig:
         if self.steps < 0 or self.log_every < 1 or self.ckpt_every < 1:
             raise ValueError(f"LoopConfig: steps ({self.steps}) >= 0, log_every ({self.log_every}) and ckpt_every "
                              f"({self.ckpt_every}) >= 1 required")
+        names = [k.rsplit("/", 1)[-1] for k in self.shown]
+        clash = sorted({n for n in names if names.count(n) > 1 or n in ("loss", "tok_s")})
+        if clash:
+            raise ValueError(f"LoopConfig.shown = {self.shown!r}: the names after the last '/' must be distinct and "
+                             f"not 'loss' or 'tok_s'; clashing: {clash}")
 
 
 def shown_values(keys: Sequence[str], values: Mapping[str, float]) -> dict[str, str]:
-    """{name after the last "/": value to 3 significant digits} for the `keys` that `values` holds, in order
-    (`LoopConfig.shown`)."""
-    return {k.rsplit("/", 1)[-1]: f"{values[k]:.3g}" for k in keys if k in values}
+    """{name after the last "/": value with 2 decimals} for the `keys` that `values` holds, in order
+    (`LoopConfig.shown`); an undefined (NaN) value reads "n/a"."""
+    return {k.rsplit("/", 1)[-1]: "n/a" if math.isnan(values[k]) else f"{values[k]:.2f}" for k in keys if k in values}
 
 
 def real_tokens(batch: Mapping[str, Any]) -> int:
@@ -401,7 +407,9 @@ PER_LOSS_TOKEN = ("loss", "lb_loss", "total_loss", "mtp_loss")
 class _LogWindow:
     """The metrics of the steps since the last log line, and the token rate over them. The first step of a
     process includes compilation: its tokens and time are not in the rate. The `PER_LOSS_TOKEN` means skip
-    steps with no loss tokens; a window holding only such steps reports none of them."""
+    steps with no loss tokens; a window holding only such steps reports none of them. A NaN value is a metric
+    undefined at that step (RL's name validity in a step without tool calls; a non-finite loss stops the run
+    before it gets here): the window's mean leaves it out, and is NaN only when every step's value is."""
 
     def __init__(self, start: int):
         self.start, self.began = start, time.perf_counter()
@@ -417,12 +425,14 @@ class _LogWindow:
         empty = metrics.get("loss_tokens", 1) == 0
         for k, v in metrics.items():
             if not (empty and k in PER_LOSS_TOKEN):
-                self.values.setdefault(k, []).append(v)
+                self.values.setdefault(k, [])
+                if not math.isnan(v):
+                    self.values[k].append(v)
 
     def emit(self, loop: LoopConfig, step: int, now: float, writer) -> None:
         """Writes the window's means (and tokens_per_s) to `writer`, logs a line when there is no progress bar,
         and starts a new window."""
-        values = {k: float(np.mean(v)) for k, v in self.values.items()}
+        values = {k: float(np.mean(v)) if v else math.nan for k, v in self.values.items()}
         if self.tokens and now > self.t0:
             values["tokens_per_s"] = self.rate = self.tokens / (now - self.t0)
         if writer is not None:

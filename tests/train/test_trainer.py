@@ -8,6 +8,7 @@ subprocess that does two train steps of the micro model on one device and on a (
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -322,14 +323,34 @@ def test_log_window_means_leave_out_steps_without_loss_tokens():
 
 def test_log_line_shows_the_loops_chosen_metrics(caplog):
     """`LoopConfig.shown`: the window's means of those keys follow the loss in the log line, by their last name;
-    a key the window lacks is left out."""
+    a key the window lacks is left out; a step where a metric is undefined (NaN) is left out of its mean."""
     from hat_jax.train.trainer import _LogWindow, shown_values
 
     window = _LogWindow(0)
-    for i, (reward, calls) in enumerate([(0.5, 2.0), (1.0, 0.0)]):
-        window.add({"loss": 0.25, "reward/total": reward, "rollout/calls_per_ep": calls}, 10, float(i))
-    loop = LoopConfig(steps=2, progress=False, shown=("reward/total", "rollout/calls_per_ep", "rollout/name_valid"))
+    for i, (reward, calls, valid) in enumerate([(0.5, 2.0, 100.0), (1.0, 0.0, math.nan), (0.0, 1.0, 50.0)]):
+        window.add({"loss": 0.25, "reward/total": reward, "rollout/calls_per_ep": calls, "rollout/name_valid": valid},
+                   10, float(i))
+    loop = LoopConfig(steps=3, progress=False, shown=("reward/total", "rollout/calls_per_ep", "rollout/name_valid",
+                                                      "rollout/chain_done"))
     with caplog.at_level("INFO", logger="hat_jax.train.trainer"):
-        window.emit(loop, 2, 2.0, None)
-    assert "step 2/2 loss 0.2500, total 0.75, calls_per_ep 1, 2.00 s/step" in caplog.text
-    assert shown_values(("a/b", "c"), {"a/b": 2 / 3, "c": 1234.5}) == {"b": "0.667", "c": "1.23e+03"}
+        window.emit(loop, 3, 3.0, None)
+    assert "step 3/3 loss 0.2500, total 0.50, calls_per_ep 1.00, name_valid 75.00, 1.50 s/step" in caplog.text
+    assert shown_values(loop.shown, {"rollout/name_valid": math.nan}) == {"name_valid": "n/a"}
+    assert shown_values(("a/b", "c"), {"a/b": 2 / 3, "c": 99.996}) == {"b": "0.67", "c": "100.00"}
+    for bad in (("reward/accuracy", "eval/accuracy"), ("train/loss",), ("tok_s",)):
+        with pytest.raises(ValueError, match="LoopConfig.shown"):
+            LoopConfig(steps=1, shown=bad)
+
+
+def test_log_window_mean_of_an_all_undefined_metric_is_nan():
+    from hat_jax.train.trainer import _LogWindow
+
+    class Writer:
+        def scalars(self, step, values):
+            self.values = values
+
+    writer, window = Writer(), _LogWindow(0)
+    for i in range(2):
+        window.add({"loss": 1.0, "rollout/name_valid": math.nan}, 10, float(i))
+    window.emit(LoopConfig(steps=2, progress=False), 2, 2.0, writer)
+    assert math.isnan(writer.values["rollout/name_valid"]) and writer.values["train/loss"] == 1.0
