@@ -16,12 +16,18 @@ reports tool-call CoT and reply CoT separately) the component is the mean of the
 
 Default weights are our choice (the paper gives none): 1 for Accuracy and Effectiveness, 0.5 for
 Tool Rationality, Skill Selection and the length penalty.
+
+Accuracy is not paid for silence without cause (`Judgement.silent_without_cause`), and, with
+`accuracy_needs_intent`, not for any reply of Effectiveness 0 when no gold call failed: a refusal of an
+answerable question states no wrong fact, so the judge's Accuracy is 1, and at small scale HSA-RL learned to
+give it (docs/tuning.md, "HSA-RL at small"). Our choice, not the paper's; the evaluation's Accuracy is unchanged.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
+from typing import ClassVar
 
 from hat_jax.judges.rules import Judgement
 from hat_jax.sim.types import Episode
@@ -57,7 +63,11 @@ class RewardConfig:
       cot_free: reasoning tokens without penalty (paper: 100).
       cot_zero_at: reasoning tokens at which the penalty is -1 (paper: 200).
       cot_aggregate: "mean" or "min" over per-turn penalties.
+      accuracy_needs_intent: pay the accuracy component only for an episode on the viewer's intent
+        (`Judgement.off_intent_without_cause` False); silence without cause is never paid.
     """
+
+    OMITTED_AT_DEFAULT: ClassVar[tuple[str, ...]] = ("accuracy_needs_intent",)  # stage names predating it stay
 
     weights: Mapping[str, float] = dataclasses.field(
         default_factory=lambda: {
@@ -67,8 +77,11 @@ class RewardConfig:
     cot_free: int = 100
     cot_zero_at: int = 200
     cot_aggregate: str = "mean"
+    accuracy_needs_intent: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.accuracy_needs_intent, bool):
+            raise ValueError(f"RewardConfig.accuracy_needs_intent = {self.accuracy_needs_intent!r}: expected a bool")
         unknown = sorted(set(self.weights) - set(COMPONENTS))
         if unknown:
             raise ValueError(f"RewardConfig.weights: unknown components {unknown}; known: {COMPONENTS}")
@@ -96,8 +109,9 @@ def reward_components(
     counts = [reasoning_tokens] if isinstance(reasoning_tokens, int) else list(reasoning_tokens)
     pens = [cot_length_penalty(n, config.cot_free, config.cot_zero_at) for n in counts] or [0.0]
     cot = min(pens) if config.cot_aggregate == "min" else sum(pens) / len(pens)
+    unpaid = judgement.silent_without_cause or (config.accuracy_needs_intent and judgement.off_intent_without_cause)
     return {
-        "accuracy": 0.0 if judgement.silent_without_cause else float(judgement.accuracy),
+        "accuracy": 0.0 if unpaid else float(judgement.accuracy),
         "effectiveness": float(judgement.effectiveness),
         "tool_rationality": float(judgement.tool_rationality),
         "skill_selection": float(judgement.skill_selection),

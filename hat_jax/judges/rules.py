@@ -67,6 +67,9 @@ class Judgement:
       reasons: (metric, reason) for every failed check.
       silent_without_cause: the episode ended with no public reply although no gold tool call failed
         (the paper's "no public reply" fallback was not due); the RL reward does not pay Accuracy for it.
+      off_intent_without_cause: Effectiveness 0 although no gold tool call failed: silence, or a reply that
+        states nothing the viewer asked for (a refusal of an answerable question, a greeting); with
+        `RewardConfig.accuracy_needs_intent` the RL reward does not pay Accuracy for it either.
     """
 
     accuracy: int
@@ -82,6 +85,7 @@ class Judgement:
     severity: tuple[str, ...] = ()
     reasons: tuple[tuple[str, str], ...] = ()
     silent_without_cause: bool = False
+    off_intent_without_cause: bool = False
 
     @property
     def avg(self) -> float:
@@ -378,7 +382,7 @@ JUDGE_METRICS: tuple[JudgeMetric, ...] = (
 )
 
 
-NON_METRIC_FIELDS = ("rc_fraction", "severity", "reasons", "silent_without_cause")  # Judgement fields, no table row
+NON_METRIC_FIELDS = ("rc_fraction", "severity", "reasons", "silent_without_cause", "off_intent_without_cause")  # Judgement fields, no table row
 check_metric_table(JUDGE_METRICS, [f.name for f in dataclasses.fields(Judgement)], NON_METRIC_FIELDS)
 METRICS: tuple[str, ...] = tuple(m.name for m in JUDGE_METRICS)
 SHORT_KEYS: dict[str, str] = {m.name: m.short for m in JUDGE_METRICS}
@@ -437,8 +441,10 @@ def judge_episode(episode: Episode, harness: HarnessState) -> Judgement:
     results = {m.name: m.judge(episode, harness) for m in JUDGE_METRICS}
     reasons = tuple((m, r) for m, res in results.items() for r in res.reasons)
     frac, _ = rc_fraction(episode) if _has_reply(episode) else (0.0, ())
+    no_cause = not failed_gold_calls(episode)
     return Judgement(
         **{m.name: m.cast(results[m.name].value) for m in JUDGE_METRICS}, rc_fraction=float(frac),
         severity=severity_tags(episode, results["accuracy"].reasons), reasons=reasons,
-        silent_without_cause=not _has_reply(episode) and not failed_gold_calls(episode),
+        silent_without_cause=not _has_reply(episode) and no_cause,
+        off_intent_without_cause=results["effectiveness"].value == 0 and no_cause,
     )

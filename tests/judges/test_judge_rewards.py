@@ -79,3 +79,26 @@ def test_silence_earns_no_accuracy_reward_unless_the_fallback_was_due():
     assert fallback.accuracy == 1 and not fallback.silent_without_cause
     assert reward_components(fallback, 0)["accuracy"] == 1.0
     assert not judge_episode(episode("到手价199元", calls=(SKILL, PRICE)), harness()).silent_without_cause
+
+
+def test_accuracy_needs_intent_leaves_a_refusal_of_an_answerable_question_unpaid():
+    """The small-scale RL failure: the price was fetched, then the reply refused. The judge's Accuracy is 1 (no
+    wrong fact) and Effectiveness 0; by default the reward pays the accuracy, with accuracy_needs_intent it does
+    not. A reply on intent, and a conservative reply after a failed gold call, keep their accuracy reward."""
+    from judge_helpers import PRICE, SKILL, call, harness
+
+    from hat_jax.judges.rules import judge_episode
+
+    gated = RewardConfig(accuracy_needs_intent=True)
+    refusal = judge_episode(episode("这个问题我无法回答哦，咱们还是聊聊直播间的商品吧。", calls=(SKILL, PRICE)), harness())
+    assert (refusal.accuracy, refusal.effectiveness) == (1, 0.0) and refusal.off_intent_without_cause
+    assert not refusal.silent_without_cause
+    assert reward_components(refusal, 0)["accuracy"] == 1.0
+    assert reward_components(refusal, 0, gated)["accuracy"] == 0.0
+    answer = judge_episode(episode("到手价199元", calls=(SKILL, PRICE)), harness())
+    assert not answer.off_intent_without_cause and reward_components(answer, 0, gated)["accuracy"] == 1.0
+    failed = call("jiage", {"product_id": "P1"}, status="error", result={"error": {"type": "service_error"}})
+    fallback = judge_episode(episode("", calls=(SKILL, failed), outcome="no_reply"), harness())
+    assert not fallback.off_intent_without_cause and reward_components(fallback, 0, gated)["accuracy"] == 1.0
+    with pytest.raises(ValueError, match="accuracy_needs_intent"):
+        RewardConfig(accuracy_needs_intent="yes")
