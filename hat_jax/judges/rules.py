@@ -382,7 +382,8 @@ JUDGE_METRICS: tuple[JudgeMetric, ...] = (
 )
 
 
-NON_METRIC_FIELDS = ("rc_fraction", "severity", "reasons", "silent_without_cause", "off_intent_without_cause")  # Judgement fields, no table row
+# Judgement fields with no table row
+NON_METRIC_FIELDS = ("rc_fraction", "severity", "reasons", "silent_without_cause", "off_intent_without_cause")
 check_metric_table(JUDGE_METRICS, [f.name for f in dataclasses.fields(Judgement)], NON_METRIC_FIELDS)
 METRICS: tuple[str, ...] = tuple(m.name for m in JUDGE_METRICS)
 SHORT_KEYS: dict[str, str] = {m.name: m.short for m in JUDGE_METRICS}

@@ -90,7 +90,8 @@ def test_accuracy_needs_intent_leaves_a_refusal_of_an_answerable_question_unpaid
     from hat_jax.judges.rules import judge_episode
 
     gated = RewardConfig(accuracy_needs_intent=True)
-    refusal = judge_episode(episode("这个问题我无法回答哦，咱们还是聊聊直播间的商品吧。", calls=(SKILL, PRICE)), harness())
+    off_topic = "这个问题我无法回答哦，咱们还是聊聊直播间的商品吧。"  # the oracle's off-topic reply
+    refusal = judge_episode(episode(off_topic, calls=(SKILL, PRICE)), harness())
     assert (refusal.accuracy, refusal.effectiveness) == (1, 0.0) and refusal.off_intent_without_cause
     assert not refusal.silent_without_cause
     assert reward_components(refusal, 0)["accuracy"] == 1.0
