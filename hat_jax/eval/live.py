@@ -20,8 +20,9 @@ Variant implemented and why:
   constraint, a reply-based metric is 0 when there is no reply), so every sample averages all its parts
   and every sample counts in every mean.
 - Reading metrics (not the report's; never in AVG): `hat_jax.judges.reading` under the item harness, name_valid,
-  skill_acc, chain_done (0-100, None when their denominator is empty: no calls, no task needing a skill, no task
-  with gold calls) and calls_per_ep (a count), after the suite's metrics in its scores.
+  skill_acc, chain_done, fact_fetched, relayed, abstained (0-100, None when their denominator is empty: no calls, no
+  task needing a skill, no task with gold calls or a checkable gold fact, nothing fetched) and calls_per_ep (a
+  count), after the suite's metrics in its scores.
 - Reasoning length: `hat_jax.rollout.turns.reasoning_tokens` of each sampled turn (the count the RL stage's
   CoT penalty uses).
 """

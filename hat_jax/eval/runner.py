@@ -11,8 +11,8 @@ The HAT report, arXiv 2608.15763 (TaoLive, 2026), "Evaluation sets and metrics".
      "extra": {per suite: timing and length statistics; "seq_len", "wall_s", ...}}
 
 every report metric a float on the paper's 0-100 scale; only the suites of `EvalConfig.suites` are present. READING
-is the reading metrics of `hat_jax.judges.reading` ("name_valid", "skill_acc", "chain_done" on 0-100 or None when
-undefined, "calls_per_ep" a count), not the report's and not in AVG.
+is the reading metrics of `hat_jax.judges.reading` ("name_valid", "skill_acc", "chain_done", "fact_fetched",
+"relayed", "abstained" on 0-100 or None when undefined, "calls_per_ep" a count), not the report's and not in AVG.
 Decoding is greedy by default (`EvalConfig.temperature` 0); with a temperature > 0 (e.g. the paper's serving
 setting, 1.0 / top-p 0.95) every batch samples with a key derived from `EvalConfig.seed` and its index, so a
 score is still a function of the params and the config.

@@ -52,7 +52,8 @@ METRIC_LABELS: dict[str, str] = {
 }
 # Column labels of the keys whose name does not read as one (others: the key with spaces).
 KEY_LABELS: dict[str, str] = {"name_valid": "name validity", "skill_acc": "skill selection",
-                              "chain_done": "gold chain done", "calls_per_ep": "calls / episode"}
+                              "chain_done": "gold chain done", "fact_fetched": "fact fetched",
+                              "calls_per_ep": "calls / episode"}
 
 
 class DeclarationError(ValueError):

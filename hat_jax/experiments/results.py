@@ -27,9 +27,10 @@ same value the evaluation log rounds (2 decimals would round 11.646 to 11.65, th
 `--set eval.suites=[...]` or `--set eval.ifeval_mini_items=0`.
 
 READING is the reading metrics of every live-stream suite (`hat_jax.judges.reading`, not the paper's, never in
-AVG): "name_valid", "skill_acc", "chain_done" on 0-100, and "calls_per_ep", a count (>= 0, its interval clipped at
-0 only). Each is null where its denominator is empty in some seed (no calls, no task needing a skill, no task with
-gold calls; no interval then; results.md says why), and absent from a results.json written before they existed or
+AVG): "name_valid", "skill_acc", "chain_done", "fact_fetched", "relayed", "abstained" on 0-100, and "calls_per_ep", a
+count (>= 0, its interval clipped at 0 only). Each is null where its denominator is empty in some seed (no calls, no
+task needing a skill, no task with gold calls or checkable facts, nothing fetched; no interval then; results.md says
+why), and absent from a results.json written before they existed or
 aggregated from a seed evaluated before (results.md: "not measured"); `check_results` accepts both.
 
 "mtp" (`mtp_summary`) is the MTP head's offline draft acceptance of each seed's final checkpoint
@@ -59,13 +60,16 @@ SPEED_SOURCE = ("`python experiments/benchmarks/spec_decode_bench.py --checkpoin
 
 
 # results.md's note under a table that shows a reading metric.
-READING_NOTE = ("Name validity, skill selection, gold chain done and calls / episode show reading directly "
-                "(`hat_jax.judges.reading`; not the paper's, not in AVG): name validity = calls whose tool name, and "
-                "for a skill load whose skill id, exists in the harness the episode ran under / all calls; skill "
-                "selection = episodes whose first loaded skill is the task's, loaded before any world tool / "
-                "episodes whose task needs a skill (every generated task does); gold chain done = episodes that "
-                "make every gold call in group order / episodes whose task has gold calls; calls / episode is a "
-                "count, not on 0-100.")
+READING_NOTE = ("Name validity, skill selection, gold chain done, fact fetched, relayed, abstained and calls / "
+                "episode show reading directly (`hat_jax.judges.reading`; not the paper's, not in AVG): name "
+                "validity = calls whose tool name, and for a skill load whose skill id, exists in the harness the "
+                "episode ran under / all calls; skill selection = episodes whose first loaded skill is the task's, "
+                "loaded before any world tool / episodes whose task needs a skill (every generated task does); gold "
+                "chain done = episodes that make every gold call in group order / episodes whose task has gold "
+                "calls; fact fetched = episodes where an ok world-tool result holds a gold fact / episodes whose "
+                "task has a checkable gold fact; relayed = of those that fetched, replies stating every returned "
+                "gold fact (RC); abstained = accurate replies that state no gold fact / episodes whose task has one "
+                "(Accuracy earned by saying nothing); calls / episode is a count, not on 0-100.")
 
 
 def metric_value(metrics: Mapping[str, Any], path: str) -> float | None:

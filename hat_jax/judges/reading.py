@@ -16,6 +16,14 @@ Per episode (`episode_reading`):
 - chain: 1 when every gold call was made in gold group order (`gold.gold_chain_reasons`: TCO's order check without
   the prompt's tool_order constraints; no skill load is part of the chain); None when the task has no gold call
   (identity, chit-chat, off-topic, injection tasks).
+- fetched: 1 when some ok world-tool result holds a checkable gold fact (`rules.returned_facts`: the answer reached
+  the context); None when the task has no checkable gold fact (`rules.checkable_facts`: identity, chit-chat,
+  off-topic, injection tasks, and gold facts with no phrase rule).
+- relayed: RC (`rules.rc`: the reply states every returned gold fact) of an episode that fetched; None otherwise.
+  Reading a tool result, apart from finding it.
+- abstained: 1 when the episode is accurate (`rules.accuracy` 1) and its reply states none of the task's checkable
+  gold facts: Accuracy earned by saying nothing (a refusal, a greeting, a deliberate no_reply); None when the
+  task has no checkable gold fact.
 
 Per suite (`reading_scores`), on the 0-100 scale but calls_per_ep:
 - name_valid = 100 x sum(valid_calls) / sum(calls), pooled over the suite's calls; None ("no calls") when no
@@ -24,6 +32,9 @@ Per suite (`reading_scores`), on the 0-100 scale but calls_per_ep:
 - chain_done = 100 x mean(chain) over the episodes whose task has gold calls; None when none has.
 - calls_per_ep = sum(calls) / episodes, a count (`COUNT_KEYS`): with it an abstaining model is visible, as a
   validity of 100 over 3 calls is no reading.
+- fact_fetched = 100 x mean(fetched), relayed = 100 x mean(relayed) over the episodes that fetched, abstained =
+  100 x mean(abstained), each None when its denominator is empty. A gain in Accuracy with abstained rising by as
+  much is a gain from abstaining, not from answering.
 """
 
 from __future__ import annotations
@@ -32,26 +43,32 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from hat_jax.harness.state import SKILL_TOOL_IMPL, HarnessState
+from hat_jax.judges import rules
 from hat_jax.judges.gold import gold_chain_reasons
-from hat_jax.judges.rules import skill_selection
 from hat_jax.sim.executor import skill_argument
 from hat_jax.sim.types import Episode, ToolCallRecord
 
-READING_KEYS: tuple[str, ...] = ("name_valid", "skill_acc", "chain_done", "calls_per_ep")
+READING_KEYS: tuple[str, ...] = ("name_valid", "skill_acc", "chain_done", "fact_fetched", "relayed", "abstained",
+                                  "calls_per_ep")
 COUNT_KEYS: tuple[str, ...] = ("calls_per_ep",)  # counts, not on 0-100: >= 0, no upper bound
 # Why a reading metric is None (its denominator is empty), as results.md says it.
 UNDEFINED: dict[str, str] = {"name_valid": "no calls", "skill_acc": "no task needs a skill",
-                             "chain_done": "no task has gold calls"}
+                             "chain_done": "no task has gold calls", "fact_fetched": "no task has a checkable fact",
+                             "relayed": "no gold fact fetched", "abstained": "no task has a checkable fact"}
 
 
 @dataclasses.dataclass(frozen=True)
 class EpisodeReading:
-    """One episode's reading counts (module docstring): calls, valid_calls >= 0; skill, chain 0/1 or None."""
+    """One episode's reading counts (module docstring): calls, valid_calls >= 0; skill, chain, fetched, relayed,
+    abstained 0/1 or None (None where the module docstring says)."""
 
     calls: int
     valid_calls: int
     skill: int | None
     chain: int | None
+    fetched: int | None
+    relayed: int | None
+    abstained: int | None
 
 
 def valid_name(call: ToolCallRecord, harness: HarnessState) -> bool:
@@ -68,9 +85,16 @@ def valid_name(call: ToolCallRecord, harness: HarnessState) -> bool:
 def episode_reading(episode: Episode, harness: HarnessState) -> EpisodeReading:
     """The reading counts of `episode` under `harness`, the harness it ran under (module docstring)."""
     calls = episode.tool_calls
-    skill = int(skill_selection(episode, harness).value) if episode.task.skill_key else None
+    skill = int(rules.skill_selection(episode, harness).value) if episode.task.skill_key else None
     chain = int(not gold_chain_reasons(episode)) if episode.task.gold_calls else None
-    return EpisodeReading(len(calls), sum(valid_name(c, harness) for c in calls), skill, chain)
+    fetched = relayed = abstained = None
+    stated = rules.checkable_facts(episode)
+    if stated:
+        fetched = int(bool(rules.returned_facts(episode)))
+        relayed = int(rules.rc(episode).value) if fetched else None
+        abstained = int(rules.accuracy(episode).value == 1 and not any(stated.values()))
+    return EpisodeReading(len(calls), sum(valid_name(c, harness) for c in calls), skill, chain, fetched, relayed,
+                          abstained)
 
 
 def _percent(values: Sequence[int]) -> float | None:
@@ -90,4 +114,7 @@ def reading_scores(readings: Sequence[EpisodeReading]) -> dict[str, float | None
     return {"name_valid": 100.0 * sum(r.valid_calls for r in readings) / calls if calls else None,
             "skill_acc": _percent([r.skill for r in readings if r.skill is not None]),
             "chain_done": _percent([r.chain for r in readings if r.chain is not None]),
+            "fact_fetched": _percent([r.fetched for r in readings if r.fetched is not None]),
+            "relayed": _percent([r.relayed for r in readings if r.relayed is not None]),
+            "abstained": _percent([r.abstained for r in readings if r.abstained is not None]),
             "calls_per_ep": calls / len(readings)}

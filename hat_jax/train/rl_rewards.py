@@ -26,7 +26,8 @@ from hat_jax.train.advantages import get_advantage_estimator, group_normalise
 OUTCOMES = ("replied", "no_reply", "round_limit", "malformed", "truncated")  # `hat_jax.sim.types.Episode.outcome`
 # What an RL or live OPD step's progress bar and log line show beside the loss (`LoopConfig.shown`): the reward, the
 # two judge rewards whose split tells abstaining (accuracy up, effectiveness flat) from learning, and the calls.
-SHOWN = ("reward/total", "reward/accuracy", "reward/effectiveness", "rollout/calls_per_ep", "rollout/name_valid")
+SHOWN = ("reward/total", "reward/accuracy", "reward/effectiveness", "rollout/calls_per_ep", "rollout/name_valid",
+         "rollout/abstained")
 
 
 def judge_rewards(rollout, harnesses: Sequence[Any], tokenizer: Any,
@@ -62,8 +63,9 @@ def rollout_reading(rollout, harnesses: Sequence[Any]) -> dict[str, float]:
     Returns:
         {"rollout/calls_per_ep": tool calls per episode (a count), "rollout/name_valid": % of the calls whose
         name the harness has, "rollout/skill_acc": % of the episodes with Skill Selection 1,
-        "rollout/chain_done": % of the episodes with gold calls that made them in order}; NaN where
-        `reading_scores` is undefined (no calls, no skill or gold calls to judge).
+        "rollout/chain_done": % of the episodes with gold calls that made them in order, "rollout/fact_fetched",
+        "rollout/relayed", "rollout/abstained": as `hat_jax.judges.reading`}; NaN where `reading_scores` is
+        undefined (no calls, no skill, gold calls or checkable fact to judge, nothing fetched).
     Raises:
         ValueError: no episodes.
     """

@@ -85,11 +85,14 @@ def test_suite_items_run_under_their_harness_and_faults(tokenizer, recorded_envs
     judgements = [judge_episode(recorded_episode(r), h) for r, h in zip(res.records, harnesses)]
     assert {k: res.scores[k] for k in suite_keys("tool_robustness")} == pytest.approx(
         suite_scores("tool_robustness", judgements))
-    assert list(res.scores) == ["adr", "rc", "tc", "avg", "name_valid", "skill_acc", "chain_done", "calls_per_ep"]
+    assert list(res.scores) == ["adr", "rc", "tc", "avg", "name_valid", "skill_acc", "chain_done", "fact_fetched",
+                                "relayed", "abstained", "calls_per_ep"]
     assert all(0 <= res.scores[k] <= 100 for k in ("adr", "rc", "tc", "avg"))
     # The scripted policy replies at once: no call, so validity is undefined and every skill choice is missed.
     assert res.scores["name_valid"] is None and res.scores["calls_per_ep"] == 0.0 and res.scores["skill_acc"] == 0.0
-    assert [r["reading"] for r in res.records] == [{"calls": 0, "valid_calls": 0, "skill": 0, "chain": 0}] * 3
+    # ... and its reply, which states nothing, is an accurate abstention
+    assert [r["reading"] for r in res.records] == [{"calls": 0, "valid_calls": 0, "skill": 0, "chain": 0,
+                                                    "fetched": 0, "relayed": None, "abstained": 1}] * 3
     assert [r["item"]["item_id"] for r in res.records] == [it.item_id for it in items]
     assert all(r["turn_texts"][0] == REPLY + "<|im_end|>" for r in res.records)
     ex = res.extra
@@ -129,6 +132,10 @@ def test_reading_metrics_of_a_policy_that_calls_the_original_names(tokenizer):
     # 3 calls, all valid; the right skill for the price task only (1 of 3); no world tool, so no chain (0 of 2)
     assert {k: res.scores[k] for k in ("name_valid", "skill_acc", "chain_done", "calls_per_ep")} == pytest.approx(
         {"name_valid": 100.0, "skill_acc": 100 / 3, "chain_done": 0.0, "calls_per_ep": 1.0})
+    # The reply states nothing and no world tool ran: nothing fetched or relayed; both tasks with a checkable fact
+    # (the price task, the product question) are accurate abstentions
+    assert {k: res.scores[k] for k in ("fact_fetched", "relayed", "abstained")} == {
+        "fact_fetched": 0.0, "relayed": None, "abstained": 100.0}
     variant = eval_items("variant_qa", world_config)
     harnesses = [item_harness(it, original) for it in variant]
     assert all(h.tool("load_skill") is None for h in harnesses)  # every held-out family renames the loader
@@ -136,3 +143,5 @@ def test_reading_metrics_of_a_policy_that_calls_the_original_names(tokenizer):
     assert [r["episode"]["tool_calls"][0]["status"] for r in res.records] == ["unknown_tool"] * 3
     assert {k: res.scores[k] for k in ("name_valid", "skill_acc", "chain_done", "calls_per_ep")} == {
         "name_valid": 0.0, "skill_acc": 0.0, "chain_done": 0.0, "calls_per_ep": 1.0}
+    assert {k: res.scores[k] for k in ("fact_fetched", "relayed", "abstained")} == {
+        "fact_fetched": 0.0, "relayed": None, "abstained": 100.0}

@@ -28,7 +28,8 @@ CONFIG = EvalConfig(world=TINY_WORLD, max_new_tokens=NEW, max_turns=2, seq_len=1
 SCHEMA = {"live_qa": {"acc", "eff", "avg"}, "variant_qa": {"acc", "eff", "avg"},
           "tool_robustness": {"adr", "rc", "tc", "avg"}, "prompt_robustness": {"adr", "llm", "tco", "avg"}}
 IF_KEYS = {"prompt_strict", "inst_strict", "prompt_loose", "inst_loose"}
-READING = ("name_valid", "skill_acc", "chain_done", "calls_per_ep")  # `hat_jax.judges.reading`, after the suite's keys
+# `hat_jax.judges.reading`, after the suite's keys
+READING = ("name_valid", "skill_acc", "chain_done", "fact_fetched", "relayed", "abstained", "calls_per_ep")
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,8 @@ def _metrics(x: float, ifeval=True, reading: dict | None = None) -> dict:
 
 
 def _reading(valid, calls=2.0, skill=40.0, chain=25.0) -> dict:
-    return {"name_valid": valid, "skill_acc": skill, "chain_done": chain, "calls_per_ep": calls}
+    return {"name_valid": valid, "skill_acc": skill, "chain_done": chain, "fact_fetched": 60.0, "relayed": 50.0,
+            "abstained": 30.0, "calls_per_ep": calls}
 
 
 def test_mean_interval_hand_computed():
@@ -83,20 +84,25 @@ def test_check_results_accepts_the_schema_and_names_bad_fields():
 
 def test_group_table_puts_ours_beside_the_paper():
     group = load_all()["table6"]
-    assert group.columns[4:] == ("live_qa.name_valid", "variant_qa.name_valid", "live_qa.chain_done")
+    assert group.columns[4:] == ("live_qa.name_valid", "variant_qa.name_valid", "live_qa.chain_done",
+                                 "live_qa.abstained")
     res = _results()  # written before the reading metrics: their columns say so
     table = group_markdown(group, {"table6_both": res}, "micro")
     line = next(l for l in table.splitlines() if l.startswith("| table6_both"))
-    assert line == "| table6_both | 50.0 (81.3) | 50.0 | 50.0 (93.3) | 50.0 | not measured | not measured | not measured |"
-    assert "| table6_standard | not run (71.3) | not run | not run | not run | not run | not run | not run |" in table
+    assert line == ("| table6_both | 50.0 (81.3) | 50.0 | 50.0 (93.3) | 50.0 | not measured | not measured | "
+                    "not measured | not measured |")
+    assert ("| table6_standard | not run (71.3) | not run | not run | not run | not run | not run | not run | "
+            "not run |") in table
     assert table.splitlines()[4] == ("| row | IFEval prompt strict | IF-mini prompt strict | Live QA avg | Variant QA avg | "
-                                     "Live QA name validity | Variant QA name validity | Live QA gold chain done |")
+                                     "Live QA name validity | Variant QA name validity | Live QA gold chain done | "
+                                     "Live QA abstained |")
     m = _metrics(50.0, reading=_reading(92.5))
     m["variant_qa"]["name_valid"] = None
     table = group_markdown(group, {"table6_both": dict(_results(), metrics=m, per_seed=[m])}, "micro")
     line = next(l for l in table.splitlines() if l.startswith("| table6_both"))
-    assert line.endswith("| 50.0 | 92.5 | no calls | 25.0 |")
-    assert "Name validity, skill selection, gold chain done and calls / episode show reading directly" in table
+    assert line.endswith("| 50.0 | 92.5 | no calls | 25.0 | 30.0 |")
+    assert ("Name validity, skill selection, gold chain done, fact fetched, relayed, abstained and calls / episode "
+            "show reading directly") in table
 
 
 def test_results_md_splits_the_time_and_says_why_ifeval_was_skipped():
@@ -188,7 +194,8 @@ def test_reading_metrics_aggregate_with_their_ranges_and_nulls():
     assert mean["live_qa"]["name_valid"] == 90.0 and intervals["live_qa"]["name_valid"] == [65.1586, 100.0]
     # calls_per_ep is a count: 150, 160, 170 -> mean 160, not clipped at 100
     assert mean["variant_qa"]["calls_per_ep"] == 160.0 and intervals["variant_qa"]["calls_per_ep"] == [135.1586, 184.8414]
-    assert list(mean["live_qa"]) == ["acc", "eff", "avg", "name_valid", "skill_acc", "chain_done", "calls_per_ep"]
+    assert list(mean["live_qa"]) == ["acc", "eff", "avg", "name_valid", "skill_acc", "chain_done", "fact_fetched",
+                                     "relayed", "abstained", "calls_per_ep"]
     # one seed made no call: its validity is null, so the mean is null and has no interval; the others stand
     seeds[1]["live_qa"]["name_valid"] = None
     mean, intervals = aggregate(seeds)

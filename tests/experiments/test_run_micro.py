@@ -45,7 +45,8 @@ def test_results_follow_the_schema_and_share_the_sft_stage(runs):
     assert both["experiment"] == "table6_both" and both["preset"] == "micro" and both["seeds"] == [0]
     assert [(s["name"], s["harness"], s["steps"]) for s in both["stages"]] == [("sft", "hsa", 3), ("rl", "hsa", 1)]
     assert both["metrics"]["ifeval_mini"] is not None and set(both["metrics"]["live_qa"]) == {
-        "acc", "eff", "avg", "name_valid", "skill_acc", "chain_done", "calls_per_ep"}
+        "acc", "eff", "avg", "name_valid", "skill_acc", "chain_done", "fact_fetched", "relayed", "abstained",
+        "calls_per_ep"}
     row4 = json.loads((out / "table4_hsa_opd" / "results.json").read_text())
     check_results(row4)
     assert [(s["name"], s["cached"]) for s in row4["stages"]] == [("sft", True), ("opd", False)]

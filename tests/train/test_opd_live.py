@@ -243,7 +243,8 @@ DOCUMENTED = ("train/loss", "train/grad_norm", "train/lr", "kl/reverse_k1", "kl/
               "rollout/reasoning_len", "rollout/tokens", "rollout/seq_len", "reward/accuracy", "reward/effectiveness",
               "reward/tool_rationality", "reward/skill_selection", "reward/cot_length", "reward/total",
               "rollout/outcome_replied", "time/generation_s", "time/teacher_s", "time/train_s", "time/env_s",
-              "time/rollout_s", "rollout/calls_per_ep", "rollout/name_valid", "rollout/skill_acc", "rollout/chain_done")
+              "time/rollout_s", "rollout/calls_per_ep", "rollout/name_valid", "rollout/skill_acc", "rollout/chain_done",
+              "rollout/fact_fetched", "rollout/relayed", "rollout/abstained")
 
 
 def test_cli_run_with_a_larger_teacher_resumes_with_the_same_metrics(ckpts, tmp_path):

@@ -102,7 +102,7 @@ DOCUMENTED = (
        "moe/expert_load_cv", "data/invalid_samples", "policy/clip_frac", "policy/clip_frac_low",
        "policy/clip_frac_high", "policy/ratio_mean", "policy/entropy", "kl/approx", "train/loss", "train/lb_loss",
        "train/grad_norm", "train/lr", "rollout/calls_per_ep", "rollout/name_valid", "rollout/skill_acc",
-       "rollout/chain_done"]
+       "rollout/chain_done", "rollout/fact_fetched", "rollout/relayed", "rollout/abstained"]
     + [f"rollout/outcome_{o}" for o in OUTCOMES])
 
 
