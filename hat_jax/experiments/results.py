@@ -11,6 +11,7 @@ results.json (every metric on the paper's 0-100 scale but the count "calls_per_e
      "per_seed": [{the same metrics for each seed}],
      "mtp": {"acceptance_depth1", "mean_accepted_length", "positions", "episodes", "per_seed": [...]} or null,
      "eval_key": the digest of the eval config (rows with one eval key were scored on the same items),
+     "eval_dirs": [each seed's evaluation folder, relative to the output root] (its <suite>.jsonl episodes),
      "items": {suite: {"ids", "scores": {key: [[per-item score] per seed]}, "weights": {...}} or null},
      "intervals": {suite: {key: [low, high]}}, "interval_method": {suite: how, or why there is none},
      ...extra fields (chain, paper, base, eval_wall_s)}

@@ -135,8 +135,9 @@ def _log_eval_scalars(directory: Path, metrics: Mapping[str, Any], step: int) ->
 
 
 def with_item_intervals(results: Mapping[str, Any], experiment: Experiment, scale: Scale, out_root: Path) -> dict:
-    """`results` with "eval_key", "items" (each seed's per-item scores from its evaluation's files) and the
-    intervals they give ("intervals", "interval_method"; `hat_jax.experiments.intervals`). A results.json written
+    """`results` with "eval_key", "eval_dirs" (each seed's evaluation folder, relative to `out_root`), "items"
+    (each seed's per-item scores from its evaluation's files) and the intervals they give ("intervals",
+    "interval_method"; `hat_jax.experiments.intervals`). A results.json written
     before per-item scores were stored gets them here when its evaluations' files are still on disk.
 
     Raises:
@@ -144,8 +145,10 @@ def with_item_intervals(results: Mapping[str, Any], experiment: Experiment, scal
     """
     keys = chain_keys(scale, experiment.chain)
     final = keys[-1] if keys else base_key(scale)
-    per_item = [read_item_scores(eval_dir(final, seed, scale, out_root)) for seed in results["seeds"]]
-    out = dict(results, eval_key=eval_key(scale), items=item_block(per_item, results["per_seed"], experiment.name))
+    dirs = [eval_dir(final, seed, scale, out_root) for seed in results["seeds"]]
+    per_item = [read_item_scores(d) for d in dirs]
+    out = dict(results, eval_key=eval_key(scale), items=item_block(per_item, results["per_seed"], experiment.name),
+               eval_dirs=[d.relative_to(out_root).as_posix() for d in dirs])
     out["intervals"], out["interval_method"] = reported_intervals(out)
     return out
 

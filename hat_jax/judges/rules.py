@@ -45,7 +45,7 @@ from hat_jax.sim.tools import TOOL_IMPLS
 from hat_jax.sim.types import Episode
 
 SEVERITY_TAGS: tuple[str, ...] = ("ungrounded_product_claim", "claims_human", "repeated_tool_failure", "missing_arguments")
-_CUT = ("malformed", "round_limit", "truncated")
+CUT_OUTCOMES: tuple[str, ...] = ("malformed", "round_limit", "truncated")  # no valid reply
 
 
 class MetricResult(NamedTuple):
@@ -103,7 +103,7 @@ class Judgement:
 
 # ------------------------------------------------------------------ helpers
 def _has_reply(episode: Episode) -> bool:
-    return episode.outcome not in _CUT and bool(episode.reply.strip())
+    return episode.outcome not in CUT_OUTCOMES and bool(episode.reply.strip())
 
 
 def _ok_results(episode: Episode, *, include_skills: bool) -> list[Any]:
@@ -151,7 +151,7 @@ def accuracy(episode: Episode, harness: HarnessState | None = None) -> MetricRes
     (the paper's conservative fallback); the RL reward does not pay for that silence unless the fallback was
     due (`hat_jax.judges.rewards.reward_components`).
     """
-    if episode.outcome in _CUT:
+    if episode.outcome in CUT_OUTCOMES:
         return MetricResult(0, (f"no valid reply (outcome={episode.outcome})",))
     reply = episode.reply
     reasons = [f"wrong fact {w}" for w in facts.wrong_facts(reply, episode.task.gold_facts)]

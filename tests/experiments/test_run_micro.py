@@ -58,6 +58,10 @@ def test_results_follow_the_schema_and_share_the_sft_stage(runs):
     # per-item scores from the evaluation's files; 2 items per suite: no item bootstrap, and results.md says why
     assert both["items"]["live_qa"]["ids"] == ["live_qa-00000", "live_qa-00001"] and both["eval_key"]
     assert len(both["items"]["ifeval_mini"]["scores"]["prompt_strict"][0]) == 3
+    # the row's evaluation folder, from which experiments/episodes.py reads the episodes
+    from hat_jax.experiments.episodes import episodes_of, suite_files
+    (live,) = suite_files(out / "table6_both", ["live_qa"])
+    assert both["eval_dirs"] == [live.parent.relative_to(out).as_posix()] and len(episodes_of(live)) == 2
     assert "live_qa has 2 items; an item bootstrap needs at least 20" in both["interval_method"]["live_qa"]
     assert ("- Live QA: no interval: 1 seed, and the item bootstrap is refused: table6_both: live_qa has 2 items; "
             "an item bootstrap needs at least 20") in md

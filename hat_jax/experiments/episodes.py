@@ -1,0 +1,165 @@
+"""What a suite's episodes did, counted by how each ended: answered, abstained (with or without the answer in its
+context), inaccurate, cut; with the call statuses, the refusals and a few episodes of each kind to read.
+
+An average hides how it was earned: a model whose Accuracy rises because it states nothing looks like one that
+learned to answer. `episode_kind` sorts every episode of a `<suite>.jsonl` (the evaluation's per-item records,
+`hat_jax.eval.live.run_live_suite`) into one of `KINDS`, judged from the stored episode alone with the rule judges
+(`hat_jax.judges.rules`: Accuracy, the checkable and the returned gold facts), first match wins:
+
+- cut: the episode has no valid reply (outcome malformed, round_limit or truncated);
+- inaccurate: Accuracy 0 (a wrong or ungrounded fact, a false promise, ...);
+- answered: accurate, and the reply states a checkable gold fact of its task;
+- abstained_fetched: accurate, states no gold fact, and an ok world-tool result held one (the answer was in its
+  context and it did not give it);
+- abstained: accurate, states no gold fact, and no tool returned one;
+- no_fact_asked: accurate, and the task has no checkable gold fact (identity, chit-chat, off-topic, injection).
+
+abstained_fetched + abstained over the episodes with a checkable fact is the suite's `abstained` reading metric
+(`hat_jax.judges.reading`). Not a metric of the HAT report: a reading aid, printed by `experiments/episodes.py`.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from hat_jax.judges import phrases, rules
+from hat_jax.judges.rules import CUT_OUTCOMES
+from hat_jax.sim.types import Episode, episode_from_dict
+
+KINDS: tuple[str, ...] = ("answered", "abstained_fetched", "abstained", "no_fact_asked", "inaccurate", "cut")
+KIND_TEXT: dict[str, str] = {
+    "answered": "accurate, states a gold fact",
+    "abstained_fetched": "accurate, states no gold fact although a tool returned one",
+    "abstained": "accurate, states no gold fact, none returned",
+    "no_fact_asked": "accurate, the task asks no checkable fact",
+    "inaccurate": "Accuracy 0",
+    "cut": "no valid reply (malformed, round limit or truncated)",
+}
+
+
+def episode_kind(episode: Episode) -> str:
+    """The kind (one of `KINDS`, module docstring) of `episode`."""
+    if episode.outcome in CUT_OUTCOMES:
+        return "cut"
+    if rules.accuracy(episode).value != 1:
+        return "inaccurate"
+    stated = rules.checkable_facts(episode)
+    if not stated:
+        return "no_fact_asked"
+    if any(stated.values()):
+        return "answered"
+    return "abstained_fetched" if rules.returned_facts(episode) else "abstained"
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a `<suite>.jsonl` file, one dict per line.
+
+    Raises:
+      FileNotFoundError: no such file. ValueError: a line that is not JSON or has no "episode", naming the line.
+    """
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as e:
+                raise ValueError(f"{path}:{n}: not a JSON line ({e})") from None
+            if not isinstance(record, Mapping) or "episode" not in record:
+                raise ValueError(f"{path}:{n}: expected an evaluation record with an 'episode' field")
+            out.append(record)
+    return out
+
+
+def breakdown(episodes: Sequence[Episode]) -> dict[str, Any]:
+    """Counts of `episodes`: {"episodes": n, "kinds": {kind: count} in `KINDS` order, "refusals": replies that
+    refuse (`phrases.refuses`) a task with a checkable gold fact (an answerable question), "no_call": episodes
+    without a tool call, "calls": {status: count}, most first}."""
+    kinds = collections.Counter(episode_kind(e) for e in episodes)
+    statuses = collections.Counter(c.status for e in episodes for c in e.tool_calls)
+    return {"episodes": len(episodes), "kinds": {k: kinds.get(k, 0) for k in KINDS},
+            "refusals": sum(e.outcome not in CUT_OUTCOMES and phrases.refuses(e.reply)
+                            and bool(rules.checkable_facts(e)) for e in episodes),
+            "no_call": sum(not e.tool_calls for e in episodes), "calls": dict(statuses.most_common())}
+
+
+def _clip(text: str, width: int) -> str:
+    text = " ".join(str(text).split()).replace("|", "/")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def reply_text(episode: Episode) -> str:
+    """The reply as the breakdown shows it: "(empty)" for none, a cut episode's outcome in front."""
+    text = episode.reply.strip() or "(empty)"
+    return f"({episode.outcome}) {text}" if episode.outcome in CUT_OUTCOMES else text
+
+
+def _calls_text(episode: Episode, width: int) -> str:
+    parts = [f"{c.name}({json.dumps(c.arguments, ensure_ascii=False) if c.arguments else ''}) -> {c.status}"
+             for c in episode.tool_calls]
+    return _clip("; ".join(parts) or "(none)", width)
+
+
+def breakdown_markdown(title: str, episodes: Sequence[Episode], show: int = 2, width: int = 100) -> str:
+    """A markdown section: `breakdown` of `episodes` as a table of kinds with their shares, the call statuses, and
+    the first `show` episodes of each kind (viewer message, calls, reply, each clipped to `width` characters).
+
+    Raises:
+      ValueError: no episodes, or `show` < 0.
+    """
+    if not episodes:
+        raise ValueError(f"{title}: no episodes")
+    if show < 0:
+        raise ValueError(f"show = {show}; expected >= 0")
+    b = breakdown(episodes)
+    n = b["episodes"]
+    calls = ", ".join(f"{s} {c}" for s, c in b["calls"].items()) or "none"
+    lines = [f"## {title}", "", f"{n} episodes; {b['no_call']} without a tool call; calls by status: {calls}; "
+             f"{b['refusals']} replies refuse an answerable question.", "",
+             "| kind | episodes | share | what |", "|---|---|---|---|"]
+    lines += [f"| {k} | {c} | {100.0 * c / n:.0f}% | {KIND_TEXT[k]} |" for k, c in b["kinds"].items()]
+    if show:
+        by_kind: dict[str, list[Episode]] = collections.defaultdict(list)
+        for e in episodes:
+            by_kind[episode_kind(e)].append(e)
+        lines += ["", "| kind | viewer | calls | reply |", "|---|---|---|---|"]
+        for kind in KINDS:
+            for e in by_kind[kind][:show]:
+                lines.append(f"| {kind} | {_clip(e.task.message, 40)} | {_calls_text(e, width)} | "
+                             f"{_clip(reply_text(e), width)} |")
+    return "\n".join(lines) + "\n"
+
+
+def suite_files(path: str | Path, suites: Iterable[str]) -> list[Path]:
+    """The `<suite>.jsonl` files of an experiment: `path` is a row's folder (`runs/<experiment>`, whose
+    results.json names its evaluation folders, "eval_dirs") or any folder, searched recursively.
+
+    Raises:
+      FileNotFoundError: `path` is not a folder, or holds none of the suites' files.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: not a folder (expected runs/<experiment> or an evaluation folder)")
+    roots = [path]
+    results = path / "results.json"
+    if results.is_file():
+        dirs = json.loads(results.read_text(encoding="utf-8")).get("eval_dirs")
+        if dirs:
+            roots = [path.parent / d for d in dirs]  # relative to the output root, the row folder's parent
+    suites = tuple(suites)
+    files = sorted(f for root in roots for s in suites for f in root.rglob(f"{s}.jsonl"))
+    if not files:
+        raise FileNotFoundError(f"{path}: no {', '.join(f'{s}.jsonl' for s in suites)} below it"
+                                + (" (its results.json's eval_dirs: " + ", ".join(map(str, roots)) + ")"
+                                   if roots != [path] else ""))
+    return files
+
+
+def episodes_of(path: str | Path) -> list[Episode]:
+    """The stored episodes of one `<suite>.jsonl` file (`read_records`, `episode_from_dict`)."""
+    return [episode_from_dict(r["episode"]) for r in read_records(path)]
