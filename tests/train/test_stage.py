@@ -20,6 +20,15 @@ def test_set_values_must_match_the_field_type():
         stage.apply_overrides(config, ["model.hidden_size=wide"])
 
 
+def test_a_tuple_field_takes_json_or_a_bare_comma_separated_list():
+    current = ("live_qa", "variant_qa")
+    for text in ('["live_qa","ifeval"]', "[live_qa, ifeval]", "live_qa,ifeval", "(live_qa,'ifeval')"):
+        assert stage.parse_value(text, current) == ("live_qa", "ifeval"), text
+    assert stage.parse_value("live_qa", current) == ("live_qa",)
+    assert stage.parse_value("[]", current) == ()
+    assert stage.parse_value("live_qa", "variant_qa") == "live_qa"  # a string field keeps the string
+
+
 def test_out_dir_that_is_a_file_is_named(tmp_path):
     path = tmp_path / "afile"
     path.write_text("x")
