@@ -39,7 +39,7 @@ def main(argv=None) -> int:
         files = suite_files(args.path, args.suite or ("live_qa", "variant_qa"))
         for f in files:
             print(breakdown_markdown(str(f), episodes_of(f), show=args.show, width=args.width))
-    except (FileNotFoundError, ValueError) as e:
+    except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -142,24 +142,43 @@ def suite_files(path: str | Path, suites: Iterable[str]) -> list[Path]:
     Raises:
       FileNotFoundError: `path` is not a folder, or holds none of the suites' files.
     """
-    path = Path(path)
+    path = Path(path).resolve()
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: not a folder (expected runs/<experiment> or an evaluation folder)")
     roots = [path]
     results = path / "results.json"
+    old_row = False
     if results.is_file():
-        dirs = json.loads(results.read_text(encoding="utf-8")).get("eval_dirs")
+        try:
+            data = json.loads(results.read_text(encoding="utf-8"))
+        except ValueError as e:
+            raise ValueError(f"{results}: not JSON ({e})") from None
+        dirs = data.get("eval_dirs") if isinstance(data, Mapping) else None
+        if dirs is not None and not (isinstance(dirs, list) and all(isinstance(d, str) and d for d in dirs)):
+            raise ValueError(f"{results}: eval_dirs = {dirs!r}; expected a list of folder paths")
         if dirs:
             roots = [path.parent / d for d in dirs]  # relative to the output root, the row folder's parent
-    suites = tuple(suites)
-    files = sorted(f for root in roots for s in suites for f in root.rglob(f"{s}.jsonl"))
+        old_row = not dirs
+    suites = tuple(dict.fromkeys(suites))
+    files = sorted(f for root in roots for s in suites for f in root.rglob(f"{s}.jsonl") if f.is_file())
     if not files:
-        raise FileNotFoundError(f"{path}: no {', '.join(f'{s}.jsonl' for s in suites)} below it"
-                                + (" (its results.json's eval_dirs: " + ", ".join(map(str, roots)) + ")"
-                                   if roots != [path] else ""))
+        hint = (" (its results.json's eval_dirs: " + ", ".join(map(str, roots)) + ")" if roots != [path] else
+                " (its results.json predates eval_dirs: pass the evaluation folder, DIR/evals/<key>/seed<k>/...)"
+                if old_row else "")
+        raise FileNotFoundError(f"{path}: no {', '.join(f'{s}.jsonl' for s in suites)} below it{hint}")
     return files
 
 
 def episodes_of(path: str | Path) -> list[Episode]:
-    """The stored episodes of one `<suite>.jsonl` file (`read_records`, `episode_from_dict`)."""
-    return [episode_from_dict(r["episode"]) for r in read_records(path)]
+    """The stored episodes of one `<suite>.jsonl` file (`read_records`, `episode_from_dict`).
+
+    Raises:
+      ValueError: a record whose episode cannot be rebuilt, naming the file and the record.
+    """
+    out = []
+    for n, record in enumerate(read_records(path), 1):
+        try:
+            out.append(episode_from_dict(record["episode"]))
+        except (TypeError, ValueError, KeyError, AttributeError) as e:
+            raise ValueError(f"{path}: record {n}: not a stored episode ({type(e).__name__}: {e})") from None
+    return out

@@ -267,7 +267,8 @@ FLOAT32_MAX = 3.4028234663852886e38
 
 def parse_value(text: str, current: Any) -> Any:
     """A --set value: JSON (lists become tuples, an int for a float field a float), else the string; for a tuple
-    field, text that is not JSON is a comma-separated list of strings, in brackets or not (`[live_qa,ifeval]`).
+    field, text that is not JSON, or a JSON string, is a comma-separated list of strings, in brackets or not
+    (`[live_qa,prompt_robustness]`).
 
     Raises:
       ValueError: a bool/int/float field given another kind of value; a number that is NaN, infinite or
@@ -277,11 +278,11 @@ def parse_value(text: str, current: Any) -> Any:
         value = json.loads(text)
     except json.JSONDecodeError:
         value = text
-        if isinstance(current, tuple):
-            inner = text.strip()
-            if inner[:1] + inner[-1:] in ("[]", "()"):
-                inner = inner[1:-1]
-            value = tuple(v.strip().strip("'\"") for v in inner.split(",") if v.strip())
+    if isinstance(current, tuple) and isinstance(value, str):
+        inner = value.strip()
+        if inner[:1] + inner[-1:] in ("[]", "()"):
+            inner = inner[1:-1]
+        value = tuple(v.strip().strip("'\"") for v in inner.split(",") if v.strip())
     if isinstance(current, (int, float)) and isinstance(value, str) and \
             value.strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
         value = float(value)  # not finite: refused below by what it is, not by its type

@@ -75,7 +75,7 @@ def _write_suite(folder, episodes):
     (folder / "live_qa.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def test_row_folder_finds_its_evaluations_and_the_cli_prints_them(tmp_path, capsys):
+def test_row_folder_finds_its_evaluations_and_the_cli_prints_them(tmp_path, capsys, monkeypatch):
     from experiments.episodes import main
 
     seed_dir = tmp_path / "evals" / "key" / "seed0" / "ek"
@@ -95,6 +95,16 @@ def test_row_folder_finds_its_evaluations_and_the_cli_prints_them(tmp_path, caps
     assert "no variant_qa.jsonl below it (its results.json's eval_dirs:" in capsys.readouterr().err
     assert main([str(tmp_path / "missing")]) == 2
     assert "not a folder" in capsys.readouterr().err
+    # The row folder given as "." (its parent is then the output root); a repeated suite is read once
+    monkeypatch.chdir(row)
+    assert suite_files(".", ["live_qa", "live_qa"]) == [seed_dir / "live_qa.jsonl"]
+    # A row written before eval_dirs: the error says where to look instead; a malformed eval_dirs is refused
+    (row / "results.json").write_text(json.dumps({"experiment": "table6_both"}))
+    with pytest.raises(FileNotFoundError, match="predates eval_dirs: pass the evaluation folder"):
+        suite_files(row, ["live_qa"])
+    (row / "results.json").write_text(json.dumps({"eval_dirs": "evals/key"}))
+    with pytest.raises(ValueError, match="eval_dirs = 'evals/key'; expected a list of folder paths"):
+        suite_files(row, ["live_qa"])
 
 
 def test_bad_lines_name_the_file_and_line(tmp_path):
@@ -105,3 +115,6 @@ def test_bad_lines_name_the_file_and_line(tmp_path):
     f.write_text('{"item": 0}\n', encoding="utf-8")
     with pytest.raises(ValueError, match=r"live_qa.jsonl:1: expected an evaluation record with an 'episode' field"):
         read_records(f)
+    f.write_text('{"item": 0, "episode": {}}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"live_qa.jsonl: record 1: not a stored episode \(ValueError: episode record"):
+        episodes_of(f)

@@ -25,6 +25,7 @@ def test_a_tuple_field_takes_json_or_a_bare_comma_separated_list():
     for text in ('["live_qa","ifeval"]', "[live_qa, ifeval]", "live_qa,ifeval", "(live_qa,'ifeval')"):
         assert stage.parse_value(text, current) == ("live_qa", "ifeval"), text
     assert stage.parse_value("live_qa", current) == ("live_qa",)
+    assert stage.parse_value('"live_qa"', current) == ("live_qa",)  # a JSON string too
     assert stage.parse_value("[]", current) == ()
     assert stage.parse_value("live_qa", "variant_qa") == "live_qa"  # a string field keeps the string
 
