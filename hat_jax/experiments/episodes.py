@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from hat_jax.judges import phrases, rules
+from hat_jax.judges.reading import fact_reading
 from hat_jax.judges.rules import CUT_OUTCOMES
 from hat_jax.sim.types import Episode, episode_from_dict
 
@@ -42,17 +43,18 @@ KIND_TEXT: dict[str, str] = {
 
 
 def episode_kind(episode: Episode) -> str:
-    """The kind (one of `KINDS`, module docstring) of `episode`."""
+    """The kind (one of `KINDS`, module docstring) of `episode`; the abstaining kinds are the episodes that
+    `hat_jax.judges.reading.fact_reading` counts as abstained."""
     if episode.outcome in CUT_OUTCOMES:
         return "cut"
     if rules.accuracy(episode).value != 1:
         return "inaccurate"
-    stated = rules.checkable_facts(episode)
-    if not stated:
+    fetched, _, abstained = fact_reading(episode)
+    if fetched is None:
         return "no_fact_asked"
-    if any(stated.values()):
+    if not abstained:
         return "answered"
-    return "abstained_fetched" if rules.returned_facts(episode) else "abstained"
+    return "abstained_fetched" if fetched else "abstained"
 
 
 def read_records(path: str | Path) -> list[dict[str, Any]]:
@@ -76,11 +78,12 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
-def breakdown(episodes: Sequence[Episode]) -> dict[str, Any]:
+def breakdown(episodes: Sequence[Episode], kinds: Sequence[str] | None = None) -> dict[str, Any]:
     """Counts of `episodes`: {"episodes": n, "kinds": {kind: count} in `KINDS` order, "refusals": replies that
     refuse (`phrases.refuses`) a task with a checkable gold fact (an answerable question), "no_call": episodes
-    without a tool call, "calls": {status: count}, most first}."""
-    kinds = collections.Counter(episode_kind(e) for e in episodes)
+    without a tool call, "calls": {status: count}, most first}. `kinds`: the episodes' `episode_kind`s when the
+    caller has them already."""
+    kinds = collections.Counter(kinds if kinds is not None else map(episode_kind, episodes))
     statuses = collections.Counter(c.status for e in episodes for c in e.tool_calls)
     return {"episodes": len(episodes), "kinds": {k: kinds.get(k, 0) for k in KINDS},
             "refusals": sum(e.outcome not in CUT_OUTCOMES and phrases.refuses(e.reply)
@@ -116,7 +119,8 @@ def breakdown_markdown(title: str, episodes: Sequence[Episode], show: int = 2, w
         raise ValueError(f"{title}: no episodes")
     if show < 0:
         raise ValueError(f"show = {show}; expected >= 0")
-    b = breakdown(episodes)
+    kinds = [episode_kind(e) for e in episodes]
+    b = breakdown(episodes, kinds)
     n = b["episodes"]
     calls = ", ".join(f"{s} {c}" for s, c in b["calls"].items()) or "none"
     lines = [f"## {title}", "", f"{n} episodes; {b['no_call']} without a tool call; calls by status: {calls}; "
@@ -125,8 +129,8 @@ def breakdown_markdown(title: str, episodes: Sequence[Episode], show: int = 2, w
     lines += [f"| {k} | {c} | {100.0 * c / n:.0f}% | {KIND_TEXT[k]} |" for k, c in b["kinds"].items()]
     if show:
         by_kind: dict[str, list[Episode]] = collections.defaultdict(list)
-        for e in episodes:
-            by_kind[episode_kind(e)].append(e)
+        for e, kind in zip(episodes, kinds):
+            by_kind[kind].append(e)
         lines += ["", "| kind | viewer | calls | reply |", "|---|---|---|---|"]
         for kind in KINDS:
             for e in by_kind[kind][:show]:
@@ -162,9 +166,11 @@ def suite_files(path: str | Path, suites: Iterable[str]) -> list[Path]:
     suites = tuple(dict.fromkeys(suites))
     files = sorted(f for root in roots for s in suites for f in root.rglob(f"{s}.jsonl") if f.is_file())
     if not files:
-        hint = (" (its results.json's eval_dirs: " + ", ".join(map(str, roots)) + ")" if roots != [path] else
-                " (its results.json predates eval_dirs: pass the evaluation folder, DIR/evals/<key>/seed<k>/...)"
-                if old_row else "")
+        hint = ""
+        if roots != [path]:
+            hint = f" (its results.json's eval_dirs: {', '.join(map(str, roots))})"
+        elif old_row:
+            hint = " (its results.json predates eval_dirs: pass the evaluation folder, DIR/evals/<key>/seed<k>/...)"
         raise FileNotFoundError(f"{path}: no {', '.join(f'{s}.jsonl' for s in suites)} below it{hint}")
     return files
 

@@ -82,19 +82,22 @@ def valid_name(call: ToolCallRecord, harness: HarnessState) -> bool:
     return isinstance(skill, str) and harness.skill(skill) is not None
 
 
+def fact_reading(episode: Episode) -> tuple[int | None, int | None, int | None]:
+    """(fetched, relayed, abstained) of `episode` (module docstring), each 0/1 or None; needs no harness."""
+    stated = rules.checkable_facts(episode)
+    if not stated:
+        return None, None, None
+    fetched = int(bool(rules.returned_facts(episode)))
+    relayed = int(rules.rc(episode).value) if fetched else None
+    return fetched, relayed, int(rules.accuracy(episode).value == 1 and not any(stated.values()))
+
+
 def episode_reading(episode: Episode, harness: HarnessState) -> EpisodeReading:
     """The reading counts of `episode` under `harness`, the harness it ran under (module docstring)."""
     calls = episode.tool_calls
     skill = int(rules.skill_selection(episode, harness).value) if episode.task.skill_key else None
     chain = int(not gold_chain_reasons(episode)) if episode.task.gold_calls else None
-    fetched = relayed = abstained = None
-    stated = rules.checkable_facts(episode)
-    if stated:
-        fetched = int(bool(rules.returned_facts(episode)))
-        relayed = int(rules.rc(episode).value) if fetched else None
-        abstained = int(rules.accuracy(episode).value == 1 and not any(stated.values()))
-    return EpisodeReading(len(calls), sum(valid_name(c, harness) for c in calls), skill, chain, fetched, relayed,
-                          abstained)
+    return EpisodeReading(len(calls), sum(valid_name(c, harness) for c in calls), skill, chain, *fact_reading(episode))
 
 
 def _percent(values: Sequence[int]) -> float | None:
