@@ -21,7 +21,7 @@ if str(ROOT) not in sys.path:  # run from a clone without installing
     sys.path.insert(0, str(ROOT))
 
 from hat_jax.data.suites import SUITES  # noqa: E402
-from hat_jax.experiments.episodes import breakdown_markdown, episodes_of, suite_files  # noqa: E402
+from hat_jax.experiments.episodes import breakdown_markdown, suite_files, suite_records  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -38,7 +38,8 @@ def main(argv=None) -> int:
     try:
         files = suite_files(args.path, args.suite or ("live_qa", "variant_qa"))
         for f in files:
-            print(breakdown_markdown(str(f), episodes_of(f), show=args.show, width=args.width))
+            episodes, turns = suite_records(f)
+            print(breakdown_markdown(str(f), episodes, show=args.show, width=args.width, turn_texts=turns))
     except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -107,6 +107,9 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         SamplingConfig(temperature=self.temperature, top_p=self.top_p, max_new_tokens=1)  # names a bad value
+        if isinstance(self.suites, str) or not isinstance(self.suites, (tuple, list)):
+            raise ValueError(f"EvalConfig.suites = {self.suites!r}: expected a list of suite names from {SUITES} "
+                             "(or an empty list: IFEval and IF-mini only)")
         object.__setattr__(self, "suites", tuple(self.suites))
         bad = [s for s in self.suites if s not in SUITES]
         if bad or len(set(self.suites)) != len(self.suites):

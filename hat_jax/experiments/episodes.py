@@ -96,10 +96,16 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def reply_text(episode: Episode) -> str:
-    """The reply as the breakdown shows it: "(empty)" for none, a cut episode's outcome in front."""
+def reply_text(episode: Episode, turn_texts: Sequence[str] = ()) -> str:
+    """The reply as the breakdown shows it: "(empty)" for none; a cut episode's outcome in front and, when
+    `turn_texts` (the record's decoded model turns) are given, its last turn as the model wrote it, since a cut
+    episode has no parsed reply to show."""
     text = episode.reply.strip() or "(empty)"
-    return f"({episode.outcome}) {text}" if episode.outcome in CUT_OUTCOMES else text
+    if episode.outcome not in CUT_OUTCOMES:
+        return text
+    if turn_texts and not episode.reply.strip():
+        text = f"last turn: {turn_texts[-1].strip() or '(empty)'}"
+    return f"({episode.outcome}) {text}"
 
 
 def _calls_text(episode: Episode, width: int) -> str:
@@ -108,17 +114,22 @@ def _calls_text(episode: Episode, width: int) -> str:
     return _clip("; ".join(parts) or "(none)", width)
 
 
-def breakdown_markdown(title: str, episodes: Sequence[Episode], show: int = 2, width: int = 100) -> str:
+def breakdown_markdown(title: str, episodes: Sequence[Episode], show: int = 2, width: int = 100,
+                       turn_texts: Sequence[Sequence[str]] | None = None) -> str:
     """A markdown section: `breakdown` of `episodes` as a table of kinds with their shares, the call statuses, and
     the first `show` episodes of each kind (viewer message, calls, reply, each clipped to `width` characters).
+    `turn_texts`: each episode's decoded model turns (`suite_records`), shown for a cut episode (`reply_text`).
 
     Raises:
-      ValueError: no episodes, or `show` < 0.
+      ValueError: no episodes, `show` < 0, or `turn_texts` not one per episode.
     """
     if not episodes:
         raise ValueError(f"{title}: no episodes")
     if show < 0:
         raise ValueError(f"show = {show}; expected >= 0")
+    if turn_texts is not None and len(turn_texts) != len(episodes):
+        raise ValueError(f"{title}: {len(turn_texts)} turn_texts for {len(episodes)} episodes")
+    turns = turn_texts if turn_texts is not None else [()] * len(episodes)
     kinds = [episode_kind(e) for e in episodes]
     b = breakdown(episodes, kinds)
     n = b["episodes"]
@@ -128,14 +139,14 @@ def breakdown_markdown(title: str, episodes: Sequence[Episode], show: int = 2, w
              "| kind | episodes | share | what |", "|---|---|---|---|"]
     lines += [f"| {k} | {c} | {100.0 * c / n:.0f}% | {KIND_TEXT[k]} |" for k, c in b["kinds"].items()]
     if show:
-        by_kind: dict[str, list[Episode]] = collections.defaultdict(list)
-        for e, kind in zip(episodes, kinds):
-            by_kind[kind].append(e)
+        by_kind: dict[str, list[tuple[Episode, Sequence[str]]]] = collections.defaultdict(list)
+        for e, kind, t in zip(episodes, kinds, turns):
+            by_kind[kind].append((e, t))
         lines += ["", "| kind | viewer | calls | reply |", "|---|---|---|---|"]
         for kind in KINDS:
-            for e in by_kind[kind][:show]:
+            for e, t in by_kind[kind][:show]:
                 lines.append(f"| {kind} | {_clip(e.task.message, 40)} | {_calls_text(e, width)} | "
-                             f"{_clip(reply_text(e), width)} |")
+                             f"{_clip(reply_text(e, t), width)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -175,16 +186,31 @@ def suite_files(path: str | Path, suites: Iterable[str]) -> list[Path]:
     return files
 
 
-def episodes_of(path: str | Path) -> list[Episode]:
-    """The stored episodes of one `<suite>.jsonl` file (`read_records`, `episode_from_dict`).
+def suite_records(path: str | Path) -> tuple[list[Episode], list[list[str]]]:
+    """(episodes, turn_texts) of one `<suite>.jsonl` file (`read_records`, `episode_from_dict`): the stored
+    episodes and each one's decoded model turns (the record's "turn_texts"; [] where a record has none).
 
     Raises:
-      ValueError: a record whose episode cannot be rebuilt, naming the file and the record.
+      ValueError: a record whose episode cannot be rebuilt, or whose turn_texts is not a list of strings, naming
+        the file and the record.
     """
-    out = []
+    episodes, turns = [], []
     for n, record in enumerate(read_records(path), 1):
         try:
-            out.append(episode_from_dict(record["episode"]))
+            episodes.append(episode_from_dict(record["episode"]))
         except (TypeError, ValueError, KeyError, AttributeError) as e:
             raise ValueError(f"{path}: record {n}: not a stored episode ({type(e).__name__}: {e})") from None
-    return out
+        texts = record.get("turn_texts", [])
+        if not (isinstance(texts, list) and all(isinstance(t, str) for t in texts)):
+            raise ValueError(f"{path}: record {n}: turn_texts = {texts!r:.60}; expected a list of strings")
+        turns.append(texts)
+    return episodes, turns
+
+
+def episodes_of(path: str | Path) -> list[Episode]:
+    """The stored episodes of one `<suite>.jsonl` file (`suite_records` without the turn texts).
+
+    Raises:
+      ValueError: see `suite_records`.
+    """
+    return suite_records(path)[0]

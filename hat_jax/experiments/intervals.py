@@ -3,7 +3,10 @@
 A cell is (row, metric path), e.g. ("table3_hat", "variant_qa.avg"). Its value is the mean over seeds of the
 seed's suite metric; every metric of `SUITE_KEYS` is a mean over the suite's items of a per-item score (0-100),
 weighted for IFEval's instruction-level keys (a prompt weighs its number of instructions, the official
-`inst_*` ratio). Two sources of noise: which items the eval set drew (the same items in every seed: the eval
+`inst_*` ratio) and for the reading shares (`hat_jax.judges.reading`: name validity weighs an episode by its
+calls, the others by 1 where the share is defined and 0 elsewhere, so the weighted mean is the ratio and its
+bootstrap the ratio's; such a metric defined on fewer than `MIN_ITEMS` items gets the t over seeds alone, or no
+interval with 1 seed). Two sources of noise: which items the eval set drew (the same items in every seed: the eval
 set is a function of the eval config, not of the seed) and which training seed ran.
 
 The interval (rule of this module; `Interval.method` names the branch taken):
@@ -55,6 +58,10 @@ N_RESAMPLES = 9999
 BOOTSTRAP_SEED = 0
 BOOTSTRAP_BATCH = 1000   # resamples per vectorised call of the statistic (bounds memory at 978 items)
 _TOLERANCE = 1e-3      # per-item scores must reproduce the suite metric within this (0-100 scale)
+# What an item lacks when a reading metric gives it weight 0 (the refusal of `_item_matrix` says it).
+UNDEFINED_ITEMS: dict[str, str] = {"name_valid": "call", "skill_acc": "skill to load", "chain_done": "gold call",
+                                   "fact_fetched": "checkable gold fact", "relayed": "gold fact fetched",
+                                   "abstained": "checkable gold fact"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,11 +97,34 @@ def _instruction_rows(rows: Sequence[Mapping[str, Any]]) -> dict:
     return {"ids": [str(r["key"]) for r in rows], "scores": scores, "weights": weights}
 
 
+# Each share of `hat_jax.judges.reading` as a weighted mean over the suite's episodes: (the episode's count field,
+# how its value and weight follow from the episode's `reading` counts). name_valid pools calls (value = the
+# episode's valid share, weight = its calls); the others average a 0/1 over the episodes where it is defined
+# (weight 1 there, 0 where it is None); calls_per_ep is a plain mean.
+_READING_ITEMS: dict[str, Callable[[Mapping[str, Any]], tuple[float, float]]] = {
+    "name_valid": lambda r: (100.0 * r["valid_calls"] / r["calls"] if r["calls"] else 0.0, float(r["calls"])),
+    **{key: (lambda field: lambda r: (0.0, 0.0) if r[field] is None else (100.0 * r[field], 1.0))(field)
+       for key, field in (("skill_acc", "skill"), ("chain_done", "chain"), ("fact_fetched", "fetched"),
+                          ("relayed", "relayed"), ("abstained", "abstained"))},
+    "calls_per_ep": lambda r: (float(r["calls"]), 1.0),
+}
+
+
 def _live_rows(suite: str, rows: Sequence[Mapping[str, Any]]) -> dict:
-    """<suite>.jsonl rows -> ids and the per-item score of every key of the suite that each row holds."""
+    """<suite>.jsonl rows -> ids, the per-item score of every key of the suite that each row holds, and for the
+    reading metrics (`_READING_ITEMS`, from each row's "reading" counts) the weights that make their suite value
+    a weighted mean over items (a row written before "reading" existed gives none)."""
     keys = [k for k in SUITE_KEYS[suite] if all(k in r["scores"] for r in rows)]
-    return {"ids": [str(r["item"]["item_id"]) for r in rows],
-            "scores": {k: [float(r["scores"][k]) for r in rows] for k in keys}, "weights": {}}
+    out = {"ids": [str(r["item"]["item_id"]) for r in rows],
+           "scores": {k: [float(r["scores"][k]) for r in rows] for k in keys}, "weights": {}}
+    if all(isinstance(r.get("reading"), Mapping) for r in rows):
+        for key, item in _READING_ITEMS.items():
+            if key in SUITE_KEYS[suite]:
+                pairs = [item(r["reading"]) for r in rows]
+                out["scores"][key] = [v for v, _ in pairs]
+                if key != "calls_per_ep":
+                    out["weights"][key] = [w for _, w in pairs]
+    return out
 
 
 def read_item_scores(eval_dir: str | Path) -> dict[str, dict | None]:
@@ -237,8 +267,10 @@ def _seed_values(results: Mapping[str, Any], path: str) -> list[float]:
     return [float(m[suite][key]) for m in results["per_seed"]]
 
 
-def _item_matrix(results: Mapping[str, Any], path: str) -> tuple[list[str], np.ndarray, np.ndarray] | None:
-    """(ids, values [S, N], weights [S, N]) of a cell, or None without per-item scores.
+def _item_matrix(results: Mapping[str, Any], path: str) -> tuple[list[str], np.ndarray, np.ndarray] | str | None:
+    """(ids, values [S, N], weights [S, N]) of a cell; None without per-item scores; a reason (str) when a
+    weighted metric has fewer than MIN_ITEMS items of positive weight in some seed (e.g. relayed over 3 episodes
+    that fetched a fact: the resamples would often hold none).
 
     Raises:
       ValueError: fewer than MIN_ITEMS items (names the row, the suite and the count).
@@ -253,6 +285,10 @@ def _item_matrix(results: Mapping[str, Any], path: str) -> tuple[list[str], np.n
                          f"{MIN_ITEMS} (raise eval.world.eval_items / eval.ifeval_mini_items)")
     values = np.asarray(block["scores"][key], dtype=np.float64)
     weights = np.asarray(block["weights"][key], dtype=np.float64) if key in block["weights"] else np.ones_like(values)
+    defined = int((weights > 0).sum(-1).min())
+    if defined < MIN_ITEMS:
+        return (f"{results['experiment']}'s {key} is defined on {defined} of {n} items in some seed (the others have "
+                f"no {UNDEFINED_ITEMS.get(key, 'weight')}), fewer than the {MIN_ITEMS} an item bootstrap needs")
     return list(block["ids"]), values, weights
 
 
@@ -311,6 +347,9 @@ def difference_interval(a: Mapping[str, Any], path_a: str, b: Mapping[str, Any] 
         missing = a["experiment"] if ma is None else b["experiment"]
         return seeds_only_interval(list(seed_diffs), (lo_clip, hi_clip),
                                    f"{missing} keeps no per-item scores of this metric", confidence)
+    few = next((m for m in (ma, mb) if isinstance(m, str)), None)
+    if few is not None:
+        return seeds_only_interval(list(seed_diffs), (lo_clip, hi_clip), few, confidence)
     ids_a, va, wa = ma
     if mb is None:
         stat, sizes = (lambda i: _means(va, wa, i).mean(0)), (len(ids_a),)

@@ -75,14 +75,16 @@ class MetricsWriter:
                                     filename_suffix=f".{os.getpid()}.{time.time_ns()}")
 
     def scalars(self, step: int, values: Mapping[str, float]) -> None:
-        """Writes {tag: value} at `step` (tags checked by `check_tag`; non-finite values are written as-is
-        to TensorBoard and as null in JSONL)."""
+        """Writes {tag: value} at `step` (tags checked by `check_tag`). A non-finite value (NaN: a share with an
+        empty denominator, such as rollout/name_valid of a step without calls) is null in JSONL and left out of
+        TensorBoard, a gap in its curve; a non-finite loss or gradient never reaches here, since the trainer stops
+        on it (`hat_jax.train.trainer.NonFiniteLossError`)."""
         row = {"step": int(step), "time": time.time()}
         for tag, value in values.items():
             check_tag(tag)
             value = float(value)
             row[tag] = value if math.isfinite(value) else None
-            if self.tb is not None:
+            if self.tb is not None and row[tag] is not None:
                 self.tb.add_scalar(tag, value, int(step))
         with self.jsonl.open("a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")

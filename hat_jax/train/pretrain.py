@@ -84,7 +84,8 @@ from hat_jax.train.mtp import DEFAULT_MTP_COEF, check_mtp_coef, check_mtp_model
 from hat_jax.train.optim import OptimConfig
 from hat_jax.train.recall_probe import reading_exercise_figures, reading_gauge_figures, recall_probe_figures
 from hat_jax.train.sft import bpe_tokenizer_dir, check_tokenizer_split, run_masked_ce
-from hat_jax.train.stage import (StageRun, copy_tokenizer, add_set_progress, apply_overrides, cli, config_json,
+from hat_jax.train.stage import (StageRun, copy_tokenizer, add_set_progress, apply_overrides, check_model_overrides,
+                                 cli, config_json,
                                  parse_stage_args, stage_parser, stage_section)
 
 log = logging.getLogger(__name__)
@@ -193,10 +194,8 @@ class PretrainConfig:
         for name, kind in (("world", WorldDataConfig), ("optim", OptimConfig)):
             if not isinstance(getattr(self, name), kind):
                 raise ValueError(f"PretrainConfig.{name}: expected a {kind.__name__}, got {getattr(self, name)!r}")
-        try:
-            model_config = self.model_config()
-        except ValueError as err:
-            raise ValueError(f"PretrainConfig.preset/model_overrides: {err}") from None
+        check_model_overrides("PretrainConfig", self)
+        model_config = self.model_config()
         check_mtp_coef("PretrainConfig", self.mtp_coef)
         check_mtp_model("PretrainConfig", self.mtp_coef, model_config)
         if self.init is not None:

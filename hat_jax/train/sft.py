@@ -61,7 +61,8 @@ from hat_jax.train.losses import (COUNTED_BLOCK_ROWS, masked_token_ce_sum, maske
 from hat_jax.train.mtp import DEFAULT_MTP_COEF, check_mtp_coef, check_mtp_model, mtp_aux
 from hat_jax.train.optim import OptimConfig, lr_schedule, make_optimizer
 from hat_jax.train.stage import (StageRun, copy_tokenizer, add_out_steps, add_resume_force, add_set_progress,
-                                 apply_overrides, check_dtypes, check_model_options, check_run_fields, cli, config_json,
+                                 apply_overrides, check_dtypes, check_model_options, check_model_overrides,
+                                 check_run_fields, cli, config_json,
                                  finish_main, model_options, parse_stage_args, resolved_optim, run_options,
                                  stage_parser, stage_section)
 from hat_jax.train.trainer import (LoopConfig, TrainState, make_train_step, moe_aux, output_router_stats, place_batch,
@@ -144,6 +145,7 @@ class SFTConfig:
         check_dtypes("SFTConfig", compute_dtype=self.compute_dtype, param_dtype=self.param_dtype,
                      mu_dtype=self.mu_dtype)
         check_model_options("SFTConfig", self)
+        check_model_overrides("SFTConfig", self)
         check_mtp_coef("SFTConfig", self.mtp_coef)
         if self.vocab_chunk is not None and self.vocab_chunk < 1:
             raise ValueError(f"SFTConfig.vocab_chunk = {self.vocab_chunk}: expected >= 1 or None")

@@ -82,6 +82,27 @@ def check_model_options(owner: str, config) -> None:
         check_wave_rows(config.rollout_wave_rows, f"{owner}.rollout_wave_rows")
 
 
+def check_model_overrides(owner: str, config) -> None:
+    """Raises ValueError naming `owner.model_overrides` unless it is ((field, value), ...) of distinct
+    `Qwen3_5MoeTextConfig` fields that `hat_jax.model.get_config(config.preset, ...)` accepts (the preset named
+    too), so a bad override fails when the config is built, not when its stage starts."""
+    from hat_jax.model import get_config
+
+    overrides = config.model_overrides
+    pairs = isinstance(overrides, (tuple, list)) and all(
+        isinstance(p, (tuple, list)) and len(p) == 2 and isinstance(p[0], str) for p in overrides)
+    if not pairs:
+        raise ValueError(f"{owner}.model_overrides = {overrides!r}: expected ((field, value), ...), e.g. "
+                         f'[["hidden_size", 128]] on the command line')
+    fields = [p[0] for p in overrides]
+    if len(set(fields)) != len(fields):
+        raise ValueError(f"{owner}.model_overrides = {overrides!r}: a field is given twice")
+    try:
+        get_config(config.preset, **dict(overrides))
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{owner}.preset = {config.preset!r} / model_overrides = {overrides!r}: {err}") from None
+
+
 def model_options(config, *, train: bool = True) -> dict:
     """The `Qwen3_5MoeForCausalLM` keyword options of a stage config: remat_policy and scan_layers (how the
     trained model runs its layers; the defaults of configs without them: no remat, the Python loop),

@@ -147,6 +147,10 @@ def test_evaluate_checkpoint_reproduces(model, config, results, tmp_path):
 def test_config_errors():
     with pytest.raises(ValueError, match=r"EvalConfig.suites = \('live',\): expected distinct names from"):
         EvalConfig(suites=("live",))
+    for bad in (None, "live_qa"):   # --set eval.suites=null; a bare string is not a list of names
+        with pytest.raises(ValueError, match=rf"EvalConfig.suites = {bad!r}: expected a list of suite names"):
+            EvalConfig(suites=bad)
+    assert EvalConfig(suites=[]).suites == ()                    # IFEval and IF-mini only
     with pytest.raises(ValueError, match=r"EvalConfig.ifeval_limit = 0: expected None or an int in \[1, 541\]"):
         EvalConfig(ifeval_limit=0)
     with pytest.raises(ValueError, match="EvalConfig.compute_dtype = 'fp8'; valid"):

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from hat_jax.experiments.episodes import (KINDS, breakdown, breakdown_markdown, episode_kind, episodes_of,
-                                          read_records, suite_files)
+                                          read_records, suite_files, suite_records)
 from hat_jax.judges.reading import episode_reading
 from hat_jax.harness.state import HarnessState, Tool
 from hat_jax.sim.types import Episode, Task, ToolCallRecord, episode_to_dict
@@ -67,6 +67,13 @@ def test_breakdown_counts_and_markdown(tmp_path):
         breakdown_markdown("live_qa", [])
     with pytest.raises(ValueError, match="show = -1"):
         breakdown_markdown("live_qa", episodes, show=-1)
+    # A cut episode has no parsed reply: given the record's turn texts, its last turn is shown as written
+    turns = [["ok"]] * 5 + [["<tool_call>", '<tool_call>\n<function=jiage>\n<parameter=product_'], ["ok"]]
+    md = breakdown_markdown("live_qa", episodes, turn_texts=turns)
+    assert "| (malformed) last turn: <tool_call> <function=jiage> <parameter=product_ |" in md
+    assert "| 直播间到手价199元哦 |" in md                       # a parsed reply is shown, not its turn text
+    with pytest.raises(ValueError, match="1 turn_texts for 7 episodes"):
+        breakdown_markdown("live_qa", episodes, turn_texts=[["x"]])
 
 
 def _write_suite(folder, episodes):
@@ -118,3 +125,11 @@ def test_bad_lines_name_the_file_and_line(tmp_path):
     f.write_text('{"item": 0, "episode": {}}\n', encoding="utf-8")
     with pytest.raises(ValueError, match=r"live_qa.jsonl: record 1: not a stored episode \(ValueError: episode record"):
         episodes_of(f)
+    good = json.dumps({"item": 0, "episode": episode_to_dict(EPISODES["cut"]), "turn_texts": ["<tool_call>"]})
+    f.write_text(good + "\n" + json.dumps({"item": 1, "episode": episode_to_dict(EPISODES["cut"])}) + "\n",
+                 encoding="utf-8")
+    assert suite_records(f)[1] == [["<tool_call>"], []]              # a record without turn_texts: []
+    f.write_text(json.dumps({"item": 0, "episode": episode_to_dict(EPISODES["cut"]), "turn_texts": "x"}) + "\n",
+                 encoding="utf-8")
+    with pytest.raises(ValueError, match=r"live_qa.jsonl: record 1: turn_texts = 'x'; expected a list of strings"):
+        suite_records(f)

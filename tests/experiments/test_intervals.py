@@ -222,3 +222,40 @@ def test_an_old_results_json_gets_its_items_from_the_evaluation_files(tmp_path):
     assert new["items"]["variant_qa"] is None and new["eval_key"] == eval_dir(base_key(scale), 0, scale, tmp_path).name
     assert new["interval_method"] == {"live_qa": "t over 2 seeds + bootstrap over 22 items"}
     assert new["intervals"]["live_qa"]["avg"][0] < np.mean(A) < new["intervals"]["live_qa"]["avg"][1]
+
+
+def test_reading_shares_are_weighted_means_over_items_and_get_the_ratio_bootstrap(tmp_path):
+    from hat_jax.judges.reading import EpisodeReading, reading_scores
+
+    # 36 episodes: calls 0-2 (name validity pools calls), fetched defined on the even ones, relayed on 3 only
+    readings = [EpisodeReading(calls=i % 3, valid_calls=min(i % 3, i % 2), skill=i % 2, chain=None if i % 4 else 1,
+                               fetched=(i // 2) % 2 if i % 2 == 0 else None, relayed=1 if i in (0, 8, 16) else None,
+                               abstained=None if i % 2 else int(i % 6 == 0)) for i in range(36)]
+    rows = [{"item": {"item_id": f"live_qa-{i:05d}"}, "scores": {"acc": 100.0, "eff": 0.0, "avg": 50.0},
+             "reading": dict(r.__dict__)} for i, r in enumerate(readings)]
+    (tmp_path / "live_qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    read = iv.read_item_scores(tmp_path)["live_qa"]
+    suite = reading_scores(readings)
+    assert read["weights"]["name_valid"] == [float(r.calls) for r in readings]
+    assert read["weights"]["fact_fetched"] == [1.0 if i % 2 == 0 else 0.0 for i in range(36)]
+    assert "calls_per_ep" not in read["weights"] and read["scores"]["calls_per_ep"] == [float(i % 3) for i in range(36)]
+    metrics = {"live_qa": {"acc": 100.0, "eff": 0.0, "avg": 50.0, **suite}}
+    block = iv.item_block([{"live_qa": read}], [metrics], "t_r")["live_qa"]
+    assert set(block["scores"]) == {"acc", "eff", "avg", *suite}                # every share reproduces its metric
+    results = {"experiment": "t_r", "seeds": [0], "per_seed": [metrics], "metrics": metrics,
+               "items": {"live_qa": block}, "eval_key": "e1"}
+    cell = iv.difference_interval(results, "live_qa.name_valid")
+    v, w = np.array(block["scores"]["name_valid"][0]), np.array(block["weights"]["name_valid"][0])
+    lo, hi = scipy_percentile((v, w), lambda x, y, axis: (x * y).sum(axis) / y.sum(axis), paired=True)
+    assert cell.point == pytest.approx(suite["name_valid"]) and (cell.low, cell.high) == pytest.approx((lo, hi))
+    assert cell.method == "percentile bootstrap over 36 items (1 seed)"
+    # relayed is defined on 3 episodes: no item bootstrap, and with 1 seed no interval, saying why
+    few = iv.difference_interval(results, "live_qa.relayed")
+    assert few.low is None and few.method == ("no interval: 1 seed, and t_r's relayed is defined on 3 of 36 items in "
+                                              "some seed (the others have no gold fact fetched), fewer than the 20 an "
+                                              "item bootstrap needs")
+    # rows written before the reading counts were stored give no reading scores
+    for r in rows:
+        del r["reading"]
+    (tmp_path / "live_qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert set(iv.read_item_scores(tmp_path)["live_qa"]["scores"]) == {"acc", "eff", "avg"}

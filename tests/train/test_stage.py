@@ -30,6 +30,22 @@ def test_a_tuple_field_takes_json_or_a_bare_comma_separated_list():
     assert stage.parse_value("live_qa", "variant_qa") == "live_qa"  # a string field keeps the string
 
 
+def test_model_overrides_are_checked_when_the_config_is_built():
+    config = stage.stage_section("micro", "sft")
+    wider = stage.apply_overrides(config, ['model_overrides=[["hidden_size", 128]]'])
+    assert dict(wider.model_overrides) == {"hidden_size": 128} and wider.model_config().hidden_size == 128
+    assert stage.apply_overrides(config, ["model.hidden_size=128"]).model_config().hidden_size == 128
+    for text, why in (("model_overrides=foo", r"SFTConfig.model_overrides = \('foo',\): expected \(\(field, value\)"),
+                      ('model_overrides=[["hidden_sz", 64]]', r"model_overrides = \(\('hidden_sz', 64\),\): unknown "
+                                                              r"config field 'hidden_sz'"),
+                      ('model_overrides=[["hidden_size", "x"]]', r"config field hidden_size: expected a positive"),
+                      ('model_overrides=[["hidden_size", 64], ["hidden_size", 96]]', "a field is given twice")):
+        with pytest.raises(ValueError, match=why):
+            stage.apply_overrides(config, [text])
+    with pytest.raises(ValueError, match=r"PretrainConfig.model_overrides = \('foo',\)"):
+        stage.apply_overrides(stage.stage_section("micro", "base.pretrain"), ["model_overrides=foo"])
+
+
 def test_out_dir_that_is_a_file_is_named(tmp_path):
     path = tmp_path / "afile"
     path.write_text("x")
