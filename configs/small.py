@@ -20,7 +20,7 @@ The tiny model (5.1M parameters) and every tiny section, except:
   lack drift from their embeddings (mean cosine 1.00 -> 0.17; the median rank of a token's own logit 2 -> 480), and
   the copies of rare tokens fall. 800 steps against 400: Live QA eff 40 against 21, gold chain 51% against 22%.
 - the tokenizer: the "scripts" split (`TOKENIZER_SPLIT`), so a name has one segmentation in every context.
-- HSA-RL at lr 1e-4 instead of tiny's 6e-4 (`RL_LR`): after 800 SFT steps, 6 RL steps at 6e-4 took Live QA
+- HSA-RL at lr 1e-4 (`RL_LR`, tiny's too): after 800 SFT steps, 6 RL steps at 6e-4 took Live QA
   Effectiveness from 48 to 4 (36 of 50 replies refuse a question the tools had answered); at 1e-4 it stays 45.
 
 What it shows (`--exp table4_hsa_sft`, seed 0, 50 items per suite; docs/tuning.md "800 HSA-SFT steps instead of

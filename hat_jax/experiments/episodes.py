@@ -92,8 +92,11 @@ def breakdown(episodes: Sequence[Episode], kinds: Sequence[str] | None = None) -
 
 
 def _clip(text: str, width: int) -> str:
-    text = " ".join(str(text).split()).replace("|", "/")
-    return text if len(text) <= width else text[: width - 1] + "…"
+    """`text` on one line, at most `width` characters (an ellipsis last when cut), its pipes escaped for a
+    markdown cell (`<|im_end|>` reads as written)."""
+    text = " ".join(str(text).split())
+    text = text if len(text) <= width else text[: width - 1] + "…"
+    return text.replace("|", "\\|")
 
 
 def reply_text(episode: Episode, turn_texts: Sequence[str] = ()) -> str:

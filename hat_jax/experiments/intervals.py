@@ -101,29 +101,42 @@ def _instruction_rows(rows: Sequence[Mapping[str, Any]]) -> dict:
 # how its value and weight follow from the episode's `reading` counts). name_valid pools calls (value = the
 # episode's valid share, weight = its calls); the others average a 0/1 over the episodes where it is defined
 # (weight 1 there, 0 where it is None); calls_per_ep is a plain mean.
-_READING_ITEMS: dict[str, Callable[[Mapping[str, Any]], tuple[float, float]]] = {
-    "name_valid": lambda r: (100.0 * r["valid_calls"] / r["calls"] if r["calls"] else 0.0, float(r["calls"])),
-    **{key: (lambda field: lambda r: (0.0, 0.0) if r[field] is None else (100.0 * r[field], 1.0))(field)
+_READING_ITEMS: dict[str, tuple[tuple[str, ...], Callable[[Mapping[str, Any]], tuple[float, float]]]] = {
+    "name_valid": (("calls", "valid_calls"),
+                   lambda r: (100.0 * r["valid_calls"] / r["calls"] if r["calls"] else 0.0, float(r["calls"]))),
+    **{key: ((field,), (lambda f: lambda r: (0.0, 0.0) if r[f] is None else (100.0 * r[f], 1.0))(field))
        for key, field in (("skill_acc", "skill"), ("chain_done", "chain"), ("fact_fetched", "fetched"),
                           ("relayed", "relayed"), ("abstained", "abstained"))},
-    "calls_per_ep": lambda r: (float(r["calls"]), 1.0),
+    "calls_per_ep": (("calls",), lambda r: (float(r["calls"]), 1.0)),
 }
+_COUNT_FIELDS = ("calls", "valid_calls")   # ints >= 0; the other fields 0, 1 or None
+
+
+def _field_ok(reading: Any, field: str) -> bool:
+    """Whether a record's `reading` holds `field` as `hat_jax.judges.reading.EpisodeReading` writes it."""
+    if not isinstance(reading, Mapping) or field not in reading:
+        return False
+    value = reading[field]
+    if field in _COUNT_FIELDS:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value in (0, 1))
 
 
 def _live_rows(suite: str, rows: Sequence[Mapping[str, Any]]) -> dict:
     """<suite>.jsonl rows -> ids, the per-item score of every key of the suite that each row holds, and for the
     reading metrics (`_READING_ITEMS`, from each row's "reading" counts) the weights that make their suite value
-    a weighted mean over items (a row written before "reading" existed gives none)."""
+    a weighted mean over items. A reading metric is left out (no item scores: the t over seeds, `item_block`)
+    unless every row holds its fields as the judge writes them; rows written before "reading", or before
+    fetched / relayed / abstained existed, give none of those."""
     keys = [k for k in SUITE_KEYS[suite] if all(k in r["scores"] for r in rows)]
     out = {"ids": [str(r["item"]["item_id"]) for r in rows],
            "scores": {k: [float(r["scores"][k]) for r in rows] for k in keys}, "weights": {}}
-    if all(isinstance(r.get("reading"), Mapping) for r in rows):
-        for key, item in _READING_ITEMS.items():
-            if key in SUITE_KEYS[suite]:
-                pairs = [item(r["reading"]) for r in rows]
-                out["scores"][key] = [v for v, _ in pairs]
-                if key != "calls_per_ep":
-                    out["weights"][key] = [w for _, w in pairs]
+    for key, (fields, item) in _READING_ITEMS.items():
+        if key in SUITE_KEYS[suite] and all(_field_ok(r.get("reading"), f) for r in rows for f in fields):
+            pairs = [item(r["reading"]) for r in rows]
+            out["scores"][key] = [v for v, _ in pairs]
+            if key != "calls_per_ep":
+                out["weights"][key] = [w for _, w in pairs]
     return out
 
 

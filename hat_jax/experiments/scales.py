@@ -145,7 +145,8 @@ def apply_scale_overrides(scale: Scale, assignments: Sequence[str]) -> Scale:
     Raises:
       ValueError: a malformed assignment, an unknown section (lists `SECTIONS`) or field (lists the valid ones),
         a section without a field, a field the chain sets (`StageKind.chain_fields`, with who sets it), a value
-        of the wrong type or out of its range (a stage's steps below 1).
+        of the wrong type or out of its range (a stage's steps below 1); the SFT model no longer the base's
+        (`check_base_model`, after every assignment is applied).
     """
     for item in assignments:
         if "=" not in item:
@@ -190,7 +191,22 @@ def apply_scale_overrides(scale: Scale, assignments: Sequence[str]) -> Scale:
             scale = dataclasses.replace(scale, teacher=TeacherSpec(sft=updated))
         else:
             scale = dataclasses.replace(scale, **{section: updated})
+    check_base_model(scale)
     return scale
+
+
+def check_base_model(scale: Scale) -> None:
+    """Raises ValueError, listing the fields that differ, when the scale pretrains its base and the SFT config's
+    model (preset + model_overrides) is not the base's: HSA-SFT starts from the base's checkpoint, which would
+    be refused only when the stage loads it."""
+    pretrain = scale.base.pretrain
+    if pretrain is None or scale.sft.model_config() == pretrain.model_config():
+        return
+    mine, theirs = dataclasses.asdict(scale.sft.model_config()), dataclasses.asdict(pretrain.model_config())
+    diff = ", ".join(f"{k}: {mine[k]!r} vs {theirs.get(k)!r}" for k in mine if mine[k] != theirs.get(k))
+    raise ValueError(f"Scale {scale.name!r}: sft.preset/model_overrides give another model than the base's ({diff}; "
+                     f"sft vs base); HSA-SFT starts from the base, so both need the same model: set the field in both "
+                     f"sections (--set base.model.FIELD=VALUE --set sft.model.FIELD=VALUE)")
 
 
 def with_world_harness(scale: Scale, harness: str) -> Scale:

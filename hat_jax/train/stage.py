@@ -93,14 +93,16 @@ def check_model_overrides(owner: str, config) -> None:
         isinstance(p, (tuple, list)) and len(p) == 2 and isinstance(p[0], str) for p in overrides)
     if not pairs:
         raise ValueError(f"{owner}.model_overrides = {overrides!r}: expected ((field, value), ...), e.g. "
-                         f'[["hidden_size", 128]] on the command line')
+                         f'[["vocab_size", 4096], ["hidden_size", 128]] (it replaces the preset\'s overrides; '
+                         f"--set model.hidden_size=128 changes one field and keeps the others)")
     fields = [p[0] for p in overrides]
     if len(set(fields)) != len(fields):
         raise ValueError(f"{owner}.model_overrides = {overrides!r}: a field is given twice")
     try:
         get_config(config.preset, **dict(overrides))
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{owner}.preset = {config.preset!r} / model_overrides = {overrides!r}: {err}") from None
+    except (TypeError, ValueError, AttributeError, KeyError) as err:  # a value of the wrong kind for its field
+        why = str(err) if isinstance(err, ValueError) else f"{type(err).__name__}: {err}"
+        raise ValueError(f"{owner}.preset = {config.preset!r} / model_overrides = {overrides!r}: {why}") from None
 
 
 def model_options(config, *, train: bool = True) -> dict:

@@ -259,3 +259,15 @@ def test_reading_shares_are_weighted_means_over_items_and_get_the_ratio_bootstra
         del r["reading"]
     (tmp_path / "live_qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert set(iv.read_item_scores(tmp_path)["live_qa"]["scores"]) == {"acc", "eff", "avg"}
+
+
+def test_reading_records_of_older_or_malformed_formats_give_no_reading_scores(tmp_path):
+    # before fetched / relayed / abstained existed (an older evaluation reused by a later row), and malformed counts
+    old = {"calls": 2, "valid_calls": 1, "skill": 1, "chain": None}
+    for reading, kept in ((old, {"name_valid", "skill_acc", "chain_done", "calls_per_ep"}), ({}, set()),
+                          ({**old, "calls": None}, {"skill_acc", "chain_done"}),
+                          ({**old, "skill": 2, "fetched": True}, {"name_valid", "chain_done", "calls_per_ep"})):
+        rows = [{"item": {"item_id": f"live_qa-{i:05d}"}, "scores": {"acc": 100.0}, "reading": reading}
+                for i in range(3)]
+        (tmp_path / "live_qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        assert set(iv.read_item_scores(tmp_path)["live_qa"]["scores"]) == {"acc"} | kept, reading

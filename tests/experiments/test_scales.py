@@ -92,10 +92,23 @@ def test_small_is_tiny_in_the_compact_world_with_a_reading_base_and_longer_sft()
     assert (tiny.base.pretrain.lm_head_init, tiny.base.pretrain.tie_lm_head) == ("normal", False)
     assert base.model_config() == tiny.base.pretrain.model_config() and base.digest() != tiny.base.pretrain.digest()
     assert small.sft.steps == 800 and small.sft.data == tiny.sft.data
-    assert small.rl.optim.lr == 1e-4 and tiny.rl.optim.lr == 6e-4
+    assert small.rl.optim.lr == tiny.rl.optim.lr == 1e-4
     assert small.sft.tie_lm_head and not tiny.sft.tie_lm_head  # tied as its base; tiny's base is untied
     assert base.tokenizer_split == small.sft.tokenizer_split == "scripts"
     assert set(small.world_harnesses().values()) == {"compact"} and set(tiny.world_harnesses().values()) == {"production"}
     compact = with_world_harness(tiny, "compact")
     assert (small.opd, small.eval) == (compact.opd, compact.eval)
     assert dataclasses.replace(small.rl, optim=compact.rl.optim) == compact.rl  # RL differs in its lr only
+
+
+def test_an_sft_model_other_than_the_base_is_refused_after_every_assignment():
+    from hat_jax.experiments.scales import apply_scale_overrides
+
+    micro = get_scale("micro")
+    both = apply_scale_overrides(micro, ["base.model.hidden_size=96", "sft.model.hidden_size=96"])
+    assert both.sft.model_config() == both.base.pretrain.model_config() and both.sft.model_config().hidden_size == 96
+    with pytest.raises(ValueError, match=r"Scale 'micro': sft.preset/model_overrides give another model than the "
+                                         r"base's \(hidden_size: 96 vs 64; sft vs base\)"):
+        apply_scale_overrides(micro, ["sft.model.hidden_size=96"])
+    with pytest.raises(ValueError, match=r"\(vocab_size: 512 vs 4096; sft vs base\)"):   # replaces the preset's
+        apply_scale_overrides(micro, ['sft.model_overrides=[["hidden_size", 64]]'])

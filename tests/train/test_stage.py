@@ -39,7 +39,8 @@ def test_model_overrides_are_checked_when_the_config_is_built():
                       ('model_overrides=[["hidden_sz", 64]]', r"model_overrides = \(\('hidden_sz', 64\),\): unknown "
                                                               r"config field 'hidden_sz'"),
                       ('model_overrides=[["hidden_size", "x"]]', r"config field hidden_size: expected a positive"),
-                      ('model_overrides=[["hidden_size", 64], ["hidden_size", 96]]', "a field is given twice")):
+                      ('model_overrides=[["hidden_size", 64], ["hidden_size", 96]]', "a field is given twice"),
+                      ('model_overrides=[["rope_parameters", 5]]', r"\(\('rope_parameters', 5\),\): AttributeError")):
         with pytest.raises(ValueError, match=why):
             stage.apply_overrides(config, [text])
     with pytest.raises(ValueError, match=r"PretrainConfig.model_overrides = \('foo',\)"):
