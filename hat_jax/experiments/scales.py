@@ -200,9 +200,12 @@ def check_base_model(scale: Scale) -> None:
     model (preset + model_overrides) is not the base's: HSA-SFT starts from the base's checkpoint, which would
     be refused only when the stage loads it."""
     pretrain = scale.base.pretrain
-    if pretrain is None or scale.sft.model_config() == pretrain.model_config():
+    if pretrain is None:
         return
-    mine, theirs = dataclasses.asdict(scale.sft.model_config()), dataclasses.asdict(pretrain.model_config())
+    sft_model, base_model = scale.sft.model_config(), pretrain.model_config()
+    if sft_model == base_model:
+        return
+    mine, theirs = dataclasses.asdict(sft_model), dataclasses.asdict(base_model)
     diff = ", ".join(f"{k}: {mine[k]!r} vs {theirs.get(k)!r}" for k in mine if mine[k] != theirs.get(k))
     raise ValueError(f"Scale {scale.name!r}: sft.preset/model_overrides give another model than the base's ({diff}; "
                      f"sft vs base); HSA-SFT starts from the base, so both need the same model: set the field in both "
