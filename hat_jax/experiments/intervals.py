@@ -26,7 +26,7 @@ A difference of two cells: paired by seed (the rows must have the same seeds) an
 (the same item ids; the paired bootstrap resamples items jointly, Koehn 2004, "Statistical Significance Tests
 for Machine Translation Evaluation"); two different suites (Variant QA vs the same row's Live QA) hold different
 items, resampled independently. Metric intervals are clipped to the metric's range (`metric_range`), differences
-not at all.
+to the range a difference of the two metrics can take (`difference_range`: [-100, 100] for two 0-100 metrics).
 
 Refusals (ValueError, naming the rows, the suite and the counts): fewer than `MIN_ITEMS` items in a suite (the
 percentile interval of a mean is too narrow on small samples: with n items its spread shrinks by
@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from hat_jax.experiments.declarations import IF_KEYS, METRIC_LABELS, SUITE_KEYS
-from hat_jax.judges.reading import COUNT_KEYS
+from hat_jax.judges.reading import COUNT_KEYS, RATIO_TERMS, UNDEFINED_ITEM
 
 CONFIDENCE = 0.95
 MIN_ITEMS = 20
@@ -58,12 +58,6 @@ N_RESAMPLES = 9999
 BOOTSTRAP_SEED = 0
 BOOTSTRAP_BATCH = 1000   # resamples per vectorised call of the statistic (bounds memory at 978 items)
 _TOLERANCE = 1e-3      # per-item scores must reproduce the suite metric within this (0-100 scale)
-# What an item lacks when a reading metric gives it weight 0 (the refusal of `_item_matrix` says it).
-UNDEFINED_ITEMS: dict[str, str] = {"name_valid": "call", "skill_acc": "skill to load", "chain_done": "gold call",
-                                   "fact_fetched": "checkable gold fact", "relayed": "gold fact fetched",
-                                   "abstained": "checkable gold fact"}
-
-
 @dataclasses.dataclass(frozen=True)
 class Interval:
     """A point estimate and its 95% interval (low/high None: no interval); `method` says how (module docstring)."""
@@ -97,18 +91,6 @@ def _instruction_rows(rows: Sequence[Mapping[str, Any]]) -> dict:
     return {"ids": [str(r["key"]) for r in rows], "scores": scores, "weights": weights}
 
 
-# Each share of `hat_jax.judges.reading` as a weighted mean over the suite's episodes: (the episode's count field,
-# how its value and weight follow from the episode's `reading` counts). name_valid pools calls (value = the
-# episode's valid share, weight = its calls); the others average a 0/1 over the episodes where it is defined
-# (weight 1 there, 0 where it is None); calls_per_ep is a plain mean.
-_READING_ITEMS: dict[str, tuple[tuple[str, ...], Callable[[Mapping[str, Any]], tuple[float, float]]]] = {
-    "name_valid": (("calls", "valid_calls"),
-                   lambda r: (100.0 * r["valid_calls"] / r["calls"] if r["calls"] else 0.0, float(r["calls"]))),
-    **{key: ((field,), (lambda f: lambda r: (0.0, 0.0) if r[f] is None else (100.0 * r[f], 1.0))(field))
-       for key, field in (("skill_acc", "skill"), ("chain_done", "chain"), ("fact_fetched", "fetched"),
-                          ("relayed", "relayed"), ("abstained", "abstained"))},
-    "calls_per_ep": (("calls",), lambda r: (float(r["calls"]), 1.0)),
-}
 _COUNT_FIELDS = ("calls", "valid_calls")   # ints >= 0; the other fields 0, 1 or None
 
 
@@ -124,19 +106,19 @@ def _field_ok(reading: Any, field: str) -> bool:
 
 def _live_rows(suite: str, rows: Sequence[Mapping[str, Any]]) -> dict:
     """<suite>.jsonl rows -> ids, the per-item score of every key of the suite that each row holds, and for the
-    reading metrics (`_READING_ITEMS`, from each row's "reading" counts) the weights that make their suite value
+    reading metrics (`reading.RATIO_TERMS`, from each row's "reading" counts) the weights that make their suite value
     a weighted mean over items. A reading metric is left out (no item scores: the t over seeds, `item_block`)
     unless every row holds its fields as the judge writes them; rows written before "reading", or before
     fetched / relayed / abstained existed, give none of those."""
     keys = [k for k in SUITE_KEYS[suite] if all(k in r["scores"] for r in rows)]
     out = {"ids": [str(r["item"]["item_id"]) for r in rows],
            "scores": {k: [float(r["scores"][k]) for r in rows] for k in keys}, "weights": {}}
-    for key, (fields, item) in _READING_ITEMS.items():
+    for key, (fields, terms) in RATIO_TERMS.items():
         if key in SUITE_KEYS[suite] and all(_field_ok(r.get("reading"), f) for r in rows for f in fields):
-            pairs = [item(r["reading"]) for r in rows]
-            out["scores"][key] = [v for v, _ in pairs]
-            if key != "calls_per_ep":
-                out["weights"][key] = [w for _, w in pairs]
+            pairs = [terms(r["reading"]) for r in rows]
+            out["scores"][key] = [n / d if d else 0.0 for n, d in pairs]
+            if key not in COUNT_KEYS:
+                out["weights"][key] = [d for _, d in pairs]
     return out
 
 
@@ -266,6 +248,13 @@ def metric_range(key: str) -> tuple[float, float]:
     return (0.0, math.inf) if key in COUNT_KEYS else (0.0, 100.0)
 
 
+def difference_range(key_a: str, key_b: str) -> tuple[float, float]:
+    """(low, high) that a metric `key_a` minus a metric `key_b` can take: [-100, 100] for two 0-100 metrics,
+    unbounded where either is a count."""
+    (low_a, high_a), (low_b, high_b) = metric_range(key_a), metric_range(key_b)
+    return low_a - high_b, high_a - low_b
+
+
 def measured(results: Mapping[str, Any], path: str) -> bool:
     """Whether every seed has a number for the cell (a suite not run, a reading metric with an empty
     denominator or written before it existed has none)."""
@@ -301,7 +290,7 @@ def _item_matrix(results: Mapping[str, Any], path: str) -> tuple[list[str], np.n
     defined = int((weights > 0).sum(-1).min())
     if defined < MIN_ITEMS:
         return (f"{results['experiment']}'s {key} is defined on {defined} of {n} items in some seed (the others have "
-                f"no {UNDEFINED_ITEMS.get(key, 'weight')}), fewer than the {MIN_ITEMS} an item bootstrap needs")
+                f"no {UNDEFINED_ITEM.get(key, 'weight')}), fewer than the {MIN_ITEMS} an item bootstrap needs")
     return list(block["ids"]), values, weights
 
 
@@ -352,7 +341,8 @@ def difference_interval(a: Mapping[str, Any], path_a: str, b: Mapping[str, Any] 
         _check_pair(a, b)
     seed_diffs = np.asarray(_seed_values(a, path_a)) - (np.asarray(_seed_values(b, path_b)) if b is not None else 0.0)
     point = float(np.mean(seed_diffs))
-    lo_clip, hi_clip = metric_range(path_a.split(".")[1]) if b is None else (-math.inf, math.inf)
+    key_a = path_a.split(".")[1]
+    lo_clip, hi_clip = metric_range(key_a) if b is None else difference_range(key_a, path_b.split(".")[1])
     s = len(seed_diffs)
     ma = _item_matrix(a, path_a)
     mb = _item_matrix(b, path_b) if b is not None else None

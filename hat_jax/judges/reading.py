@@ -40,7 +40,8 @@ Per suite (`reading_scores`), on the 0-100 scale but calls_per_ep:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from hat_jax.harness.state import SKILL_TOOL_IMPL, HarnessState
 from hat_jax.judges import rules
@@ -55,6 +56,29 @@ COUNT_KEYS: tuple[str, ...] = ("calls_per_ep",)  # counts, not on 0-100: >= 0, n
 UNDEFINED: dict[str, str] = {"name_valid": "no calls", "skill_acc": "no task needs a skill",
                              "chain_done": "no task has gold calls", "fact_fetched": "no task has a checkable fact",
                              "relayed": "no gold fact fetched", "abstained": "no task has a checkable fact"}
+# What one episode lacks when a metric gives it no weight (as an interval's refusal says it).
+UNDEFINED_ITEM: dict[str, str] = {"name_valid": "call", "skill_acc": "skill to load", "chain_done": "gold call",
+                                  "fact_fetched": "checkable gold fact", "relayed": "gold fact fetched",
+                                  "abstained": "checkable gold fact"}
+
+
+def _share(field: str) -> Callable[[Mapping[str, Any]], tuple[float, float]]:
+    return lambda r: (0.0, 0.0) if r[field] is None else (100.0 * r[field], 1.0)
+
+
+# Every reading metric as a ratio of sums over a suite's episodes: key -> (the `EpisodeReading` fields it reads,
+# one episode's (numerator, denominator) from those fields). The suite value is sum(numerators) /
+# sum(denominators), None when the denominators sum to 0, so it is the weighted mean of numerator / denominator
+# with the denominators as weights: name_valid weighs an episode by its calls, a share weighs 1 where it is
+# defined and 0 elsewhere, calls_per_ep is a plain mean. `reading_scores` and the item bootstrap
+# (`hat_jax.experiments.intervals`) both read this table.
+RATIO_TERMS: dict[str, tuple[tuple[str, ...], Callable[[Mapping[str, Any]], tuple[float, float]]]] = {
+    "name_valid": (("calls", "valid_calls"), lambda r: (100.0 * r["valid_calls"], float(r["calls"]))),
+    **{key: ((field,), _share(field)) for key, field in (("skill_acc", "skill"), ("chain_done", "chain"),
+                                                          ("fact_fetched", "fetched"), ("relayed", "relayed"),
+                                                          ("abstained", "abstained"))},
+    "calls_per_ep": (("calls",), lambda r: (float(r["calls"]), 1.0)),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,24 +124,20 @@ def episode_reading(episode: Episode, harness: HarnessState) -> EpisodeReading:
     return EpisodeReading(len(calls), sum(valid_name(c, harness) for c in calls), skill, chain, *fact_reading(episode))
 
 
-def _percent(values: Sequence[int]) -> float | None:
-    return 100.0 * sum(values) / len(values) if values else None
-
-
 def reading_scores(readings: Sequence[EpisodeReading]) -> dict[str, float | None]:
     """A suite's reading metrics from its episodes' counts: {key: value or None} in `READING_KEYS` order, 0-100
     but calls_per_ep (calls per episode); None where the denominator is empty (`UNDEFINED`, module docstring).
+    Each value is the ratio of sums of `RATIO_TERMS`.
 
     Raises:
       ValueError: no episodes.
     """
     if not readings:
         raise ValueError("reading_scores: no episodes to score")
-    calls = sum(r.calls for r in readings)
-    return {"name_valid": 100.0 * sum(r.valid_calls for r in readings) / calls if calls else None,
-            "skill_acc": _percent([r.skill for r in readings if r.skill is not None]),
-            "chain_done": _percent([r.chain for r in readings if r.chain is not None]),
-            "fact_fetched": _percent([r.fetched for r in readings if r.fetched is not None]),
-            "relayed": _percent([r.relayed for r in readings if r.relayed is not None]),
-            "abstained": _percent([r.abstained for r in readings if r.abstained is not None]),
-            "calls_per_ep": calls / len(readings)}
+    rows = [dataclasses.asdict(r) for r in readings]
+    out = {}
+    for key in READING_KEYS:
+        terms = [RATIO_TERMS[key][1](r) for r in rows]
+        denominator = sum(d for _, d in terms)
+        out[key] = sum(n for n, _ in terms) / denominator if denominator else None
+    return out

@@ -111,6 +111,17 @@ def test_without_per_item_scores_the_t_over_seeds_or_no_interval():
     assert one.method == "no interval: 1 seed, and t_a keeps no per-item scores of this metric"
 
 
+def test_a_difference_of_two_shares_is_clipped_to_plus_minus_100():
+    # Two seeds that disagree widely: the t over 2 seeds (t_0.975,1 = 12.706) would reach far past +-100.
+    a = row("c_a", {"live_qa.avg": [[100.0] * 20, [0.0] * 20]}, seeds=(0, 1))
+    b = row("c_b", {"live_qa.avg": [[0.0] * 20, [100.0] * 20]}, seeds=(0, 1))
+    cell = iv.difference_interval({**a, "items": None}, "live_qa.avg", {**b, "items": None}, "live_qa.avg")
+    assert (cell.point, cell.low, cell.high) == (0.0, -100.0, 100.0)
+    assert iv.difference_range("avg", "acc") == (-100.0, 100.0)
+    assert iv.difference_range("calls_per_ep", "calls_per_ep") == (-np.inf, np.inf)
+    assert iv.difference_range("avg", "calls_per_ep") == (-np.inf, 100.0)
+
+
 def test_refusals_name_the_rows_the_suite_and_the_counts():
     a = row("t_a", {"live_qa.avg": [A]})
     other_ids = row("t_b", {"live_qa.avg": [B]}, ids=[f"live_qa-{i:05d}" for i in range(1, 23)])
