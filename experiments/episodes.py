@@ -6,8 +6,9 @@
 
 Kinds (`hat_jax.experiments.episodes`): answered, abstained after a tool returned the answer, abstained, no fact
 asked, inaccurate, cut; with the calls by status (unknown_tool: a name the harness does not have) and the
-refusals of answerable questions. An Accuracy earned by abstaining shows here, not in the average. The argument
-may also be any folder holding `<suite>.jsonl` files (`DIR/evals/...`). Exit status: 0 printed, 2 nothing to read.
+refusals of answerable questions; for a suite of several perturbations (Tool robustness) its name validity,
+gold chain and calls per episode by perturbation. An Accuracy earned by abstaining shows here, not in the
+average. The argument may also be any folder holding `<suite>.jsonl` files (`DIR/evals/...`). Exit status: 0 printed, 2 nothing to read.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ if str(ROOT) not in sys.path:  # run from a clone without installing
     sys.path.insert(0, str(ROOT))
 
 from hat_jax.data.suites import SUITES  # noqa: E402
-from hat_jax.experiments.episodes import breakdown_markdown, suite_files, suite_records  # noqa: E402
+from hat_jax.experiments.episodes import (  # noqa: E402
+    breakdown_markdown, perturbation_markdown, read_records, suite_files, suite_records)
 
 
 def main(argv=None) -> int:
@@ -40,6 +42,10 @@ def main(argv=None) -> int:
         for f in files:
             episodes, turns = suite_records(f)
             print(breakdown_markdown(str(f), episodes, show=args.show, width=args.width, turn_texts=turns))
+            by_perturbation = perturbation_markdown(read_records(f))
+            if by_perturbation:
+                print("Reading by perturbation (schema_variant: tools renamed with HSA's training families):\n")
+                print(by_perturbation)
     except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 2

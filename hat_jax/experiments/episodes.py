@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from hat_jax.judges import phrases, rules
-from hat_jax.judges.reading import fact_reading
+from hat_jax.judges.reading import RATIO_TERMS, fact_reading
 from hat_jax.judges.rules import CUT_OUTCOMES
 from hat_jax.sim.types import Episode, episode_from_dict
 
@@ -150,6 +150,51 @@ def breakdown_markdown(title: str, episodes: Sequence[Episode], show: int = 2, w
             for e, t in by_kind[kind][:show]:
                 lines.append(f"| {kind} | {_clip(e.task.message, 40)} | {_calls_text(e, width)} | "
                              f"{_clip(reply_text(e, t), width)} |")
+    return "\n".join(lines) + "\n"
+
+
+PERTURBATION_KEYS: tuple[str, ...] = ("name_valid", "chain_done", "calls_per_ep")
+
+
+def perturbation_reading(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]] | None:
+    """The reading metrics of a suite's records split by the item's perturbation (Tool robustness: tool_failure,
+    schema_variant, distractor_tools): {perturbation: {"episodes": n, "calls": calls, key: value or None for
+    `PERTURBATION_KEYS`}}, in first-seen order; the values as `hat_jax.judges.reading.reading_scores` computes them
+    (`RATIO_TERMS`). schema_variant renames the tools with HSA's training families, so its name_valid is reading
+    a renamed harness of the kind HSA trains on. None when some record lacks its perturbation or its reading
+    counts (records written before they existed)."""
+    fields = {f for key in PERTURBATION_KEYS for f in RATIO_TERMS[key][0]}
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for record in records:
+        item, reading = record.get("item"), record.get("reading")
+        if not (isinstance(item, Mapping) and isinstance(item.get("perturbation"), str)
+                and isinstance(reading, Mapping) and fields <= reading.keys()):
+            return None
+        groups.setdefault(item["perturbation"], []).append(reading)
+    out = {}
+    for perturbation, readings in groups.items():
+        row: dict[str, Any] = {"episodes": len(readings), "calls": sum(int(r["calls"]) for r in readings)}
+        for key in PERTURBATION_KEYS:
+            terms = [RATIO_TERMS[key][1](r) for r in readings]
+            denominator = sum(d for _, d in terms)
+            row[key] = sum(n for n, _ in terms) / denominator if denominator else None
+        out[perturbation] = row
+    return out
+
+
+def perturbation_markdown(records: Sequence[Mapping[str, Any]]) -> str:
+    """`perturbation_reading` of `records` as a markdown table; "" when the suite has one perturbation or the
+    records hold no reading counts."""
+    rows = perturbation_reading(records)
+    if not rows or len(rows) < 2:
+        return ""
+    def fmt(value: float | None, digits: int = 1) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    lines = ["| perturbation | episodes | calls | name validity | gold chain done | calls / episode |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {p} | {r['episodes']} | {r['calls']} | {fmt(r['name_valid'])} | {fmt(r['chain_done'])} | "
+              f"{fmt(r['calls_per_ep'], 2)} |" for p, r in rows.items()]
     return "\n".join(lines) + "\n"
 
 

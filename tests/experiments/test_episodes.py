@@ -1,12 +1,14 @@
 """The episode breakdown: each kind on a hand-made episode, the counts and table of a suite file, the row folder's
 evaluation folders, the CLI, and bad input."""
 
+import dataclasses
 import json
 
 import pytest
 
 from hat_jax.experiments.episodes import (KINDS, breakdown, breakdown_markdown, episode_kind, episodes_of,
-                                          read_records, suite_files, suite_records)
+                                          perturbation_markdown, perturbation_reading, read_records, suite_files,
+                                          suite_records)
 from hat_jax.judges.reading import episode_reading
 from hat_jax.harness.state import HarnessState, Tool
 from hat_jax.sim.types import Episode, Task, ToolCallRecord, episode_to_dict
@@ -74,6 +76,31 @@ def test_breakdown_counts_and_markdown(tmp_path):
     assert "| 直播间到手价199元哦 |" in md                       # a parsed reply is shown, not its turn text
     with pytest.raises(ValueError, match="1 turn_texts for 7 episodes"):
         breakdown_markdown("live_qa", episodes, turn_texts=[["x"]])
+
+
+def test_reading_by_perturbation_matches_reading_scores_per_group():
+    from hat_jax.judges.reading import reading_scores
+
+    groups = {"tool_failure": [ep("x"), ep("y", calls=(PRICE, UNKNOWN))],
+              "schema_variant": [ep("z", calls=(UNKNOWN, UNKNOWN, UNKNOWN)), ep("w", calls=(), task=IDENTITY)],
+              "distractor_tools": [ep("v", calls=())]}
+    records = [{"item": {"perturbation": p}, "reading": dataclasses.asdict(episode_reading(e, HARNESS))}
+               for p, eps in groups.items() for e in eps]
+    rows = perturbation_reading(records)
+    assert list(rows) == list(groups)
+    for p, eps in groups.items():
+        want = reading_scores([episode_reading(e, HARNESS) for e in eps])
+        assert rows[p] == {"episodes": len(eps), "calls": sum(len(e.tool_calls) for e in eps),
+                           **{k: want[k] for k in ("name_valid", "chain_done", "calls_per_ep")}}
+    # tool_failure: 2 of 3 calls valid; schema_variant: none of 3, and the identity task has no gold call
+    assert rows["tool_failure"]["name_valid"] == pytest.approx(200 / 3) and rows["schema_variant"]["name_valid"] == 0
+    assert rows["distractor_tools"]["name_valid"] is None and rows["schema_variant"]["chain_done"] == 0
+    md = perturbation_markdown(records)
+    assert "| schema_variant | 2 | 3 | 0.0 | 0.0 | 1.50 |" in md and "| distractor_tools | 1 | 0 | - | 0.0 | 0.00 |" in md
+    # One perturbation (Live QA), or records without reading counts: no table
+    assert perturbation_markdown([{**r, "item": {"perturbation": "none"}} for r in records]) == ""
+    assert perturbation_reading([{"item": {"perturbation": "none"}, "episode": {}}]) is None
+    assert perturbation_markdown([{"item": {}, "reading": records[0]["reading"]}]) == ""
 
 
 def _write_suite(folder, episodes):
