@@ -58,6 +58,8 @@ N_RESAMPLES = 9999
 BOOTSTRAP_SEED = 0
 BOOTSTRAP_BATCH = 1000   # resamples per vectorised call of the statistic (bounds memory at 978 items)
 _TOLERANCE = 1e-3      # per-item scores must reproduce the suite metric within this (0-100 scale)
+
+
 @dataclasses.dataclass(frozen=True)
 class Interval:
     """A point estimate and its 95% interval (low/high None: no interval); `method` says how (module docstring)."""

@@ -134,7 +134,7 @@ def reading_scores(readings: Sequence[EpisodeReading]) -> dict[str, float | None
     """
     if not readings:
         raise ValueError("reading_scores: no episodes to score")
-    rows = [dataclasses.asdict(r) for r in readings]
+    rows = [vars(r) for r in readings]
     out = {}
     for key in READING_KEYS:
         terms = [RATIO_TERMS[key][1](r) for r in rows]
