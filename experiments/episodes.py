@@ -8,7 +8,8 @@ Kinds (`hat_jax.experiments.episodes`): answered, abstained after a tool returne
 asked, inaccurate, cut; with the calls by status (unknown_tool: a name the harness does not have) and the
 refusals of answerable questions; for a suite of several perturbations (Tool robustness) its name validity,
 gold chain and calls per episode by perturbation. An Accuracy earned by abstaining shows here, not in the
-average. The argument may also be any folder holding `<suite>.jsonl` files (`DIR/evals/...`). Exit status: 0 printed, 2 nothing to read.
+average. The argument may also be any folder holding `<suite>.jsonl` files (`DIR/evals/...`). Exit status: 0
+printed, 2 nothing to read.
 """
 
 from __future__ import annotations

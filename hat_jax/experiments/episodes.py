@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from hat_jax.judges import phrases, rules
-from hat_jax.judges.reading import RATIO_TERMS, fact_reading
+from hat_jax.judges.reading import RATIO_TERMS, fact_reading, ratio_of_sums
 from hat_jax.judges.rules import CUT_OUTCOMES
 from hat_jax.sim.types import Episode, episode_from_dict
 
@@ -160,7 +160,7 @@ def perturbation_reading(records: Sequence[Mapping[str, Any]]) -> dict[str, dict
     """The reading metrics of a suite's records split by the item's perturbation (Tool robustness: tool_failure,
     schema_variant, distractor_tools): {perturbation: {"episodes": n, "calls": calls, key: value or None for
     `PERTURBATION_KEYS`}}, in first-seen order; the values as `hat_jax.judges.reading.reading_scores` computes them
-    (`RATIO_TERMS`). schema_variant renames the tools with HSA's training families, so its name_valid is reading
+    (`ratio_of_sums`). schema_variant renames the tools with HSA's training families, so its name_valid is reading
     a renamed harness of the kind HSA trains on. None when some record lacks its perturbation or its reading
     counts (records written before they existed)."""
     fields = {f for key in PERTURBATION_KEYS for f in RATIO_TERMS[key][0]}
@@ -173,12 +173,8 @@ def perturbation_reading(records: Sequence[Mapping[str, Any]]) -> dict[str, dict
         groups.setdefault(item["perturbation"], []).append(reading)
     out = {}
     for perturbation, readings in groups.items():
-        row: dict[str, Any] = {"episodes": len(readings), "calls": sum(int(r["calls"]) for r in readings)}
-        for key in PERTURBATION_KEYS:
-            terms = [RATIO_TERMS[key][1](r) for r in readings]
-            denominator = sum(d for _, d in terms)
-            row[key] = sum(n for n, _ in terms) / denominator if denominator else None
-        out[perturbation] = row
+        out[perturbation] = {"episodes": len(readings), "calls": sum(int(r["calls"]) for r in readings),
+                             **{key: ratio_of_sums(key, readings) for key in PERTURBATION_KEYS}}
     return out
 
 
@@ -188,6 +184,7 @@ def perturbation_markdown(records: Sequence[Mapping[str, Any]]) -> str:
     rows = perturbation_reading(records)
     if not rows or len(rows) < 2:
         return ""
+
     def fmt(value: float | None, digits: int = 1) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
 

@@ -135,9 +135,17 @@ def reading_scores(readings: Sequence[EpisodeReading]) -> dict[str, float | None
     if not readings:
         raise ValueError("reading_scores: no episodes to score")
     rows = [vars(r) for r in readings]
-    out = {}
-    for key in READING_KEYS:
-        terms = [RATIO_TERMS[key][1](r) for r in rows]
-        denominator = sum(d for _, d in terms)
-        out[key] = sum(n for n, _ in terms) / denominator if denominator else None
-    return out
+    return {key: ratio_of_sums(key, rows) for key in READING_KEYS}
+
+
+def ratio_of_sums(key: str, rows: Sequence[Mapping[str, Any]]) -> float | None:
+    """The reading metric `key` over episodes' counts `rows` (`EpisodeReading` fields as a mapping, e.g. an
+    evaluation record's "reading"): sum of `RATIO_TERMS` numerators / sum of denominators; None when the
+    denominators sum to 0.
+
+    Raises:
+      KeyError: an unknown key, or a row without a field the metric reads.
+    """
+    terms = [RATIO_TERMS[key][1](r) for r in rows]
+    denominator = sum(d for _, d in terms)
+    return sum(n for n, _ in terms) / denominator if denominator else None
