@@ -24,7 +24,7 @@ if str(ROOT) not in sys.path:  # run from a clone without installing
 
 from hat_jax.data.suites import SUITES  # noqa: E402
 from hat_jax.experiments.episodes import (  # noqa: E402
-    breakdown_markdown, perturbation_markdown, read_records, suite_files, suite_records)
+    breakdown_markdown, perturbation_markdown, read_records, records_episodes, suite_files)
 
 
 def main(argv=None) -> int:
@@ -41,9 +41,10 @@ def main(argv=None) -> int:
     try:
         files = suite_files(args.path, args.suite or ("live_qa", "variant_qa"))
         for f in files:
-            episodes, turns = suite_records(f)
+            records = read_records(f)  # one read for both tables
+            episodes, turns = records_episodes(records, f)
             print(breakdown_markdown(str(f), episodes, show=args.show, width=args.width, turn_texts=turns))
-            by_perturbation = perturbation_markdown(read_records(f))
+            by_perturbation = perturbation_markdown(records)
             if by_perturbation:
                 print("Reading by perturbation (schema_variant: tools renamed with HSA's training families):\n")
                 print(by_perturbation)

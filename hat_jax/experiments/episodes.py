@@ -232,22 +232,32 @@ def suite_files(path: str | Path, suites: Iterable[str]) -> list[Path]:
 
 
 def suite_records(path: str | Path) -> tuple[list[Episode], list[list[str]]]:
-    """(episodes, turn_texts) of one `<suite>.jsonl` file (`read_records`, `episode_from_dict`): the stored
-    episodes and each one's decoded model turns (the record's "turn_texts"; [] where a record has none).
+    """(episodes, turn_texts) of one `<suite>.jsonl` file: `read_records` then `records_episodes`.
+
+    Raises:
+      FileNotFoundError, ValueError: see `read_records` and `records_episodes`.
+    """
+    return records_episodes(read_records(path), path)
+
+
+def records_episodes(records: Sequence[Mapping[str, Any]], source: str | Path) -> tuple[list[Episode], list[list[str]]]:
+    """(episodes, turn_texts) of a suite file's records (`read_records`, `episode_from_dict`): the stored episodes
+    and each one's decoded model turns (the record's "turn_texts"; [] where a record has none). `source` names
+    the file in errors.
 
     Raises:
       ValueError: a record whose episode cannot be rebuilt, or whose turn_texts is not a list of strings, naming
-        the file and the record.
+        `source` and the record.
     """
     episodes, turns = [], []
-    for n, record in enumerate(read_records(path), 1):
+    for n, record in enumerate(records, 1):
         try:
             episodes.append(episode_from_dict(record["episode"]))
         except (TypeError, ValueError, KeyError, AttributeError) as e:
-            raise ValueError(f"{path}: record {n}: not a stored episode ({type(e).__name__}: {e})") from None
+            raise ValueError(f"{source}: record {n}: not a stored episode ({type(e).__name__}: {e})") from None
         texts = record.get("turn_texts", [])
         if not (isinstance(texts, list) and all(isinstance(t, str) for t in texts)):
-            raise ValueError(f"{path}: record {n}: turn_texts = {texts!r:.60}; expected a list of strings")
+            raise ValueError(f"{source}: record {n}: turn_texts = {texts!r:.60}; expected a list of strings")
         turns.append(texts)
     return episodes, turns
 
