@@ -10,11 +10,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 DOCS = Path(__file__).resolve().parent
-# file stem -> legend label; every run is a fresh tiny model, 800 steps of batch 32, lr 1e-3, seed 0
+# file stem -> legend label; every run is a fresh tiny model (or the one --model-set change the label names),
+# 800 steps of batch 32, lr 1e-3, seed 0
 RUNS = {
     "label_first": "'- label: name', train renamed",
     "name_first": "'- name: label' (a harness's order), train renamed",
     "name_first_attn2": "'- name: label', full attention every 2nd layer",
+    "name_first_h192": "'- name: label', twice as wide (hidden 192)",
+    "name_first_l16": "'- name: label', twice as deep (16 layers)",
     "anystyle": "'- label: name', train anystyle (held-out styles too)",
 }
 

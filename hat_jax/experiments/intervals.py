@@ -268,7 +268,11 @@ def _seed_values(results: Mapping[str, Any], path: str) -> list[float]:
     if not measured(results, path):
         raise ValueError(f"{_cell_name(results, path)}: not measured for every seed")
     suite, key = path.split(".")
-    return [float(m[suite][key]) for m in results["per_seed"]]
+    values = [float(m[suite][key]) for m in results["per_seed"]]
+    bad = [(seed, v) for seed, v in zip(results["seeds"], values) if not np.isfinite(v)]
+    if bad:  # a hand-edited or corrupted results.json: no interval rather than a NaN one
+        raise ValueError(f"{_cell_name(results, path)}: seed {bad[0][0]} is {bad[0][1]}; expected a finite number")
+    return values
 
 
 def _item_matrix(results: Mapping[str, Any], path: str) -> tuple[list[str], np.ndarray, np.ndarray] | str | None:
@@ -289,6 +293,8 @@ def _item_matrix(results: Mapping[str, Any], path: str) -> tuple[list[str], np.n
                          f"{MIN_ITEMS} (raise eval.world.eval_items / eval.ifeval_mini_items)")
     values = np.asarray(block["scores"][key], dtype=np.float64)
     weights = np.asarray(block["weights"][key], dtype=np.float64) if key in block["weights"] else np.ones_like(values)
+    if not (np.isfinite(values).all() and np.isfinite(weights).all()):
+        raise ValueError(f"{_cell_name(results, path)}: its per-item scores or weights hold a non-finite number")
     defined = int((weights > 0).sum(-1).min())
     if defined < MIN_ITEMS:
         return (f"{results['experiment']}'s {key} is defined on {defined} of {n} items in some seed (the others have "
@@ -394,8 +400,11 @@ def reported_intervals(results: Mapping[str, Any]) -> tuple[dict, dict]:
             try:
                 iv = difference_interval(results, f"{suite}.{key}")
             except ValueError as err:  # too few items: the t over seeds alone, with the reason
-                iv = seeds_only_interval(_seed_values(results, f"{suite}.{key}"), metric_range(key),
-                                         f"the item bootstrap is refused: {err}")
+                try:
+                    iv = seeds_only_interval(_seed_values(results, f"{suite}.{key}"), metric_range(key),
+                                             f"the item bootstrap is refused: {err}")
+                except ValueError as bad:  # a non-finite seed value: no interval, and why
+                    iv = Interval(float("nan"), None, None, f"no interval: {bad}")
             if iv.low is not None:
                 intervals[suite][key] = [round(iv.low, 4), round(iv.high, 4)]
             seen.setdefault(iv.method, []).append(key)

@@ -145,6 +145,25 @@ def test_refusals_name_the_rows_the_suite_and_the_counts():
     assert set(intervals["live_qa"]) == {"acc", "eff", "avg"}
 
 
+def test_a_non_finite_value_gets_no_interval_and_says_which_cell_and_seed():
+    nan_seed = row("t_n", live([A, B]), seeds=(0, 1))
+    nan_seed["per_seed"][1]["live_qa"]["avg"] = float("nan")
+    with pytest.raises(ValueError, match=r"^t_n Live QA avg: seed 1 is nan; expected a finite number$"):
+        iv.difference_interval(nan_seed, "live_qa.avg")
+    with pytest.raises(ValueError, match=r"t_n Live QA avg: seed 1 is nan"):
+        iv.difference_interval(row("t_b", live([B, A]), seeds=(0, 1)), "live_qa.avg", nan_seed, "live_qa.avg")
+    intervals, methods = iv.reported_intervals(nan_seed)
+    assert set(intervals["live_qa"]) == {"acc", "eff"}  # no NaN interval is written
+    assert "no interval: t_n Live QA avg: seed 1 is nan; expected a finite number (avg)" in methods["live_qa"]
+    nan_item = row("t_i", live([A, B]), seeds=(0, 1))
+    nan_item["items"]["live_qa"]["scores"]["acc"][0][3] = float("inf")
+    with pytest.raises(ValueError, match=r"^t_i Live QA acc: its per-item scores or weights hold a non-finite number$"):
+        iv.difference_interval(nan_item, "live_qa.acc")
+    intervals, methods = iv.reported_intervals(nan_item)  # the t over seeds, with the reason
+    assert set(intervals["live_qa"]) == {"acc", "eff", "avg"} and np.isfinite(intervals["live_qa"]["acc"]).all()
+    assert "t over 2 seeds (the item bootstrap is refused: t_i Live QA acc: its per-item scores" in methods["live_qa"]
+
+
 def test_item_scores_from_the_evaluation_files(tmp_path):
     # two IF-mini prompts: strict [T, F, T] and [T]: prompt_strict (0 + 100) / 2 = 50; inst_strict 3 / 4 = 75
     rows = [{"key": 7, "strict": [True, False, True], "loose": [True, True, True]},
