@@ -9,7 +9,7 @@ asked, inaccurate, cut; with the calls by status (unknown_tool: a name the harne
 refusals of answerable questions; for a suite of several perturbations (Tool robustness) its name validity,
 gold chain and calls per episode by perturbation. An Accuracy earned by abstaining shows here, not in the
 average. The argument may also be any folder holding `<suite>.jsonl` files (`DIR/evals/...`). Exit status: 0
-printed, 2 nothing to read.
+printed, 2 nothing to read or a file that cannot be read (nothing printed then).
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ def main(argv=None) -> int:
         parser.error(f"--show {args.show} / --width {args.width}: expected --show >= 0 and --width >= 10")
     try:
         files = suite_files(args.path, args.suite or ("live_qa", "variant_qa"))
-        for f in files:
-            records = read_records(f)  # one read for both tables
-            episodes, turns = records_episodes(records, f)
+        suites = [(f, records, *records_episodes(records, f))  # every file read and checked before any output
+                  for f, records in ((f, read_records(f)) for f in files)]
+        for f, records, episodes, turns in suites:
             print(breakdown_markdown(str(f), episodes, show=args.show, width=args.width, turn_texts=turns))
             by_perturbation = perturbation_markdown(records)
             if by_perturbation:

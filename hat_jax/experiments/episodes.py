@@ -61,20 +61,25 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     """The records of a `<suite>.jsonl` file, one dict per line.
 
     Raises:
-      FileNotFoundError: no such file. ValueError: a line that is not JSON or has no "episode", naming the line.
+      FileNotFoundError: no such file. ValueError: a file that is not UTF-8 (naming it), a line that is not JSON
+        or has no "episode" (naming the line).
     """
     out = []
     with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as e:
-                raise ValueError(f"{path}:{n}: not a JSON line ({e})") from None
-            if not isinstance(record, Mapping) or "episode" not in record:
-                raise ValueError(f"{path}:{n}: expected an evaluation record with an 'episode' field")
-            out.append(record)
+        try:
+            lines = list(f)
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}: not UTF-8 text ({e})") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            raise ValueError(f"{path}:{n}: not a JSON line ({e})") from None
+        if not isinstance(record, Mapping) or "episode" not in record:
+            raise ValueError(f"{path}:{n}: expected an evaluation record with an 'episode' field")
+        out.append(record)
     return out
 
 

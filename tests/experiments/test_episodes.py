@@ -129,6 +129,12 @@ def test_row_folder_finds_its_evaluations_and_the_cli_prints_them(tmp_path, caps
     assert "no variant_qa.jsonl below it (its results.json's eval_dirs:" in capsys.readouterr().err
     assert main([str(tmp_path / "missing")]) == 2
     assert "not a folder" in capsys.readouterr().err
+    # A good live_qa beside a bad variant_qa: nothing is printed before the error that names the bad file
+    (seed_dir / "variant_qa.jsonl").write_text("not json\n", encoding="utf-8")
+    assert main([str(row), "--suite", "live_qa", "--suite", "variant_qa"]) == 2
+    printed = capsys.readouterr()
+    assert printed.out == "" and "variant_qa.jsonl:1: not a JSON line" in printed.err
+    (seed_dir / "variant_qa.jsonl").unlink()
     # The row folder given as "." (its parent is then the output root); a repeated suite is read once
     monkeypatch.chdir(row)
     assert suite_files(".", ["live_qa", "live_qa"]) == [seed_dir / "live_qa.jsonl"]
@@ -145,6 +151,9 @@ def test_bad_lines_name_the_file_and_line(tmp_path):
     f = tmp_path / "live_qa.jsonl"
     f.write_text('{"item": 0, "episode": {}}\nnot json\n', encoding="utf-8")
     with pytest.raises(ValueError, match=r"live_qa.jsonl:2: not a JSON line"):
+        read_records(f)
+    f.write_bytes(b"\xff\xfe{}\n")
+    with pytest.raises(ValueError, match=r"live_qa.jsonl: not UTF-8 text \('utf-8' codec can't decode byte 0xff"):
         read_records(f)
     f.write_text('{"item": 0}\n', encoding="utf-8")
     with pytest.raises(ValueError, match=r"live_qa.jsonl:1: expected an evaluation record with an 'episode' field"):
