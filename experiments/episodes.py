@@ -40,8 +40,10 @@ def main(argv=None) -> int:
         parser.error(f"--show {args.show} / --width {args.width}: expected --show >= 0 and --width >= 10")
     try:
         files = suite_files(args.path, args.suite or ("live_qa", "variant_qa"))
-        suites = [(f, records, *records_episodes(records, f))  # every file read and checked before any output
-                  for f, records in ((f, read_records(f)) for f in files)]
+        suites = []
+        for f in files:  # every file read and checked before any output
+            records = read_records(f)
+            suites.append((f, records, *records_episodes(records, f)))
         for f, records, episodes, turns in suites:
             print(breakdown_markdown(str(f), episodes, show=args.show, width=args.width, turn_texts=turns))
             by_perturbation = perturbation_markdown(records)
