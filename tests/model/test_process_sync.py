@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from device_worker import device_env
 from hat_jax.model.process_sync import _signature, start_together
 
 WORKER = textwrap.dedent("""
@@ -37,7 +38,7 @@ def test_a_late_process_joins_the_first_collective(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    env = device_env(os.environ, 2)
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     procs = [subprocess.Popen([sys.executable, str(script), str(i), port, "35" if i else "0"], env=env,

@@ -17,8 +17,9 @@ def micro():
 
 
 @pytest.fixture(scope="module")
-def micro6():
-    config = get_config("micro", num_hidden_layers=6)  # one block and a partial block of 2 layers
+def micro3():
+    # 3 layers at an attention interval of 2: one block [DeltaNet, attention] and a partial block [DeltaNet]
+    config = get_config("micro", num_hidden_layers=3, full_attention_interval=2)
     return config, init_params(config, jax.random.key(1))
 
 
@@ -56,18 +57,18 @@ def test_layer_block_is_the_pattern_period():
 
 
 @pytest.fixture(scope="module")
-def loop6(micro6):
-    config, params = micro6
+def loop3(micro3):
+    config, params = micro3
     ids = _ids(0, (2, 24), config.vocab_size)
     return ids, _outputs_and_grads(config, params, ids, False, "none")
 
 
 @pytest.mark.parametrize("policy", ["none", "full"])
-def test_scan_equals_the_loop(micro6, loop6, policy):
-    config, params = micro6
-    ids, ref = loop6
+def test_scan_equals_the_loop(micro3, loop3, policy):
+    config, params = micro3
+    ids, ref = loop3
     _assert_same(_outputs_and_grads(config, params, ids, True, policy), ref, 1e-6)
-    assert ref[1].router_logits.shape == (6, 48, config.num_experts)
+    assert ref[1].router_logits.shape == (3, 48, config.num_experts)
 
 
 def test_scan_with_packed_segments_and_routing_replay(micro):
@@ -103,7 +104,8 @@ def test_unknown_remat_policy_lists_the_valid_ones(micro):
 
 
 def test_scan_in_bf16_stacks_the_matrices_in_bf16_and_keeps_the_loops_values():
-    config = get_config("micro", num_hidden_layers=8)  # two blocks: each parameter stacked twice
+    # two blocks [DeltaNet, attention]: each parameter stacked twice
+    config = get_config("micro", num_hidden_layers=4, full_attention_interval=2)
     params = init_params(config, jax.random.key(3))
     ids = _ids(2, (2, 16), config.vocab_size)
 

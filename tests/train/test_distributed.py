@@ -26,6 +26,7 @@ import grain
 import numpy as np
 import pytest
 
+from device_worker import device_env
 from hat_jax.data.host_rows import HostRows, TakeRows
 from hat_jax.train.distributed import explicit_processes
 
@@ -50,12 +51,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def cpu_env(base: dict, devices: int) -> dict:
-    flags = [f for f in base.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
-    return {**base, "XLA_FLAGS": " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"]),
-            "JAX_PLATFORMS": "cpu"}
-
-
 def stage(module: str, out: Path, env: dict, *args: str) -> subprocess.Popen:
     """`python -m hat_jax.train.<module> --out out *args`, its stderr into a file beside `out` (no pipe to fill
     while another process is waited on)."""
@@ -77,10 +72,10 @@ def processes(i: int, n: int = 2, port: int | None = None) -> tuple[str, ...]:
 
 def one_and_two(module: str, root: Path, env: dict, *args: str) -> tuple[Path, Path]:
     """The stage run by 1 process x 8 devices into root/one, then by 2 processes x 4 devices into root/two."""
-    [(rc, err)] = communicate_all([stage(module, root / "one", cpu_env(env, 8), *args)], TIMEOUT_S)
+    [(rc, err)] = communicate_all([stage(module, root / "one", device_env(env, 8), *args)], TIMEOUT_S)
     assert rc == 0, err[-4000:]
     port = free_port()
-    procs = [stage(module, root / "two", cpu_env(env, 4), *args, *processes(i, 2, port)) for i in range(2)]
+    procs = [stage(module, root / "two", device_env(env, 4), *args, *processes(i, 2, port)) for i in range(2)]
     for i, (rc, err) in enumerate(communicate_all(procs, TIMEOUT_S)):
         assert rc == 0, f"process {i}:\n{err[-4000:]}"
     return root / "one", root / "two"
@@ -173,7 +168,7 @@ def test_more_processes_than_the_coordinator_expects_end_with_the_reason(tmp_pat
     raises TimeoutExpired and kills them otherwise)."""
     port = free_port()
     counts = (2, 3, 3)
-    procs = [sft(tmp_path / "run", cpu_env(env, 1), *processes(i, n, port), "--init-timeout", "30")
+    procs = [sft(tmp_path / "run", device_env(env, 1), *processes(i, n, port), "--init-timeout", "30")
              for i, n in enumerate(counts)]
     results = communicate_all(procs, 600)
     assert all(rc != 0 for rc, _ in results), [rc for rc, _ in results]

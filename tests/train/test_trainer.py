@@ -215,7 +215,9 @@ def _sharded_worker(path: str) -> None:
 
 def test_sharded_steps_match_single_device(tmp_path):
     out = tmp_path / "sharded.json"
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    from device_worker import device_env  # here: this file also runs as the subprocess's script
+
+    env = device_env(os.environ, 8)
     proc = subprocess.run([sys.executable, __file__, str(out)], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
