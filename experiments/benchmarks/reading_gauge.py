@@ -9,15 +9,17 @@ project's chat format and tokenizer. A script that prints figures (not a test).
 names in every style; figures in docs/tuning.md ("What the gauge learns to copy").
 
 A row lists 5 of the world's 8 intents with the tool name of each, asks for one by its label, and the assistant
-turn calls that tool. The model (a fresh `--preset` model, or `--init` a checkpoint with its tokenizer/) trains
-on rows of the `--train` families (one of fixed / renamed / heldout, or a comma list drawn per row: "fixed,renamed"
-is HAT's mixture of original and perturbed harnesses) with the loss on the assistant turn; every --eval-every
-steps it is scored on --eval-rows fixed rows of each family: exact = every token of the called name is the
-argmax under teacher forcing. AdamW (weight decay 0.01), global-norm clip 1.0, 100 warmup steps (a tenth of the
-run when shorter), cosine to lr/10, fp32.
+turn calls that tool. The model (a fresh `--preset` model, or `--init` a checkpoint with its tokenizer/) trains on
+rows of the `--train` families (one of fixed / renamed / heldout, or a comma list drawn per row: "fixed,renamed" is
+HAT's mixture of original and perturbed harnesses) with the loss on the assistant turn; every --eval-every steps it
+is scored on --eval-rows fixed rows of each family: exact = every token of the called name is the argmax under
+teacher forcing, printed with its two parts (first / rest): the name's first token, which says whether the model
+found the entry, and every later token, the copy of the rest of its name. AdamW (weight decay 0.01), global-norm
+clip 1.0, 100 warmup steps (a tenth of the run when shorter), cosine to lr/10, fp32.
 
-Without --init the tokenizer is the tiny preset's BPE (`hat_jax.train.pretrain`'s, from the cache or trained on
-first use). The curve is printed, --json writes it, --plot draws it (matplotlib).
+Without --init the tokenizer is the --preset base's BPE (`hat_jax.train.pretrain`'s, from the cache or trained on
+first use), with that base's pre-tokenizer split unless --tokenizer-split names another. The curve is printed,
+--json writes it, --plot draws it (matplotlib).
 
 Measured (fresh tiny model, the defaults but --eval-rows 128; 2,083 s on 2 cores shared
 with the test suite; docs/reading_gauge.png), exact at steps 200 / 400 / 600 / 800:
@@ -54,7 +56,8 @@ def model_setting(text: str) -> tuple[str, object]:
 
 
 def tokenizer_and_params(args):
-    """(tokenizer, model config, params): --init's checkpoint, or a fresh --preset model with the preset's BPE."""
+    """(tokenizer, model config, params): --init's checkpoint, or a fresh --preset model with the preset's BPE
+    (split as --tokenizer-split says, else as the preset's base; `args.tokenizer_split` is set to the split used)."""
     import jax
 
     from hat_jax.model import get_config, init_params
@@ -74,18 +77,21 @@ def tokenizer_and_params(args):
 
     base = stage_section(args.preset, "base.pretrain")
     config = get_config(base.preset, **{**dict(base.model_overrides), **dict(args.model_set)})
+    args.tokenizer_split = args.tokenizer_split or base.tokenizer_split  # recorded with the curve
     folder = bpe_tokenizer_dir(config.vocab_size, base.tokenizer_texts, base.world, split=args.tokenizer_split)
     return load_tokenizer(folder), config, init_params(config, jax.random.key(args.seed))
 
 
 def run(args, tokenizer, config, params):
-    """Trains on the --train families; yields {step, loss, seconds, exact: {family: share}} at every evaluation."""
+    """Trains on the --train families; yields {step, loss, seconds, exact, first, rest} at every evaluation, each of
+    the last three {family: share of the scored rows} (`hat_jax.data.reading_gauge.name_token_hits`: first = the
+    name's first token right, rest = every later one right, exact = both)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
     import optax
 
-    from hat_jax.data.reading_gauge import FAMILIES, exact_names, gauge_batch
+    from hat_jax.data.reading_gauge import FAMILIES, first_token_chance, gauge_batch, name_token_hits
     from hat_jax.model.transformer import Qwen3_5MoeForCausalLM
     from hat_jax.train.losses import masked_token_ce_sum
 
@@ -114,20 +120,25 @@ def run(args, tokenizer, config, params):
     rng = random.Random(args.seed)
     evals = {f: gauge_batch(tokenizer, random.Random(10_000 + i), f, args.eval_rows, args.width, order=args.order)
              for i, f in enumerate(FAMILIES)}
+    chance = {f: first_token_chance(tokenizer, random.Random(10_000 + i), f, args.eval_rows, order=args.order)
+              for i, f in enumerate(FAMILIES)}  # the same rows
+    print("first token by calling a listed tool at random: "
+          + "  ".join(f"{f} {v:.3f}" for f, v in chance.items()), flush=True)
 
     def score():
-        out = {}
+        out = {"exact": {}, "first": {}, "rest": {}}
         for f, b in evals.items():
-            hits = [exact_names(np.asarray(argmax(params, b["input_ids"][i:i + 64], b["attention_mask"][i:i + 64])),
-                                b["input_ids"][i:i + 64], b["name_mask"][i:i + 64])
+            hits = [name_token_hits(np.asarray(argmax(params, b["input_ids"][i:i + 64], b["attention_mask"][i:i + 64])),
+                                    b["input_ids"][i:i + 64], b["name_mask"][i:i + 64])
                     for i in range(0, args.eval_rows, 64)]
-            out[f] = float(np.mean(np.concatenate(hits)))
+            first, rest = (np.concatenate(h) for h in zip(*hits))
+            out["exact"][f], out["first"][f], out["rest"][f] = (float(np.mean(x)) for x in (first & rest, first, rest))
         return out
 
     start, loss = time.perf_counter(), float("nan")
     for i in range(args.steps + 1):
         if i % args.eval_every == 0 or i == args.steps:
-            yield {"step": i, "loss": loss, "seconds": round(time.perf_counter() - start, 1), "exact": score()}
+            yield {"step": i, "loss": loss, "seconds": round(time.perf_counter() - start, 1), **score()}
         if i == args.steps:
             break
         batch = gauge_batch(tokenizer, rng, train, args.batch, args.width, order=args.order)
@@ -156,6 +167,7 @@ def plot(curve: list[dict], title: str, path: str) -> None:
 
 def main(argv=None) -> int:
     from hat_jax.data.reading_gauge import ORDERS, TRAIN_FAMILIES
+    from hat_jax.tokenizer import SPLIT_PATTERNS
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--train", default="renamed",
@@ -171,8 +183,9 @@ def main(argv=None) -> int:
     p.add_argument("--init", help="start from this checkpoint (with its tokenizer/) instead")
     p.add_argument("--model-set", action="append", type=model_setting, default=[], metavar="FIELD=JSON",
                    help="a model config field of the fresh model, e.g. full_attention_interval=2 (repeatable)")
-    p.add_argument("--tokenizer-split", default="qwen", choices=("qwen", "words", "scripts"),
-                   help="the fresh model's BPE pre-tokenizer split (hat_jax.tokenizer.SPLIT_PATTERNS)")
+    p.add_argument("--tokenizer-split", choices=sorted(SPLIT_PATTERNS),
+                   help="the fresh model's BPE pre-tokenizer split (hat_jax.tokenizer.SPLIT_PATTERNS); default: the "
+                        "preset base's (qwen for tiny, scripts for small)")
     p.add_argument("--eval-every", type=positive_int, default=100)
     p.add_argument("--eval-rows", type=positive_int, default=256, help="scored rows per family")
     p.add_argument("--seed", type=int, default=0)
@@ -184,6 +197,8 @@ def main(argv=None) -> int:
         p.error(f"--train {args.train!r}: {bad} not among {TRAIN_FAMILIES}")
     if args.init and args.model_set:
         p.error("--model-set changes a fresh model; --init loads its model from the checkpoint")
+    if args.init and args.tokenizer_split:
+        p.error("--tokenizer-split builds a fresh model's BPE; --init loads the checkpoint's tokenizer/")
 
     from bench_util import loadavg
 
@@ -194,12 +209,14 @@ def main(argv=None) -> int:
     curve = []
     for point in run(args, tokenizer, config, params):
         curve.append(point)
-        exact = "  ".join(f"{f} {v:.3f}" for f, v in point["exact"].items())
-        print(f"step {point['step']:5d}  loss {point['loss']:.3f}  exact: {exact}  ({point['seconds']:.0f} s)",
-              flush=True)
+        exact = "  ".join(f"{f} {v:.3f} ({point['first'][f]:.2f} / {point['rest'][f]:.2f})"
+                          for f, v in point["exact"].items())
+        print(f"step {point['step']:5d}  loss {point['loss']:.3f}  exact (first / rest): {exact}  "
+              f"({point['seconds']:.0f} s)", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"source": source, "layer_types": list(config.layer_types), "train": args.train,
+            json.dump({"source": source, "layer_types": list(config.layer_types),
+                       "tokenizer_split": args.tokenizer_split, "train": args.train,
                        "order": args.order, "steps": args.steps, "batch": args.batch,
                        "width": args.width, "lr": args.lr, "load": loadavg(), "curve": curve}, f, indent=1)
     if args.plot:

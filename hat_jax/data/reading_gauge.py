@@ -136,6 +136,37 @@ def gauge_batch(tokenizer, rng: random.Random, family: str | Sequence[str], batc
     return out
 
 
+def listed_names(messages: list[dict], order: str = "label_first") -> list[str]:
+    """The tool names a `gauge_messages` row lists, in its order (parsed from the system message)."""
+    entries = [line[2:].split(": ", 1) for line in messages[0]["content"].splitlines() if line.startswith("- ")]
+    return [e[1] if order == "label_first" else e[0] for e in entries]
+
+
+def first_token_chance(tokenizer, rng: random.Random, family: str, rows: int, n_tools: int = 5,
+                       order: str = "label_first") -> float:
+    """The share of rows whose name's first token a model gets right by calling one of the listed tools at random:
+    per row, the listed names whose first token as the call writes it (`encode_row`'s first name token) is the
+    answer's, over n_tools; averaged over `rows` rows drawn as `gauge_batch(tokenizer, rng, family, rows, ...)`
+    draws them (the same rng state gives the same rows). Above 1 / n_tools where names of a row share a first
+    piece. The floor that `name_token_hits`' first share is read against.
+
+    Raises:
+        ValueError: as `gauge_messages`.
+    """
+    shares = []
+    for _ in range(rows):
+        messages, name = gauge_messages(rng, rng.choice((family,)), n_tools, order)
+
+        def first_token(called: str) -> int:
+            call = {**messages[-1], "tool_calls": [{"type": "function", "function": {"name": called, "arguments": {}}}]}
+            ids, _, named = encode_row(tokenizer, [*messages[:-1], call], called)
+            return int(ids[int(np.argmax(named))])
+
+        firsts = [first_token(n) for n in listed_names(messages, order)]
+        shares.append(firsts.count(first_token(name)) / len(firsts))
+    return float(np.mean(shares))
+
+
 def exact_names(logits_argmax: np.ndarray, input_ids: np.ndarray, name_mask: np.ndarray) -> np.ndarray:
     """[B] bool: every name token of the row is the argmax of the position before it (teacher forcing).
 
@@ -145,3 +176,24 @@ def exact_names(logits_argmax: np.ndarray, input_ids: np.ndarray, name_mask: np.
     hit = logits_argmax[:, :-1] == input_ids[:, 1:]
     need = name_mask[:, 1:].astype(bool)
     return np.all(hit | ~need, axis=1) & need.any(axis=1)
+
+
+def name_token_hits(logits_argmax: np.ndarray, input_ids: np.ndarray,
+                    name_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first [B] bool, rest [B] bool): the name's first token is the argmax of the position before it; every
+    later name token is (teacher forcing, so each position is scored on the gold prefix and `exact_names` is
+    first & rest). A row with a one-token name has rest True; a row without a name token has both False. Splits
+    an exact miss into finding the entry (the first token) and copying the rest of its name.
+
+    Args:
+        logits_argmax: [B, T] int, position t's argmax (a guess of token t+1). input_ids, name_mask: [B, T].
+    """
+    hit = logits_argmax[:, :-1] == input_ids[:, 1:]
+    need = name_mask[:, 1:].astype(bool)
+    has = need.any(axis=1)
+    first_at = np.argmax(need, axis=1)
+    first = has & hit[np.arange(len(hit)), first_at]
+    later = need.copy()
+    later[np.arange(len(need)), first_at] = False
+    rest = has & np.all(hit | ~later, axis=1)
+    return first, rest

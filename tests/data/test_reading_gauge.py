@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hat_jax.data.reading_gauge import (FAMILIES, INTENT_LABELS, ORDERS, encode_row, exact_names, gauge_batch,
-                                        gauge_messages, tool_names)
+from hat_jax.data.reading_gauge import (FAMILIES, INTENT_LABELS, ORDERS, encode_row, exact_names, first_token_chance,
+                                        gauge_batch, gauge_messages, listed_names, name_token_hits, tool_names)
 from hat_jax.harness.hsa_vocab import (HELDOUT_TOOL_STYLES, TRAIN_TOOL_STYLES, name_style, parse_tool_name,
                                        reserved_combo)
 from hat_jax.tokenizer import train_bpe_tokenizer
@@ -79,6 +79,32 @@ def test_exact_names_needs_every_name_token():
     assert exact_names(argmax, ids, np.zeros_like(mask)).tolist() == [False, False]  # no name: not a hit
 
 
+def test_name_token_hits_split_the_first_token_from_the_rest():
+    ids = np.array([[5, 6, 7, 8, 4]] * 4)
+    mask = np.array([[0, 0, 1, 1, 1]] * 3 + [[0, 0, 0, 1, 0]])  # a 3-token name; a 1-token name in the last row
+    argmax = np.array([[9, 7, 8, 4, 0],   # all three right
+                       [9, 1, 8, 4, 0],   # the first wrong, the rest right
+                       [9, 7, 8, 2, 0],   # the first right, the last wrong
+                       [9, 1, 8, 1, 0]])  # a one-token name, right: rest holds nothing to miss
+    first, rest = name_token_hits(argmax, ids, mask)
+    assert first.tolist() == [True, False, True, True] and rest.tolist() == [True, True, False, True]
+    assert ((first & rest) == exact_names(argmax, ids, mask)).all()
+    none = name_token_hits(argmax, ids, np.zeros_like(mask))
+    assert none[0].tolist() == none[1].tolist() == [False] * 4  # no name: neither
+
+
+def test_first_token_chance_draws_the_benchmark_rows_and_counts_shared_first_tokens(tokenizer):
+    rows, chance = random.Random(3), random.Random(3)
+    batch = gauge_batch(tokenizer, rows, "renamed", 16, 160, order="name_first")
+    share = first_token_chance(tokenizer, chance, "renamed", 16, order="name_first")
+    assert rows.getstate() == chance.getstate()  # the same draws as gauge_batch: the scored rows themselves
+    assert batch["name_mask"].any(axis=1).all() and 1 / 5 <= share <= 1
+    assert first_token_chance(tokenizer, random.Random(0), "renamed", 8, n_tools=1) == 1.0  # one tool: no choice
+    messages, name = gauge_messages(random.Random(4), "fixed", order="name_first")
+    listed = listed_names(messages, "name_first")
+    assert name in listed and len(listed) == 5 and set(listed) <= set(INTENT_LABELS)
+
+
 def test_bad_input_is_named(tokenizer):
     with pytest.raises(ValueError, match="family 'other'"):
         tool_names(["get_price"], "other", random.Random(0))
@@ -100,9 +126,11 @@ def test_the_benchmark_prints_and_writes_its_curve(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     written = json.loads(out.read_text())
     assert written["layer_types"] and set(written["layer_types"]) == {"full_attention"}  # --model-set reached it
+    assert written["tokenizer_split"] == "qwen"  # the fresh model's BPE split, recorded with the curve
     curve = written["curve"]
     assert [c["step"] for c in curve] == [0, 1, 2]
-    assert all(set(c["exact"]) == set(FAMILIES) for c in curve)
+    assert all(set(c[k]) == set(FAMILIES) for c in curve for k in ("exact", "first", "rest"))
+    assert all(c["exact"][f] <= min(c["first"][f], c["rest"][f]) for c in curve for f in FAMILIES)
     assert np.isfinite(curve[-1]["loss"]) and "step     2" in proc.stdout
     bad = subprocess.run([sys.executable, str(ROOT / "experiments/benchmarks/reading_gauge.py"), "--train", "fixd"],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
@@ -110,3 +138,6 @@ def test_the_benchmark_prints_and_writes_its_curve(tmp_path):
     bad = subprocess.run([sys.executable, str(ROOT / "experiments/benchmarks/reading_gauge.py"), "--model-set", "x"],
                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert bad.returncode == 2 and "'x': expected FIELD=JSON" in bad.stderr
+    bad = subprocess.run([sys.executable, str(ROOT / "experiments/benchmarks/reading_gauge.py"), "--init", "ckpt",
+                          "--tokenizer-split", "words"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert bad.returncode == 2 and "--init loads the checkpoint's tokenizer/" in bad.stderr
