@@ -173,9 +173,8 @@ def exact_names(logits_argmax: np.ndarray, input_ids: np.ndarray, name_mask: np.
     Args:
         logits_argmax: [B, T] int, position t's argmax (a guess of token t+1). input_ids, name_mask: [B, T].
     """
-    hit = logits_argmax[:, :-1] == input_ids[:, 1:]
-    need = name_mask[:, 1:].astype(bool)
-    return np.all(hit | ~need, axis=1) & need.any(axis=1)
+    first, rest = name_token_hits(logits_argmax, input_ids, name_mask)
+    return first & rest
 
 
 def name_token_hits(logits_argmax: np.ndarray, input_ids: np.ndarray,
